@@ -1,0 +1,31 @@
+// The CPU backend: OpenBLAS (or a portable fallback) for GEMM, plain loops for the rest.
+#pragma once
+
+#include "common/core/backend.h"
+
+namespace localpar {
+
+// Op kernels are defined beside their CUDA twins in common/ops/<family>.cc.
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuOptions& options);
+
+  DeviceType device() const override { return DeviceType::kCPU; }
+  std::string Describe() const override;
+
+  void* Allocate(size_t bytes) override;
+  void Free(void* ptr) override;
+  void CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  void CopyWithin(void* dst, const void* src, size_t bytes) override;
+  void Synchronize() override {}
+
+#define LP_OP(ret, name, args) ret name args override;
+#include "common/core/backend_ops.inc"
+#undef LP_OP
+
+ private:
+  CpuOptions options_;
+};
+
+}  // namespace localpar

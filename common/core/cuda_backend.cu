@@ -1,0 +1,77 @@
+// CUDA backend: device selection, stream, cuBLAS handle, memory and copies.
+#include <string>
+
+#include "common/core/cuda_common.cuh"
+
+namespace localpar {
+
+int CudaDeviceCount() {
+  // With no driver cudaGetDeviceCount fails (error 35); any failure means "no GPU".
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> MakeCudaBackend(int device) {
+  if (device < 0 || device >= CudaDeviceCount()) return nullptr;
+  return std::make_unique<CudaBackend>(device);
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  LP_CUDA_CHECK(cudaSetDevice(device_));
+  cudaStream_t stream;
+  LP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+  cublasHandle_t handle;
+  LP_CUBLAS_CHECK(cublasCreate(&handle));
+  LP_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  cublas_ = handle;
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(StreamOf(this));
+  cublasDestroy(CublasOf(this));
+  cudaStreamDestroy(StreamOf(this));
+}
+
+std::string CudaBackend::Describe() const {
+  cudaDeviceProp prop;
+  LP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
+}
+
+void* CudaBackend::Allocate(size_t bytes) {
+  void* p = nullptr;
+  LP_CUDA_CHECK(cudaSetDevice(device_));
+  LP_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 4 : bytes));
+  return p;
+}
+
+void CudaBackend::Free(void* ptr) {
+  // Memory may still be in use by queued kernels; finish them first.
+  LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
+  LP_CUDA_CHECK(cudaFree(ptr));
+}
+
+void CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  LP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, StreamOf(this)));
+  // Pageable source: the caller may reuse it right after we return.
+  LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
+}
+
+void CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  LP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, StreamOf(this)));
+  LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
+}
+
+void CudaBackend::CopyWithin(void* dst, const void* src, size_t bytes) {
+  LP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, StreamOf(this)));
+}
+
+void CudaBackend::Synchronize() { LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this))); }
+
+}  // namespace localpar

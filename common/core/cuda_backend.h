@@ -1,0 +1,41 @@
+// The CUDA backend: cuBLAS for GEMM, our kernels for the rest, one stream per backend.
+#pragma once
+
+#include "common/core/backend.h"
+
+namespace localpar {
+
+// Declared without CUDA headers so host-only code can include it; op kernels are
+// defined in common/ops/<family>.cu.
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  DeviceType device() const override { return DeviceType::kCUDA; }
+  std::string Describe() const override;
+
+  void* Allocate(size_t bytes) override;
+  void Free(void* ptr) override;
+  void CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  void CopyWithin(void* dst, const void* src, size_t bytes) override;
+  void Synchronize() override;
+
+#define LP_OP(ret, name, args) ret name args override;
+#include "common/core/backend_ops.inc"
+#undef LP_OP
+
+  // Opaque handles (cudaStream_t, cublasHandle_t) for the .cu files.
+  void* stream() const { return stream_; }
+  void* cublas() const { return cublas_; }
+
+ private:
+  int device_;
+  void* stream_ = nullptr;
+  void* cublas_ = nullptr;
+};
+
+}  // namespace localpar

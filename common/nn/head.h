@@ -1,0 +1,30 @@
+// Auxiliary heads: the small classifiers that give each stage its local loss.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/nn/layer.h"
+
+namespace localpar {
+
+struct HeadConfig {
+  enum class Kind {
+    kLinear,          // linear on the flattened features
+    kPoolLinear,      // global average pooling (for images), then linear
+    kMlp,             // linear(hidden), relu, linear
+    kConvPoolLinear,  // conv 3x3 (channels), relu, global average pooling, linear
+  };
+  Kind kind = Kind::kLinear;
+  int64_t hidden = 256;
+  int64_t channels = 32;
+};
+
+const char* HeadKindName(HeadConfig::Kind kind);
+
+// The head's layers for a stage whose output has per-example shape `in`; the last layer
+// produces `classes` logits. Returns false with *error when the head cannot fit.
+bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
+                std::vector<LayerConfig>* layers, std::string* error);
+
+}  // namespace localpar

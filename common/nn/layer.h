@@ -1,0 +1,90 @@
+// Layers: forward/backward units with parameters, built from plain config structs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/core/tensor.h"
+
+namespace localpar {
+
+// A trainable tensor, its gradient (accumulated by backward passes) and optimizer state.
+struct Param {
+  std::string name;
+  Tensor value;
+  Tensor grad;
+  Tensor state1;  // momentum / Adam first moment
+  Tensor state2;  // Adam second moment
+};
+
+// What one layer's forward pass saves for its backward pass, for one in-flight batch.
+struct LayerCache {
+  Tensor out;
+  Tensor aux0, aux1;
+  std::vector<LayerCache> sub;  // composite layers (residual blocks)
+  std::vector<Tensor> sub_grads;
+};
+
+struct ForwardContext {
+  bool train = true;
+  uint64_t seed = 0;  // varies per step: drives dropout masks
+};
+
+struct LayerConfig {
+  enum class Kind {
+    kLinear,
+    kRelu,
+    kGelu,
+    kLayerNorm,
+    kDropout,
+    kConv2d,
+    kMaxPool,
+    kAvgPool,
+    kGlobalAvgPool,
+    kFlatten,
+    kEmbedding,
+    kResidual,
+  };
+  Kind kind = Kind::kLinear;
+  int64_t out_features = 0;  // linear: output features; conv2d: output channels
+  int64_t in_features = 0;   // linear: optional check against the incoming shape (0 = infer)
+  int64_t kernel = 3;        // conv2d, pools
+  int64_t stride = 1;
+  int64_t padding = 0;
+  float dropout = 0.0f;
+  float eps = 1e-5f;
+  int64_t vocab = 0;  // embedding
+  int64_t dim = 0;
+  std::vector<LayerConfig> body;  // residual
+};
+
+const char* LayerKindName(LayerConfig::Kind kind);
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual const char* kind() const = 0;
+  const Shape& output_shape() const { return out_shape_; }  // without the batch dimension
+
+  // Writes cache.out (and whatever backward needs) for input x of shape [N, input...].
+  virtual void Forward(const Tensor& x, LayerCache& cache, const ForwardContext& ctx) = 0;
+  // dy is the gradient with respect to cache.out. Accumulates parameter gradients; when dx
+  // is non-null, sets it to the gradient with respect to x (it may alias dy's storage).
+  virtual void Backward(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) = 0;
+  virtual std::vector<Param*> params() { return {}; }
+
+ protected:
+  Shape out_shape_;
+};
+
+// Builds a layer for per-example input shape `in`; on a shape mismatch returns nullptr and
+// sets *error. `seed` makes the initial weights deterministic on every backend.
+std::unique_ptr<Layer> MakeLayer(Backend& backend, const LayerConfig& config, const Shape& in,
+                                 uint64_t seed, std::string* error);
+
+// Shape-only validation without allocating anything.
+bool InferLayerShape(const LayerConfig& config, const Shape& in, Shape* out, std::string* error);
+
+}  // namespace localpar

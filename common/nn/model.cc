@@ -1,0 +1,82 @@
+// Model construction and shape validation.
+#include "common/nn/model.h"
+
+namespace localpar {
+namespace {
+
+std::string StageLabel(const ModelConfig& c, size_t k) {
+  std::string label = "stages[" + std::to_string(k) + "]";
+  if (!c.stages[k].name.empty()) label += " (" + c.stages[k].name + ")";
+  return label;
+}
+
+}  // namespace
+
+bool ValidateModel(const ModelConfig& config, std::string* error) {
+  if (config.stages.empty()) {
+    *error = "stages: a model needs at least one stage";
+    return false;
+  }
+  if (config.input_shape.empty() || NumElements(config.input_shape) <= 0) {
+    *error = "input shape " + ShapeString(config.input_shape) + " is empty";
+    return false;
+  }
+  Shape cur = config.input_shape;
+  for (size_t k = 0; k < config.stages.size(); ++k) {
+    const StageConfig& st = config.stages[k];
+    for (size_t i = 0; i < st.layers.size(); ++i) {
+      Shape next;
+      std::string e;
+      if (!InferLayerShape(st.layers[i], cur, &next, &e)) {
+        std::string from = k == 0 && i == 0 ? "the data" : "the previous layer";
+        *error = StageLabel(config, k) + ".layers[" + std::to_string(i) + "] " + e +
+                 " (input " + ShapeString(cur) + " from " + from + ")";
+        return false;
+      }
+      cur = next;
+    }
+    std::vector<LayerConfig> head;
+    std::string e;
+    if (!HeadLayers(st.head, cur, config.classes, &head, &e)) {
+      *error = StageLabel(config, k) + ".head: " + e;
+      return false;
+    }
+    Shape h = cur;
+    for (const LayerConfig& l : head) {
+      Shape next;
+      if (!InferLayerShape(l, h, &next, &e)) {
+        *error = StageLabel(config, k) + ".head: " + e;
+        return false;
+      }
+      h = next;
+    }
+  }
+  return true;
+}
+
+std::unique_ptr<Model> Model::Create(Backend& backend, const ModelConfig& config,
+                                     std::string* error) {
+  if (!ValidateModel(config, error)) return nullptr;
+  auto model = std::make_unique<Model>();
+  Shape cur = config.input_shape;
+  for (size_t k = 0; k < config.stages.size(); ++k) {
+    std::string e;
+    auto st = Stage::Create(backend, config.stages[k], cur, config.classes, config.optimizer,
+                            StageSeed(config.seed, static_cast<int>(k)), &e);
+    if (!st) {
+      *error = StageLabel(config, k) + ": " + e;
+      return nullptr;
+    }
+    cur = st->output_shape();
+    model->stages_.push_back(std::move(st));
+  }
+  return model;
+}
+
+int64_t Model::num_parameters() {
+  int64_t n = 0;
+  for (auto& s : stages_) n += s->num_parameters();
+  return n;
+}
+
+}  // namespace localpar

@@ -1,0 +1,36 @@
+// A Model: the ordered stages of a network, built from a plain config.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/nn/stage.h"
+
+namespace localpar {
+
+struct ModelConfig {
+  Shape input_shape;  // per example, e.g. [28, 28, 1]
+  int64_t classes = 10;
+  std::vector<StageConfig> stages;
+  OptimizerConfig optimizer;
+  uint64_t seed = 0;
+};
+
+// Checks every stage's layers and head against the shapes flowing in, without allocating.
+// On failure *error names the stage and layer and both shapes.
+bool ValidateModel(const ModelConfig& config, std::string* error);
+
+class Model {
+ public:
+  static std::unique_ptr<Model> Create(Backend& backend, const ModelConfig& config,
+                                       std::string* error);
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  Stage& stage(int k) { return *stages_[k]; }
+  int64_t num_parameters();
+
+ private:
+  std::vector<std::unique_ptr<Stage>> stages_;
+};
+
+}  // namespace localpar

@@ -1,0 +1,143 @@
+// Stage: forward, head loss, backward and update for one block of layers.
+#include "common/nn/stage.h"
+
+#include "common/core/rng.h"
+
+namespace localpar {
+
+uint64_t StageSeed(uint64_t model_seed, int stage_index) {
+  return HashCombine(model_seed, 0x5eed0000ull + static_cast<uint64_t>(stage_index));
+}
+
+std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config,
+                                     const Shape& in, int64_t classes,
+                                     const OptimizerConfig& optimizer, uint64_t seed,
+                                     std::string* error) {
+  std::unique_ptr<Stage> st(new Stage(backend, optimizer));
+  st->name_ = config.name;
+  st->in_shape_ = in;
+  Shape cur = in;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    std::string e;
+    auto layer = MakeLayer(backend, config.layers[i], cur, HashCombine(seed, i), &e);
+    if (!layer) {
+      *error = "layers[" + std::to_string(i) + "] " + e;
+      return nullptr;
+    }
+    cur = layer->output_shape();
+    st->layers_.push_back(std::move(layer));
+  }
+  st->out_shape_ = cur;
+  std::vector<LayerConfig> head_layers;
+  if (!HeadLayers(config.head, cur, classes, &head_layers, error)) return nullptr;
+  for (size_t i = 0; i < head_layers.size(); ++i) {
+    std::string e;
+    auto layer = MakeLayer(backend, head_layers[i], cur, HashCombine(seed, 1000 + i), &e);
+    if (!layer) {
+      *error = "head: " + e;
+      return nullptr;
+    }
+    cur = layer->output_shape();
+    st->head_.push_back(std::move(layer));
+  }
+  return st;
+}
+
+Stage::Slot& Stage::slot(int i) {
+  if (static_cast<size_t>(i) >= slots_.size()) slots_.resize(i + 1);
+  return slots_[i];
+}
+
+const Tensor& Stage::Forward(const Tensor& x, int slot_index, const ForwardContext& ctx) {
+  Slot& s = slot(slot_index);
+  s.input = x;
+  s.caches.resize(layers_.size());
+  const Tensor* in = &s.input;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->Forward(*in, s.caches[i], ctx);
+    in = &s.caches[i].out;
+  }
+  return *in;
+}
+
+HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float grad_scale,
+                      const ForwardContext& ctx) {
+  Slot& s = slot(slot_index);
+  s.head_caches.resize(head_.size());
+  s.head_grads.resize(head_.size());
+  const Tensor& features = output(s);
+  const Tensor* in = &features;
+  ForwardContext head_ctx = ctx;
+  head_ctx.train = mode != HeadMode::kEval && ctx.train;
+  for (size_t i = 0; i < head_.size(); ++i) {
+    head_[i]->Forward(*in, s.head_caches[i], head_ctx);
+    in = &s.head_caches[i].out;
+  }
+  const Tensor& logits = *in;
+  int64_t rows = logits.rows(), classes = logits.row_size();
+  s.row_loss.Ensure(b_, {rows});
+  s.row_correct.Ensure(b_, {rows});
+  bool train = mode != HeadMode::kEval;
+  if (train) s.dlogits.Ensure(b_, logits.shape());
+  b_.SoftmaxXent(logits.f32(), labels.i32(), rows, classes, grad_scale,
+                 train ? s.dlogits.f32() : nullptr, s.row_loss.f32(), s.row_correct.f32());
+  if (train) {
+    const Tensor* g = &s.dlogits;
+    for (size_t i = head_.size(); i-- > 0;) {
+      const Tensor& hin = i == 0 ? features : s.head_caches[i - 1].out;
+      bool want_dx = i > 0 || mode == HeadMode::kLocal;
+      head_[i]->Backward(hin, *g, s.head_caches[i], want_dx ? &s.head_grads[i] : nullptr);
+      g = &s.head_grads[i];
+    }
+    if (mode == HeadMode::kLocal) s.head_dx = s.head_grads[0];
+  }
+  // Summed on the host in a fixed order: identical on every run and every process.
+  s.host_loss.resize(rows);
+  s.host_correct.resize(rows);
+  b_.CopyToHost(s.host_loss.data(), s.row_loss.raw(), rows * sizeof(float));
+  b_.CopyToHost(s.host_correct.data(), s.row_correct.raw(), rows * sizeof(float));
+  HeadStats st;
+  for (int64_t r = 0; r < rows; ++r) {
+    st.loss_sum += s.host_loss[r];
+    st.correct += s.host_correct[r];
+  }
+  st.count = rows;
+  return st;
+}
+
+void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx) {
+  Slot& s = slot(slot_index);
+  s.grads.resize(layers_.size());
+  if (layers_.empty()) {
+    if (dx) *dx = dy;
+    return;
+  }
+  const Tensor* g = &dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const Tensor& in = i == 0 ? s.input : s.caches[i - 1].out;
+    Tensor* out = i == 0 ? dx : &s.grads[i];
+    layers_[i]->Backward(in, *g, s.caches[i], out);
+    g = out;
+  }
+}
+
+void Stage::Step(float lr) { opt_.Step(params(), lr); }
+
+std::vector<Param*> Stage::params() {
+  std::vector<Param*> out;
+  for (auto& l : layers_) {
+    for (Param* p : l->params()) out.push_back(p);
+  }
+  for (auto& l : head_) {
+    for (Param* p : l->params()) out.push_back(p);
+  }
+  return out;
+}
+
+int64_t Stage::num_parameters() {
+  int64_t n = 0;
+  for (Param* p : params()) n += p->value.numel();
+  return n;
+}
+
+}  // namespace localpar

@@ -1,0 +1,99 @@
+// A Stage: a block of layers, its auxiliary head and its optimizer. The unit a worker holds.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/nn/head.h"
+#include "common/nn/layer.h"
+#include "common/nn/optimizer.h"
+
+namespace localpar {
+
+struct StageConfig {
+  std::string name;
+  std::vector<LayerConfig> layers;
+  HeadConfig head;
+};
+
+// Sums of a head's per-example loss and correct predictions over `count` examples.
+struct HeadStats {
+  double loss_sum = 0.0;
+  double correct = 0.0;
+  int64_t count = 0;
+  void Add(const HeadStats& o) {
+    loss_sum += o.loss_sum;
+    correct += o.correct;
+    count += o.count;
+  }
+  double mean_loss() const { return count ? loss_sum / count : 0.0; }
+  double accuracy() const { return count ? correct / count : 0.0; }
+};
+
+enum class HeadMode {
+  kEval,   // forward only
+  kProbe,  // head parameters learn; nothing flows into the stage (BACKPROP's side heads)
+  kLocal,  // head parameters learn and head_grad() receives d(loss)/d(stage output)
+};
+
+// Slots let several batches be in flight at once (micro-batches, pipelining): each slot
+// keeps one batch's saved activations between its forward and backward passes.
+class Stage {
+ public:
+  // `in` is the per-example input shape. Returns nullptr with *error on a shape mismatch.
+  static std::unique_ptr<Stage> Create(Backend& backend, const StageConfig& config,
+                                       const Shape& in, int64_t classes,
+                                       const OptimizerConfig& optimizer, uint64_t seed,
+                                       std::string* error);
+
+  const std::string& name() const { return name_; }
+  const Shape& input_shape() const { return in_shape_; }
+  const Shape& output_shape() const { return out_shape_; }
+
+  // Runs the layers on x (borrowed until Backward on this slot) and returns the output.
+  const Tensor& Forward(const Tensor& x, int slot, const ForwardContext& ctx);
+  // Runs the head on the slot's output. Loss gradients are scaled by grad_scale (1/batch
+  // for a mean loss) and accumulate into the head's parameters unless mode is kEval.
+  HeadStats Head(int slot, const Tensor& labels, HeadMode mode, float grad_scale,
+                 const ForwardContext& ctx);
+  // d(head loss)/d(stage output) from the last kLocal Head call on this slot.
+  const Tensor& head_grad(int slot) const { return slots_[slot].head_dx; }
+  // Backpropagates dy (w.r.t. the slot's output) through the layers, accumulating
+  // parameter gradients; when dx is non-null it receives d/d(input).
+  void Backward(int slot, const Tensor& dy, Tensor* dx);
+  // Applies the optimizer to every parameter (layers and head) and clears gradients.
+  void Step(float lr);
+
+  std::vector<Param*> params();
+  int64_t num_parameters();
+
+ private:
+  struct Slot {
+    Tensor input;
+    std::vector<LayerCache> caches;
+    std::vector<Tensor> grads;  // grads[i]: gradient w.r.t. the input of layer i
+    std::vector<LayerCache> head_caches;
+    std::vector<Tensor> head_grads;
+    Tensor head_dx;
+    Tensor dlogits, row_loss, row_correct;
+    std::vector<float> host_loss, host_correct;
+  };
+  Stage(Backend& backend, const OptimizerConfig& optimizer) : b_(backend), opt_(backend, optimizer) {}
+  Slot& slot(int i);
+  const Tensor& output(const Slot& s) const { return layers_.empty() ? s.input : s.caches.back().out; }
+
+  Backend& b_;
+  std::string name_;
+  Shape in_shape_, out_shape_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<Layer>> head_;
+  Optimizer opt_;
+  std::vector<Slot> slots_;
+};
+
+// Every participant derives a stage's seed the same way, so a worker that builds stage k
+// alone gets the weights the reference trainer has.
+uint64_t StageSeed(uint64_t model_seed, int stage_index);
+
+}  // namespace localpar

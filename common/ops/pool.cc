@@ -1,0 +1,127 @@
+// Max, average and global average pooling over NHWC tensors, on the CPU.
+#include <cfloat>
+
+#include "common/core/cpu_backend.h"
+
+namespace localpar {
+
+void CpuBackend::MaxPoolForward(const float* x, float* y, int32_t* argmax, int64_t n, int64_t h,
+                                int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
+                                int64_t oh, int64_t ow) {
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+          float best = -FLT_MAX;
+          int32_t best_i = -1;
+          for (int64_t ky = 0; ky < k; ++ky) {
+            int64_t iy = oy * stride - pad + ky;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < k; ++kx) {
+              int64_t ix = ox * stride - pad + kx;
+              if (ix < 0 || ix >= w) continue;
+              float v = x[((b * h + iy) * w + ix) * c + ch];
+              if (best_i < 0 || v > best) {
+                best = v;
+                best_i = static_cast<int32_t>(iy * w + ix);
+              }
+            }
+          }
+          int64_t o = ((b * oh + oy) * ow + ox) * c + ch;
+          y[o] = best_i < 0 ? 0.0f : best;
+          argmax[o] = best_i;
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::MaxPoolBackward(const float* dy, const int32_t* argmax, float* dx, int64_t n,
+                                 int64_t h, int64_t w, int64_t c, int64_t /*k*/,
+                                 int64_t /*stride*/, int64_t /*pad*/, int64_t oh, int64_t ow) {
+  for (int64_t i = 0; i < n * h * w * c; ++i) dx[i] = 0.0f;
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t p = 0; p < oh * ow; ++p) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        int64_t o = (b * oh * ow + p) * c + ch;
+        if (argmax[o] >= 0) dx[(b * h * w + argmax[o]) * c + ch] += dy[o];
+      }
+    }
+  }
+}
+
+void CpuBackend::AvgPoolForward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                int64_t c, int64_t k, int64_t stride, int64_t pad, int64_t oh,
+                                int64_t ow) {
+  const float inv = 1.0f / static_cast<float>(k * k);
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+          float s = 0.0f;
+          for (int64_t ky = 0; ky < k; ++ky) {
+            int64_t iy = oy * stride - pad + ky;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < k; ++kx) {
+              int64_t ix = ox * stride - pad + kx;
+              if (ix < 0 || ix >= w) continue;
+              s += x[((b * h + iy) * w + ix) * c + ch];
+            }
+          }
+          y[((b * oh + oy) * ow + ox) * c + ch] = s * inv;
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::AvgPoolBackward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w,
+                                 int64_t c, int64_t k, int64_t stride, int64_t pad, int64_t oh,
+                                 int64_t ow) {
+  const float inv = 1.0f / static_cast<float>(k * k);
+  for (int64_t i = 0; i < n * h * w * c; ++i) dx[i] = 0.0f;
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        for (int64_t ky = 0; ky < k; ++ky) {
+          int64_t iy = oy * stride - pad + ky;
+          if (iy < 0 || iy >= h) continue;
+          for (int64_t kx = 0; kx < k; ++kx) {
+            int64_t ix = ox * stride - pad + kx;
+            if (ix < 0 || ix >= w) continue;
+            const float* g = dy + ((b * oh + oy) * ow + ox) * c;
+            float* d = dx + ((b * h + iy) * w + ix) * c;
+            for (int64_t ch = 0; ch < c; ++ch) d[ch] += g[ch] * inv;
+          }
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::GlobalAvgPoolForward(const float* x, float* y, int64_t n, int64_t hw,
+                                      int64_t c) {
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (int64_t b = 0; b < n; ++b) {
+    float* yb = y + b * c;
+    for (int64_t ch = 0; ch < c; ++ch) yb[ch] = 0.0f;
+    for (int64_t p = 0; p < hw; ++p) {
+      const float* xp = x + (b * hw + p) * c;
+      for (int64_t ch = 0; ch < c; ++ch) yb[ch] += xp[ch];
+    }
+    for (int64_t ch = 0; ch < c; ++ch) yb[ch] *= inv;
+  }
+}
+
+void CpuBackend::GlobalAvgPoolBackward(const float* dy, float* dx, int64_t n, int64_t hw,
+                                       int64_t c) {
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t p = 0; p < hw; ++p) {
+      float* d = dx + (b * hw + p) * c;
+      for (int64_t ch = 0; ch < c; ++ch) d[ch] = dy[b * c + ch] * inv;
+    }
+  }
+}
+
+}  // namespace localpar

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# README's test command: install dependencies, build with warnings as errors, run every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/install-deps.sh
+build_dir="${BUILD_DIR:-build/ci}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCALPAR_WERROR=ON
+cmake --build "$build_dir" -j "$(nproc)"
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"

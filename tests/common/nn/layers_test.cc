@@ -1,0 +1,257 @@
+// Every layer's backward pass against central finite differences, and every layer on CUDA
+// against the same layer on the CPU (same seed, same inputs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/core/rng.h"
+#include "common/nn/layer.h"
+#include "tests/common/test_util.h"
+
+namespace localpar {
+namespace {
+
+using K = LayerConfig::Kind;
+using testing::AllClose;
+using testing::RandomVector;
+
+struct LayerCase {
+  std::string name;
+  LayerConfig config;
+  Shape input;  // with batch
+  float eps = 1e-2f;
+  // Inputs on a grid of distinct values (for max pooling, where ties break FD).
+  bool distinct_inputs = false;
+  // Inputs kept away from 0 (for ReLU's kink).
+  bool away_from_zero = false;
+};
+
+LayerConfig Cfg(K kind, int64_t out = 0, int64_t kernel = 3, int64_t stride = 1,
+                int64_t pad = 0) {
+  LayerConfig c;
+  c.kind = kind;
+  c.out_features = out;
+  c.kernel = kernel;
+  c.stride = stride;
+  c.padding = pad;
+  return c;
+}
+
+std::vector<LayerCase> Cases() {
+  std::vector<LayerCase> cases;
+  cases.push_back({"linear", Cfg(K::kLinear, 5), {3, 7}});
+  cases.push_back({"linear_on_image", Cfg(K::kLinear, 4), {2, 3, 3, 2}});
+  LayerCase relu{"relu", Cfg(K::kRelu), {4, 6}};
+  relu.away_from_zero = true;
+  cases.push_back(relu);
+  cases.push_back({"gelu", Cfg(K::kGelu), {4, 6}});
+  LayerConfig ln = Cfg(K::kLayerNorm);
+  cases.push_back({"layer_norm", ln, {3, 2, 8}, 1e-2f});
+  cases.push_back({"conv2d", Cfg(K::kConv2d, 4, 3, 1, 1), {2, 5, 5, 3}});
+  cases.push_back({"conv2d_strided", Cfg(K::kConv2d, 3, 3, 2, 0), {2, 7, 6, 2}});
+  LayerCase mp{"max_pool", Cfg(K::kMaxPool, 0, 2, 2, 0), {2, 4, 4, 3}, 1e-3f};
+  mp.distinct_inputs = true;
+  cases.push_back(mp);
+  LayerCase mpo{"max_pool_overlapping_padded", Cfg(K::kMaxPool, 0, 3, 2, 1), {2, 5, 5, 2}, 1e-3f};
+  mpo.distinct_inputs = true;
+  cases.push_back(mpo);
+  cases.push_back({"avg_pool", Cfg(K::kAvgPool, 0, 3, 2, 1), {2, 5, 5, 2}});
+  cases.push_back({"global_avg_pool", Cfg(K::kGlobalAvgPool), {3, 4, 4, 5}});
+  cases.push_back({"flatten", Cfg(K::kFlatten), {3, 2, 2, 2}});
+  LayerConfig res = Cfg(K::kResidual);
+  res.body = {Cfg(K::kConv2d, 3, 3, 1, 1), Cfg(K::kGelu), Cfg(K::kConv2d, 3, 3, 1, 1)};
+  cases.push_back({"residual_conv_block", res, {2, 4, 4, 3}});
+  LayerConfig res_mlp = Cfg(K::kResidual);
+  res_mlp.body = {Cfg(K::kLayerNorm), Cfg(K::kLinear, 8), Cfg(K::kGelu), Cfg(K::kLinear, 6)};
+  cases.push_back({"residual_prenorm_mlp", res_mlp, {3, 6}});
+  return cases;
+}
+
+std::vector<float> MakeInput(const LayerCase& c, uint64_t seed) {
+  size_t n = static_cast<size_t>(NumElements(c.input));
+  std::vector<float> x = RandomVector(n, seed);
+  if (c.distinct_inputs) {
+    // A shuffled grid 0.01 apart: every window has a clear maximum.
+    Rng rng(seed);
+    for (size_t i = 0; i < n; ++i) x[i] = 0.01f * static_cast<float>(i) - 0.005f * n;
+    for (size_t i = n; i > 1; --i) std::swap(x[i - 1], x[rng.NextBelow(i)]);
+  }
+  if (c.away_from_zero) {
+    for (float& v : x) v = v < 0 ? v - 0.1f : v + 0.1f;
+  }
+  return x;
+}
+
+// Scalar objective: sum_i w_i * y_i, so d/dy = w.
+double Objective(Layer& layer, const Tensor& x, const std::vector<float>& w) {
+  LayerCache cache;
+  layer.Forward(x, cache, ForwardContext{true, 7});
+  std::vector<float> y = cache.out.ToHost();
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(w[i]) * y[i];
+  return s;
+}
+
+class LayerGradient : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(LayerGradient, BackwardMatchesFiniteDifferences) {
+  const LayerCase& c = GetParam();
+  auto cpu = MakeCpuBackend();
+  Shape per_example(c.input.begin() + 1, c.input.end());
+  std::string error;
+  auto layer = MakeLayer(*cpu, c.config, per_example, 99, &error);
+  ASSERT_TRUE(layer) << error;
+  std::vector<float> xv = MakeInput(c, 1);
+  Tensor x = Tensor::FromHost(*cpu, c.input, xv);
+
+  LayerCache cache;
+  layer->Forward(x, cache, ForwardContext{true, 7});
+  std::vector<float> w = RandomVector(static_cast<size_t>(cache.out.numel()), 2);
+  Tensor dy = Tensor::FromHost(*cpu, cache.out.shape(), w);
+  Tensor dx;
+  layer->Backward(x, dy, cache, &dx);
+  std::vector<float> analytic_dx = dx.ToHost();
+
+  std::vector<float> numeric_dx(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    float orig = x.f32()[i];
+    x.f32()[i] = orig + c.eps;
+    double up = Objective(*layer, x, w);
+    x.f32()[i] = orig - c.eps;
+    double down = Objective(*layer, x, w);
+    x.f32()[i] = orig;
+    numeric_dx[i] = static_cast<float>((up - down) / (2 * c.eps));
+  }
+  EXPECT_TRUE(AllClose(analytic_dx, numeric_dx, 2e-3f, 2e-2f)) << "d/dx of " << c.name;
+
+  for (Param* p : layer->params()) {
+    std::vector<float> analytic = p->grad.ToHost();
+    std::vector<float> numeric(analytic.size());
+    for (size_t i = 0; i < analytic.size(); ++i) {
+      float orig = p->value.f32()[i];
+      p->value.f32()[i] = orig + c.eps;
+      double up = Objective(*layer, x, w);
+      p->value.f32()[i] = orig - c.eps;
+      double down = Objective(*layer, x, w);
+      p->value.f32()[i] = orig;
+      numeric[i] = static_cast<float>((up - down) / (2 * c.eps));
+    }
+    EXPECT_TRUE(AllClose(analytic, numeric, 2e-3f, 2e-2f)) << c.name << "." << p->name;
+  }
+}
+
+TEST_P(LayerGradient, CudaMatchesCpu) {
+  LP_REQUIRE_CUDA(gpu);
+  const LayerCase& c = GetParam();
+  auto cpu = MakeCpuBackend();
+  Shape per_example(c.input.begin() + 1, c.input.end());
+  std::vector<float> xv = MakeInput(c, 3);
+  struct Result {
+    std::vector<float> y, dx;
+    std::vector<std::vector<float>> grads;
+  };
+  auto run = [&](Backend& be) {
+    std::string error;
+    auto layer = MakeLayer(be, c.config, per_example, 5, &error);
+    EXPECT_TRUE(layer) << error;
+    Tensor x = Tensor::FromHost(be, c.input, xv);
+    LayerCache cache;
+    layer->Forward(x, cache, ForwardContext{true, 7});
+    Tensor dy = Tensor::FromHost(be, cache.out.shape(),
+                                 RandomVector(static_cast<size_t>(cache.out.numel()), 4));
+    Tensor dx;
+    layer->Backward(x, dy, cache, &dx);
+    Result r{cache.out.ToHost(), dx.ToHost(), {}};
+    for (Param* p : layer->params()) r.grads.push_back(p->grad.ToHost());
+    return r;
+  };
+  Result want = run(*cpu), got = run(*gpu);
+  EXPECT_TRUE(AllClose(got.y, want.y, 1e-5f, 1e-4f)) << "forward";
+  EXPECT_TRUE(AllClose(got.dx, want.dx, 1e-5f, 1e-4f)) << "dx";
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (size_t i = 0; i < got.grads.size(); ++i) {
+    EXPECT_TRUE(AllClose(got.grads[i], want.grads[i], 1e-4f, 1e-4f)) << "param " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, LayerGradient, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
+  LayerConfig c = Cfg(K::kEmbedding);
+  c.vocab = 5;
+  c.dim = 3;
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+  for (auto& be : backends) {
+    std::string error;
+    auto layer = MakeLayer(*be, c, {4}, 11, &error);
+    ASSERT_TRUE(layer) << error;
+    Tensor ids = Tensor::FromHostI32(*be, {1, 4}, {2, 0, 2, 4});
+    LayerCache cache;
+    layer->Forward(ids, cache, ForwardContext{});
+    std::vector<float> table = layer->params()[0]->value.ToHost();
+    std::vector<float> out = cache.out.ToHost();
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_EQ(out[0 * 3 + d], table[2 * 3 + d]);
+      EXPECT_EQ(out[3 * 3 + d], table[4 * 3 + d]);
+    }
+    std::vector<float> g(12);
+    for (int i = 0; i < 12; ++i) g[i] = static_cast<float>(i + 1);
+    layer->Backward(ids, Tensor::FromHost(*be, {1, 4, 3}, g), cache, nullptr);
+    std::vector<float> grad = layer->params()[0]->grad.ToHost();
+    // Row 2 got positions 0 and 2; row 0 position 1; row 4 position 3; rows 1, 3 nothing.
+    std::vector<float> want = {4, 5, 6, 0, 0, 0, 1 + 7, 2 + 8, 3 + 9, 0, 0, 0, 10, 11, 12};
+    EXPECT_EQ(grad, want) << be->Describe();
+  }
+}
+
+TEST(Dropout, IsIdentityAtEvalAndMasksGradientsInTraining) {
+  auto cpu = MakeCpuBackend();
+  LayerConfig c = Cfg(K::kDropout);
+  c.dropout = 0.5f;
+  std::string error;
+  auto layer = MakeLayer(*cpu, c, {1000}, 3, &error);
+  ASSERT_TRUE(layer);
+  std::vector<float> xv = RandomVector(1000, 8);
+  Tensor x = Tensor::FromHost(*cpu, {1, 1000}, xv);
+  LayerCache cache;
+  layer->Forward(x, cache, ForwardContext{false, 1});
+  EXPECT_EQ(cache.out.ToHost(), xv);
+  layer->Forward(x, cache, ForwardContext{true, 1});
+  std::vector<float> y = cache.out.ToHost();
+  Tensor dx;
+  layer->Backward(x, Tensor::FromHost(*cpu, {1, 1000}, std::vector<float>(1000, 1.0f)), cache,
+                  &dx);
+  std::vector<float> g = dx.ToHost();
+  int dropped = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (y[i] == 0.0f) {
+      EXPECT_EQ(g[i], 0.0f);
+      ++dropped;
+    } else {
+      EXPECT_FLOAT_EQ(y[i], 2.0f * xv[i]);
+      EXPECT_EQ(g[i], 2.0f);
+    }
+  }
+  EXPECT_GT(dropped, 400);
+  EXPECT_LT(dropped, 600);
+}
+
+TEST(LayerShapes, MismatchesAreReportedWithBothShapes) {
+  LayerConfig lin = Cfg(K::kLinear, 10);
+  lin.in_features = 512;
+  Shape out;
+  std::string error;
+  EXPECT_FALSE(InferLayerShape(lin, {1024}, &out, &error));
+  EXPECT_NE(error.find("in_features 512"), std::string::npos) << error;
+  EXPECT_NE(error.find("1024"), std::string::npos) << error;
+  EXPECT_FALSE(InferLayerShape(Cfg(K::kConv2d, 8), {784}, &out, &error));
+  EXPECT_NE(error.find("image input"), std::string::npos) << error;
+  EXPECT_FALSE(InferLayerShape(Cfg(K::kMaxPool, 0, 5, 1, 0), {3, 3, 1}, &out, &error));
+  EXPECT_NE(error.find("does not fit"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace localpar

@@ -1,0 +1,210 @@
+// Each update rule's gradients against finite differences of the losses the rule claims
+// to follow; micro-batching; determinism; and that every rule learns.
+#include "common/nn/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/common/test_util.h"
+
+namespace localpar {
+namespace {
+
+using K = LayerConfig::Kind;
+using testing::AllClose;
+using testing::RandomVector;
+
+constexpr int kBatch = 6, kIn = 5, kClasses = 3;
+
+LayerConfig L(K kind, int64_t out = 0) {
+  LayerConfig c;
+  c.kind = kind;
+  c.out_features = out;
+  return c;
+}
+
+// Smooth activations (GELU) keep finite differences honest.
+ModelConfig SmallModel(int stages, uint64_t seed = 17) {
+  ModelConfig m;
+  m.input_shape = {kIn};
+  m.classes = kClasses;
+  m.seed = seed;
+  m.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  for (int k = 0; k < stages; ++k) {
+    StageConfig s;
+    s.name = "s" + std::to_string(k);
+    s.layers = {L(K::kLinear, 6), L(K::kGelu)};
+    if (k == 1) s.head.kind = HeadConfig::Kind::kMlp, s.head.hidden = 4;
+    m.stages.push_back(s);
+  }
+  return m;
+}
+
+struct Fixture {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  std::unique_ptr<Model> model;
+  Tensor x, y;
+  explicit Fixture(const ModelConfig& config) {
+    std::string error;
+    model = Model::Create(*cpu, config, &error);
+    EXPECT_TRUE(model) << error;
+    x = Tensor::FromHost(*cpu, {kBatch, kIn}, RandomVector(kBatch * kIn, 3));
+    y = Tensor::FromHostI32(*cpu, {kBatch}, {0, 1, 2, 2, 1, 0});
+  }
+  // Mean eval loss of the heads in `heads`, summed.
+  double Loss(ReferenceTrainer& t, std::initializer_list<int> heads) {
+    std::vector<HeadStats> s = t.EvalBatch(x, y);
+    double total = 0;
+    for (int k : heads) total += s[k].mean_loss();
+    return total;
+  }
+  // Finite-difference gradient of Loss(heads) w.r.t. every element of `p`.
+  std::vector<float> Numeric(ReferenceTrainer& t, Param* p, std::initializer_list<int> heads) {
+    const float eps = 1e-2f;
+    std::vector<float> g(static_cast<size_t>(p->value.numel()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      float orig = p->value.f32()[i];
+      p->value.f32()[i] = orig + eps;
+      double up = Loss(t, heads);
+      p->value.f32()[i] = orig - eps;
+      double down = Loss(t, heads);
+      p->value.f32()[i] = orig;
+      g[i] = static_cast<float>((up - down) / (2 * eps));
+    }
+    return g;
+  }
+};
+
+TrainerOptions Options(UpdateRule rule, int micro_batches = 1) {
+  TrainerOptions o;
+  o.rule = rule;
+  o.micro_batches = micro_batches;
+  o.schedule.lr = 0.1f;
+  return o;
+}
+
+TEST(GreedyRule, EachStageFollowsOnlyItsOwnHeadLoss) {
+  Fixture f(SmallModel(3));
+  ReferenceTrainer t(*f.model, Options(UpdateRule::kGreedy));
+  t.ComputeGradients(f.x, f.y);
+  for (int k = 0; k < 3; ++k) {
+    Param* w = f.model->stage(k).params()[0];
+    std::vector<float> analytic = w->grad.ToHost();
+    EXPECT_TRUE(AllClose(analytic, f.Numeric(t, w, {k}), 2e-3f, 2e-2f)) << "stage " << k;
+  }
+}
+
+TEST(OverlapRule, StageGradientAddsTheNextStagesLossButNotFurther) {
+  Fixture f(SmallModel(3));
+  ReferenceTrainer t(*f.model, Options(UpdateRule::kOverlap));
+  t.ComputeGradients(f.x, f.y);
+  Param* w0 = f.model->stage(0).params()[0];
+  EXPECT_TRUE(AllClose(w0->grad.ToHost(), f.Numeric(t, w0, {0, 1}), 2e-3f, 2e-2f));
+  Param* w1 = f.model->stage(1).params()[0];
+  EXPECT_TRUE(AllClose(w1->grad.ToHost(), f.Numeric(t, w1, {1, 2}), 2e-3f, 2e-2f));
+  Param* w2 = f.model->stage(2).params()[0];
+  EXPECT_TRUE(AllClose(w2->grad.ToHost(), f.Numeric(t, w2, {2}), 2e-3f, 2e-2f));
+}
+
+TEST(BackpropRule, EveryStageFollowsTheLastHeadAndSideHeadsAreProbes) {
+  Fixture f(SmallModel(3));
+  ReferenceTrainer t(*f.model, Options(UpdateRule::kBackprop));
+  t.ComputeGradients(f.x, f.y);
+  for (int k = 0; k < 3; ++k) {
+    Param* w = f.model->stage(k).params()[0];
+    EXPECT_TRUE(AllClose(w->grad.ToHost(), f.Numeric(t, w, {2}), 2e-3f, 2e-2f)) << "stage " << k;
+  }
+  // Stage 0's head (params after the two layer params) learns from its own loss.
+  Param* probe = f.model->stage(0).params()[2];
+  EXPECT_TRUE(AllClose(probe->grad.ToHost(), f.Numeric(t, probe, {0}), 2e-3f, 2e-2f));
+}
+
+TEST(BackpropRule, MicroBatchesAccumulateToTheFullBatchGradient) {
+  Fixture whole(SmallModel(2)), split(SmallModel(2));
+  ReferenceTrainer tw(*whole.model, Options(UpdateRule::kBackprop, 1));
+  ReferenceTrainer ts(*split.model, Options(UpdateRule::kBackprop, 4));  // 2+2+1+1 rows
+  auto sw = tw.ComputeGradients(whole.x, whole.y);
+  auto ss = ts.ComputeGradients(split.x, split.y);
+  EXPECT_NEAR(sw[1].loss_sum, ss[1].loss_sum, 1e-5);
+  EXPECT_EQ(ss[1].count, kBatch);
+  for (int k = 0; k < 2; ++k) {
+    auto pw = whole.model->stage(k).params(), ps = split.model->stage(k).params();
+    for (size_t i = 0; i < pw.size(); ++i) {
+      EXPECT_TRUE(AllClose(ps[i]->grad.ToHost(), pw[i]->grad.ToHost(), 1e-6f, 1e-5f));
+    }
+  }
+}
+
+TEST(MicroBatchRange, SplitsRowsWithTheRemainderFirst) {
+  int64_t b, c;
+  MicroBatchRange(10, 4, 0, &b, &c);
+  EXPECT_EQ(b, 0);
+  EXPECT_EQ(c, 3);
+  MicroBatchRange(10, 4, 1, &b, &c);
+  EXPECT_EQ(b, 3);
+  EXPECT_EQ(c, 3);
+  MicroBatchRange(10, 4, 3, &b, &c);
+  EXPECT_EQ(b, 8);
+  EXPECT_EQ(c, 2);
+}
+
+std::vector<std::vector<float>> Weights(Model& m) {
+  std::vector<std::vector<float>> out;
+  for (int k = 0; k < m.num_stages(); ++k) {
+    for (Param* p : m.stage(k).params()) out.push_back(p->value.ToHost());
+  }
+  return out;
+}
+
+TEST(Initialisation, SameSeedSameWeightsOtherSeedOtherWeights) {
+  Fixture a(SmallModel(2, 1)), b(SmallModel(2, 1)), c(SmallModel(2, 2));
+  EXPECT_EQ(Weights(*a.model), Weights(*b.model));
+  EXPECT_NE(Weights(*a.model), Weights(*c.model));
+}
+
+TEST(Rules, GreedyAndBackpropAgreeBitwiseOnOneStage) {
+  Fixture g(SmallModel(1)), b(SmallModel(1));
+  ReferenceTrainer tg(*g.model, Options(UpdateRule::kGreedy));
+  ReferenceTrainer tb(*b.model, Options(UpdateRule::kBackprop));
+  for (int i = 0; i < 5; ++i) {
+    tg.TrainStep(g.x, g.y);
+    tb.TrainStep(b.x, b.y);
+  }
+  EXPECT_EQ(Weights(*g.model), Weights(*b.model));
+}
+
+TEST(Rules, RepeatedRunsAreBitwiseIdentical) {
+  for (UpdateRule rule : {UpdateRule::kGreedy, UpdateRule::kOverlap, UpdateRule::kBackprop}) {
+    Fixture a(SmallModel(3)), b(SmallModel(3));
+    ReferenceTrainer ta(*a.model, Options(rule, rule == UpdateRule::kBackprop ? 2 : 1));
+    ReferenceTrainer tb(*b.model, Options(rule, rule == UpdateRule::kBackprop ? 2 : 1));
+    for (int i = 0; i < 3; ++i) {
+      ta.TrainStep(a.x, a.y);
+      tb.TrainStep(b.x, b.y);
+    }
+    EXPECT_EQ(Weights(*a.model), Weights(*b.model)) << UpdateRuleName(rule);
+  }
+}
+
+class EveryRule : public ::testing::TestWithParam<UpdateRule> {};
+
+TEST_P(EveryRule, LearnsTheBatchAtEveryStage) {
+  Fixture f(SmallModel(3));
+  TrainerOptions o = Options(GetParam());
+  o.schedule.lr = 0.5f;
+  ReferenceTrainer t(*f.model, o);
+  std::vector<HeadStats> before = t.EvalBatch(f.x, f.y);
+  for (int i = 0; i < 200; ++i) t.TrainStep(f.x, f.y);
+  std::vector<HeadStats> after = t.EvalBatch(f.x, f.y);
+  // The last head always learns; local rules make every head learn.
+  EXPECT_LT(after[2].mean_loss(), 0.3 * before[2].mean_loss());
+  EXPECT_EQ(after[2].accuracy(), 1.0);
+  for (int k = 0; k < 3; ++k) EXPECT_LT(after[k].mean_loss(), before[k].mean_loss()) << k;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, EveryRule,
+                         ::testing::Values(UpdateRule::kBackprop, UpdateRule::kGreedy,
+                                           UpdateRule::kChunked, UpdateRule::kOverlap),
+                         [](const auto& info) { return std::string(UpdateRuleName(info.param)); });
+
+}  // namespace
+}  // namespace localpar

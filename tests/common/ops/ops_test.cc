@@ -1,0 +1,210 @@
+// Op kernels against independent references: a double-precision GEMM, finite differences
+// for the loss, hand-checked values, and every CUDA kernel against its CPU twin.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/core/tensor.h"
+#include "tests/common/test_util.h"
+
+namespace localpar {
+namespace {
+
+using testing::AllClose;
+using testing::RandomVector;
+
+std::vector<float> NaiveGemm(bool ta, bool tb, int m, int n, int k, const std::vector<float>& a,
+                             const std::vector<float>& b) {
+  std::vector<float> c(m * n);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p) {
+        s += static_cast<double>(ta ? a[p * m + i] : a[i * k + p]) *
+             (tb ? b[j * k + p] : b[p * n + j]);
+      }
+      c[i * n + j] = static_cast<float>(s);
+    }
+  }
+  return c;
+}
+
+class GemmTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(GemmTest, MatchesDoublePrecisionReferenceOnEveryBackend) {
+  auto [ta, tb] = GetParam();
+  const int m = 37, n = 23, k = 51;
+  auto a = RandomVector(m * k, 1), b = RandomVector(k * n, 2), c0 = RandomVector(m * n, 3);
+  std::vector<float> expected = NaiveGemm(ta, tb, m, n, k, a, b);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = 0.5f * expected[i] + 2.0f * c0[i];
+
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+  for (auto& be : backends) {
+    Tensor ta_t = Tensor::FromHost(*be, {ta ? k : m, ta ? m : k}, a);
+    Tensor tb_t = Tensor::FromHost(*be, {tb ? n : k, tb ? k : n}, b);
+    Tensor tc = Tensor::FromHost(*be, {m, n}, c0);
+    be->Gemm(ta, tb, m, n, k, 0.5f, ta_t.f32(), tb_t.f32(), 2.0f, tc.f32());
+    EXPECT_TRUE(AllClose(tc.ToHost(), expected, 1e-4f, 1e-4f)) << be->Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+
+TEST(SoftmaxXent, LossAccuracyAndGradientMatchHandComputedValues) {
+  auto cpu = MakeCpuBackend();
+  // Row 0: logits (0, ln 3) -> p = (1/4, 3/4); label 1 is the arg-max.
+  // Row 1: logits (2, 0), label 1 -> wrong prediction.
+  Tensor z = Tensor::FromHost(*cpu, {2, 2}, std::vector<float>{0.0f, std::log(3.0f), 2.0f, 0});
+  Tensor y = Tensor::FromHostI32(*cpu, {2}, {1, 1});
+  Tensor d = Tensor::Empty(*cpu, {2, 2}), loss = Tensor::Empty(*cpu, {2}),
+         ok = Tensor::Empty(*cpu, {2});
+  cpu->SoftmaxXent(z.f32(), y.i32(), 2, 2, 0.5f, d.f32(), loss.f32(), ok.f32());
+  std::vector<float> l = loss.ToHost(), c = ok.ToHost(), g = d.ToHost();
+  EXPECT_NEAR(l[0], -std::log(0.75f), 1e-6);
+  EXPECT_NEAR(l[1], std::log(1.0f + std::exp(2.0f)), 1e-6);
+  EXPECT_EQ(c, (std::vector<float>{1, 0}));
+  EXPECT_NEAR(g[0], 0.5f * 0.25f, 1e-6);
+  EXPECT_NEAR(g[1], 0.5f * (0.75f - 1.0f), 1e-6);
+}
+
+TEST(SoftmaxXent, GradientMatchesFiniteDifferences) {
+  auto cpu = MakeCpuBackend();
+  const int rows = 4, cols = 7;
+  auto logits = RandomVector(rows * cols, 5, -3, 3);
+  std::vector<int32_t> labels = {0, 6, 3, 2};
+  Tensor y = Tensor::FromHostI32(*cpu, {rows}, labels);
+  Tensor loss = Tensor::Empty(*cpu, {rows}), ok = Tensor::Empty(*cpu, {rows});
+  auto total = [&](const std::vector<float>& zz) {
+    Tensor z = Tensor::FromHost(*cpu, {rows, cols}, zz);
+    cpu->SoftmaxXent(z.f32(), y.i32(), rows, cols, 1.0f, nullptr, loss.f32(), ok.f32());
+    double s = 0;
+    for (float v : loss.ToHost()) s += v;
+    return s;
+  };
+  Tensor z = Tensor::FromHost(*cpu, {rows, cols}, logits);
+  Tensor d = Tensor::Empty(*cpu, {rows, cols});
+  cpu->SoftmaxXent(z.f32(), y.i32(), rows, cols, 1.0f, d.f32(), loss.f32(), ok.f32());
+  std::vector<float> numeric(logits.size());
+  const float eps = 1e-2f;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    auto p = logits, q = logits;
+    p[i] += eps;
+    q[i] -= eps;
+    numeric[i] = static_cast<float>((total(p) - total(q)) / (2 * eps));
+  }
+  EXPECT_TRUE(AllClose(d.ToHost(), numeric, 1e-3f, 1e-2f));
+}
+
+TEST(Dropout, KeepsTheExpectedFractionAndScalesSurvivors) {
+  auto cpu = MakeCpuBackend();
+  const int n = 100000;
+  Tensor x = Tensor::FromHost(*cpu, {n}, std::vector<float>(n, 1.0f));
+  Tensor y = Tensor::Empty(*cpu, {n}), mask = Tensor::Empty(*cpu, {n});
+  cpu->DropoutForward(x.f32(), y.f32(), mask.f32(), n, 0.25f, 42);
+  int kept = 0;
+  for (float v : y.ToHost()) {
+    ASSERT_TRUE(v == 0.0f || std::fabs(v - 1.0f / 0.75f) < 1e-6f);
+    kept += v != 0.0f;
+  }
+  EXPECT_NEAR(kept / double(n), 0.75, 0.01);
+  // A different seed gives a different mask; the same seed the same one.
+  Tensor y2 = Tensor::Empty(*cpu, {n});
+  cpu->DropoutForward(x.f32(), y2.f32(), mask.f32(), n, 0.25f, 43);
+  EXPECT_NE(y.ToHost(), y2.ToHost());
+  cpu->DropoutForward(x.f32(), y2.f32(), mask.f32(), n, 0.25f, 42);
+  EXPECT_EQ(y.ToHost(), y2.ToHost());
+}
+
+// ---- CUDA against CPU, on fresh random inputs ------------------------------------------
+TEST(CudaParity, ElementwiseKernels) {
+  LP_REQUIRE_CUDA(gpu);
+  auto cpu = MakeCpuBackend();
+  const int rows = 33, cols = 65, n = rows * cols;
+  auto a = RandomVector(n, 11), b = RandomVector(n, 12), bias = RandomVector(cols, 13);
+  auto run = [&](Backend& be) {
+    Tensor ta = Tensor::FromHost(be, {n}, a), tb = Tensor::FromHost(be, {n}, b);
+    Tensor tbias = Tensor::FromHost(be, {cols}, bias), out = Tensor::Empty(be, {n});
+    Tensor sums = Tensor::FromHost(be, {cols}, bias);
+    be.Add(ta.f32(), tb.f32(), out.f32(), n);
+    be.Mul(out.f32(), tb.f32(), out.f32(), n);
+    be.Axpy(-0.5f, ta.f32(), out.f32(), n);
+    be.AddRowVector(out.f32(), tbias.f32(), rows, cols);
+    be.SumRows(out.f32(), sums.f32(), rows, cols);
+    Tensor h = Tensor::Empty(be, {n}, DType::kBF16), back = Tensor::Empty(be, {n});
+    be.ToBf16(out.f32(), h.bf16(), n);
+    be.FromBf16(h.bf16(), back.f32(), n);
+    std::vector<float> all = out.ToHost();
+    for (float v : sums.ToHost()) all.push_back(v);
+    for (float v : back.ToHost()) all.push_back(v);
+    return all;
+  };
+  EXPECT_TRUE(AllClose(run(*gpu), run(*cpu), 1e-5f, 1e-5f));
+}
+
+TEST(CudaParity, SoftmaxXentAndActivations) {
+  LP_REQUIRE_CUDA(gpu);
+  auto cpu = MakeCpuBackend();
+  const int rows = 19, cols = 300;
+  auto z = RandomVector(rows * cols, 21, -4, 4);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = (r * 37) % cols;
+  auto run = [&](Backend& be) {
+    Tensor tz = Tensor::FromHost(be, {rows, cols}, z);
+    Tensor ty = Tensor::FromHostI32(be, {rows}, labels);
+    Tensor d = Tensor::Empty(be, {rows, cols}), l = Tensor::Empty(be, {rows}),
+           c = Tensor::Empty(be, {rows}), g = Tensor::Empty(be, {rows, cols}),
+           r = Tensor::Empty(be, {rows, cols});
+    be.SoftmaxXent(tz.f32(), ty.i32(), rows, cols, 0.1f, d.f32(), l.f32(), c.f32());
+    be.GeluForward(tz.f32(), g.f32(), rows * cols);
+    be.GeluBackward(tz.f32(), d.f32(), g.f32(), rows * cols);
+    be.ReluForward(tz.f32(), r.f32(), rows * cols);
+    be.ReluBackward(r.f32(), g.f32(), r.f32(), rows * cols);
+    std::vector<float> all = d.ToHost();
+    for (auto& t : {l, c, g, r}) {
+      for (float v : t.ToHost()) all.push_back(v);
+    }
+    return all;
+  };
+  EXPECT_TRUE(AllClose(run(*gpu), run(*cpu), 1e-5f, 1e-4f));
+}
+
+TEST(CudaParity, DropoutMaskIsBitwiseIdentical) {
+  LP_REQUIRE_CUDA(gpu);
+  auto cpu = MakeCpuBackend();
+  const int n = 4097;
+  auto x = RandomVector(n, 31);
+  auto run = [&](Backend& be) {
+    Tensor tx = Tensor::FromHost(be, {n}, x), y = Tensor::Empty(be, {n}),
+           m = Tensor::Empty(be, {n});
+    be.DropoutForward(tx.f32(), y.f32(), m.f32(), n, 0.3f, 777);
+    return m.ToHost();
+  };
+  EXPECT_EQ(run(*gpu), run(*cpu));
+}
+
+TEST(CudaParity, OptimizerSteps) {
+  LP_REQUIRE_CUDA(gpu);
+  auto cpu = MakeCpuBackend();
+  const int n = 1000;
+  auto p0 = RandomVector(n, 41), g = RandomVector(n, 42), s = RandomVector(n, 43, 0, 1);
+  auto run = [&](Backend& be) {
+    Tensor p = Tensor::FromHost(be, {n}, p0), tg = Tensor::FromHost(be, {n}, g);
+    Tensor m = Tensor::FromHost(be, {n}, s), v = Tensor::FromHost(be, {n}, s);
+    Tensor q = Tensor::FromHost(be, {n}, p0), vel = Tensor::FromHost(be, {n}, s);
+    be.AdamWStep(p.f32(), tg.f32(), m.f32(), v.f32(), n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f,
+                 0.19f, 0.002f);
+    be.SgdStep(q.f32(), tg.f32(), vel.f32(), n, 0.1f, 0.9f, 1e-4f, true);
+    std::vector<float> all = p.ToHost();
+    for (auto& t : {m, v, q, vel}) {
+      for (float x : t.ToHost()) all.push_back(x);
+    }
+    return all;
+  };
+  EXPECT_TRUE(AllClose(run(*gpu), run(*cpu), 1e-6f, 1e-5f));
+}
+
+}  // namespace
+}  // namespace localpar
