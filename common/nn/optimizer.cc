@@ -22,7 +22,6 @@ void Optimizer::Step(const std::vector<Param*>& params, float lr) {
       b_.SgdStep(p->value.f32(), p->grad.f32(), p->state1.f32(), n, lr, config_.momentum,
                  config_.weight_decay, config_.nesterov);
     }
-    b_.Fill(p->grad.f32(), 0.0f, n);
   }
 }
 

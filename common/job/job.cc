@@ -1,0 +1,347 @@
+// Job parsing, defaults and validation.
+#include "common/job/job.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/data/dataset.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace localpar {
+namespace {
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit CollectErrors(std::string source) : source_(std::move(source)) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    // The parser counts from 0; editors count from 1.
+    errors_.push_back(absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message));
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+    AddError(line, column, message);
+  }
+  std::string str() const { return absl::StrJoin(errors_, "\n"); }
+
+ private:
+  std::string source_;
+  std::vector<std::string> errors_;
+};
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+bool Finite(float v) { return std::isfinite(v); }
+
+absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
+  switch (l.kind_case()) {
+    case v1::Layer::KIND_NOT_SET:
+      return Invalid(at, "no layer kind set (linear, relu, conv2d, ...)");
+    case v1::Layer::kLinear:
+      if (l.linear().out_features() <= 0) return Invalid(at + ".linear.out_features", "must be > 0");
+      if (l.linear().in_features() < 0) return Invalid(at + ".linear.in_features", "must be >= 0");
+      break;
+    case v1::Layer::kConv2D: {
+      const auto& c = l.conv2d();
+      if (c.out_channels() <= 0) return Invalid(at + ".conv2d.out_channels", "must be > 0");
+      if (c.kernel() < 0 || c.stride() < 0 || c.padding() < 0) {
+        return Invalid(at + ".conv2d", "kernel, stride and padding must be >= 0");
+      }
+      break;
+    }
+    case v1::Layer::kMaxPool:
+    case v1::Layer::kAvgPool: {
+      const auto& p = l.has_max_pool() ? l.max_pool() : l.avg_pool();
+      if (p.kernel() < 0 || p.stride() < 0 || p.padding() < 0) {
+        return Invalid(at, "pool kernel, stride and padding must be >= 0");
+      }
+      break;
+    }
+    case v1::Layer::kDropout:
+      if (!(l.dropout().rate() >= 0.0f && l.dropout().rate() < 1.0f)) {
+        return Invalid(at + ".dropout.rate", "must be in [0, 1)");
+      }
+      break;
+    case v1::Layer::kLayerNorm:
+      if (!(l.layer_norm().eps() >= 0.0f) || !Finite(l.layer_norm().eps())) {
+        return Invalid(at + ".layer_norm.eps", "must be a finite number >= 0");
+      }
+      break;
+    case v1::Layer::kEmbedding:
+      if (l.embedding().vocab() <= 0) return Invalid(at + ".embedding.vocab", "must be > 0");
+      if (l.embedding().dim() <= 0) return Invalid(at + ".embedding.dim", "must be > 0");
+      break;
+    case v1::Layer::kResidual:
+      if (l.residual().body().empty()) return Invalid(at + ".residual.body", "is empty");
+      for (int i = 0; i < l.residual().body_size(); ++i) {
+        absl::Status s = ValidateLayer(l.residual().body(i), absl::StrCat(at, ".residual.body[", i, "]"));
+        if (!s.ok()) return s;
+      }
+      break;
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+LayerConfig ToLayerConfig(const v1::Layer& l) {
+  using K = LayerConfig::Kind;
+  LayerConfig c;
+  switch (l.kind_case()) {
+    case v1::Layer::kLinear:
+      c.kind = K::kLinear;
+      c.out_features = l.linear().out_features();
+      c.in_features = l.linear().in_features();
+      break;
+    case v1::Layer::kRelu: c.kind = K::kRelu; break;
+    case v1::Layer::kGelu: c.kind = K::kGelu; break;
+    case v1::Layer::kLayerNorm:
+      c.kind = K::kLayerNorm;
+      c.eps = l.layer_norm().eps() > 0 ? l.layer_norm().eps() : 1e-5f;
+      break;
+    case v1::Layer::kDropout:
+      c.kind = K::kDropout;
+      c.dropout = l.dropout().rate();
+      break;
+    case v1::Layer::kConv2D:
+      c.kind = K::kConv2d;
+      c.out_features = l.conv2d().out_channels();
+      c.kernel = l.conv2d().kernel() > 0 ? l.conv2d().kernel() : 3;
+      c.stride = l.conv2d().stride() > 0 ? l.conv2d().stride() : 1;
+      c.padding = l.conv2d().padding();
+      break;
+    case v1::Layer::kMaxPool:
+    case v1::Layer::kAvgPool: {
+      const auto& p = l.has_max_pool() ? l.max_pool() : l.avg_pool();
+      c.kind = l.has_max_pool() ? K::kMaxPool : K::kAvgPool;
+      c.kernel = p.kernel() > 0 ? p.kernel() : 2;
+      c.stride = p.stride() > 0 ? p.stride() : c.kernel;
+      c.padding = p.padding();
+      break;
+    }
+    case v1::Layer::kGlobalAvgPool: c.kind = K::kGlobalAvgPool; break;
+    case v1::Layer::kFlatten: c.kind = K::kFlatten; break;
+    case v1::Layer::kEmbedding:
+      c.kind = K::kEmbedding;
+      c.vocab = l.embedding().vocab();
+      c.dim = l.embedding().dim();
+      break;
+    case v1::Layer::kResidual:
+      c.kind = K::kResidual;
+      for (const auto& b : l.residual().body()) c.body.push_back(ToLayerConfig(b));
+      break;
+    case v1::Layer::KIND_NOT_SET:
+      break;
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source) {
+  v1::Job job;
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors(source);
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &job)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", errors.str()));
+  }
+  ApplyJobDefaults(job);
+  absl::Status s = ValidateJob(job);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", source, ": ", s.message()));
+  }
+  return job;
+}
+
+absl::StatusOr<v1::Job> LoadJobFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("job file ", path, ": cannot open"));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseJob(buf.str(), path);
+}
+
+void ApplyJobDefaults(v1::Job& job) {
+  if (job.name().empty()) job.set_name("job");
+  if (job.batch_size() == 0) job.set_batch_size(128);
+  if (job.epochs() == 0) job.set_epochs(1);
+  if (job.micro_batches() == 0) job.set_micro_batches(1);
+  if (job.eval_batch_size() == 0) job.set_eval_batch_size(1000);
+  v1::Data* data = job.mutable_data();
+  if (data->source_case() == v1::Data::SOURCE_NOT_SET) data->mutable_fashion_mnist();
+  if (data->has_fashion_mnist() && data->fashion_mnist().dir().empty()) {
+    data->mutable_fashion_mnist()->set_dir(kDefaultFashionMnistDir);
+  }
+  if (data->has_synthetic()) {
+    v1::Synthetic* s = data->mutable_synthetic();
+    if (s->train_examples() == 0) s->set_train_examples(1024);
+    if (s->test_examples() == 0) s->set_test_examples(256);
+    if (s->shape().empty()) {
+      for (int64_t d : {28, 28, 1}) s->add_shape(d);
+    }
+    if (s->classes() == 0) s->set_classes(10);
+    if (s->noise() == 0.0f) s->set_noise(1.0f);
+  }
+  if (job.optimizer().kind_case() == v1::Optimizer::KIND_NOT_SET) {
+    job.mutable_optimizer()->mutable_adamw();
+  }
+  if (job.optimizer().has_adamw()) {
+    v1::AdamW* a = job.mutable_optimizer()->mutable_adamw();
+    if (a->beta1() == 0.0f) a->set_beta1(0.9f);
+    if (a->beta2() == 0.0f) a->set_beta2(0.999f);
+    if (a->eps() == 0.0f) a->set_eps(1e-8f);
+  }
+  if (job.schedule().lr() == 0.0f) job.mutable_schedule()->set_lr(1e-3f);
+  for (v1::Stage& st : *job.mutable_stages()) {
+    if (st.head().kind() == v1::Head::MLP && st.head().hidden() == 0) {
+      st.mutable_head()->set_hidden(256);
+    }
+    if (st.head().kind() == v1::Head::CONV_POOL_LINEAR && st.head().channels() == 0) {
+      st.mutable_head()->set_channels(32);
+    }
+  }
+}
+
+absl::Status ValidateJob(const v1::Job& job) {
+  if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED) {
+    return Invalid("rule", "required: BACKPROP, GREEDY, CHUNKED or OVERLAP");
+  }
+  if (job.batch_size() <= 0) return Invalid("batch_size", "must be > 0");
+  if (job.epochs() <= 0) return Invalid("epochs", "must be > 0");
+  if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
+  if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
+  if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
+  if (job.micro_batches() > 1 && job.rule() != v1::BACKPROP) {
+    return Invalid("micro_batches", "only BACKPROP splits a batch into micro-batches");
+  }
+  if (job.micro_batches() > job.batch_size()) {
+    return Invalid("micro_batches", absl::StrCat(job.micro_batches(), " exceeds batch_size ",
+                                                 job.batch_size()));
+  }
+  const v1::Data& d = job.data();
+  if (d.train_limit() < 0) return Invalid("data.train_limit", "must be >= 0");
+  if (d.test_limit() < 0) return Invalid("data.test_limit", "must be >= 0");
+  if (d.has_synthetic()) {
+    const v1::Synthetic& s = d.synthetic();
+    if (s.train_examples() <= 0) return Invalid("data.synthetic.train_examples", "must be > 0");
+    if (s.test_examples() <= 0) return Invalid("data.synthetic.test_examples", "must be > 0");
+    if (s.classes() < 2) return Invalid("data.synthetic.classes", "must be >= 2");
+    for (int64_t v : s.shape()) {
+      if (v <= 0) return Invalid("data.synthetic.shape", "every extent must be > 0");
+    }
+    if (!(s.noise() >= 0.0f) || !Finite(s.noise())) {
+      return Invalid("data.synthetic.noise", "must be a finite number >= 0");
+    }
+  }
+  const v1::Schedule& sc = job.schedule();
+  if (!(sc.lr() > 0.0f) || !Finite(sc.lr())) return Invalid("schedule.lr", "must be > 0");
+  if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr())) return Invalid("schedule.min_lr", "must be >= 0");
+  if (sc.warmup_steps() < 0) return Invalid("schedule.warmup_steps", "must be >= 0");
+  if (job.optimizer().has_sgd()) {
+    const v1::Sgd& s = job.optimizer().sgd();
+    if (!(s.momentum() >= 0.0f && s.momentum() < 1.0f)) {
+      return Invalid("optimizer.sgd.momentum", "must be in [0, 1)");
+    }
+    if (!(s.weight_decay() >= 0.0f) || !Finite(s.weight_decay())) {
+      return Invalid("optimizer.sgd.weight_decay", "must be >= 0");
+    }
+  } else {
+    const v1::AdamW& a = job.optimizer().adamw();
+    if (!(a.beta1() >= 0.0f && a.beta1() < 1.0f)) return Invalid("optimizer.adamw.beta1", "must be in [0, 1)");
+    if (!(a.beta2() >= 0.0f && a.beta2() < 1.0f)) return Invalid("optimizer.adamw.beta2", "must be in [0, 1)");
+    if (!(a.eps() > 0.0f) || !Finite(a.eps())) return Invalid("optimizer.adamw.eps", "must be > 0");
+    if (!(a.weight_decay() >= 0.0f) || !Finite(a.weight_decay())) {
+      return Invalid("optimizer.adamw.weight_decay", "must be >= 0");
+    }
+  }
+  if (job.stages().empty()) return Invalid("stages", "a job needs at least one stage");
+  for (int k = 0; k < job.stages_size(); ++k) {
+    const v1::Stage& st = job.stages(k);
+    std::string at = absl::StrCat("stages[", k, "]");
+    for (int i = 0; i < st.layers_size(); ++i) {
+      absl::Status s = ValidateLayer(st.layers(i), absl::StrCat(at, ".layers[", i, "]"));
+      if (!s.ok()) return s;
+    }
+    if (st.head().hidden() < 0) return Invalid(at + ".head.hidden", "must be > 0");
+    if (st.head().channels() < 0) return Invalid(at + ".head.channels", "must be > 0");
+  }
+  std::string error;
+  if (!ValidateModel(ToModelConfig(job), &error)) return absl::InvalidArgumentError(error);
+  return absl::OkStatus();
+}
+
+Shape JobInputShape(const v1::Job& job) {
+  if (job.data().has_synthetic()) {
+    const auto& s = job.data().synthetic().shape();
+    return Shape(s.begin(), s.end());
+  }
+  return {28, 28, 1};
+}
+
+int32_t JobClasses(const v1::Job& job) {
+  return job.data().has_synthetic() ? job.data().synthetic().classes() : 10;
+}
+
+UpdateRule ToUpdateRule(v1::UpdateRule rule) {
+  switch (rule) {
+    case v1::BACKPROP: return UpdateRule::kBackprop;
+    case v1::CHUNKED: return UpdateRule::kChunked;
+    case v1::OVERLAP: return UpdateRule::kOverlap;
+    default: return UpdateRule::kGreedy;
+  }
+}
+
+ModelConfig ToModelConfig(const v1::Job& job) {
+  ModelConfig m;
+  m.input_shape = JobInputShape(job);
+  m.classes = JobClasses(job);
+  m.seed = job.seed();
+  if (job.optimizer().has_sgd()) {
+    const v1::Sgd& s = job.optimizer().sgd();
+    m.optimizer.kind = OptimizerConfig::Kind::kSgd;
+    m.optimizer.momentum = s.momentum();
+    m.optimizer.nesterov = s.nesterov();
+    m.optimizer.weight_decay = s.weight_decay();
+  } else {
+    const v1::AdamW& a = job.optimizer().adamw();
+    m.optimizer.kind = OptimizerConfig::Kind::kAdamW;
+    m.optimizer.beta1 = a.beta1();
+    m.optimizer.beta2 = a.beta2();
+    m.optimizer.eps = a.eps();
+    m.optimizer.weight_decay = a.weight_decay();
+  }
+  for (const v1::Stage& st : job.stages()) {
+    StageConfig s;
+    s.name = st.name();
+    for (const v1::Layer& l : st.layers()) s.layers.push_back(ToLayerConfig(l));
+    s.head.kind = static_cast<HeadConfig::Kind>(st.head().kind());
+    if (st.head().hidden() > 0) s.head.hidden = st.head().hidden();
+    if (st.head().channels() > 0) s.head.channels = st.head().channels();
+    m.stages.push_back(std::move(s));
+  }
+  return m;
+}
+
+TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps) {
+  TrainerOptions o;
+  o.rule = ToUpdateRule(job.rule());
+  o.micro_batches = job.micro_batches();
+  o.total_steps = total_steps;
+  o.seed = job.seed();
+  o.schedule.kind = job.schedule().kind() == v1::Schedule::COSINE
+                        ? ScheduleConfig::Kind::kCosine
+                        : ScheduleConfig::Kind::kConstant;
+  o.schedule.lr = job.schedule().lr();
+  o.schedule.warmup_steps = job.schedule().warmup_steps();
+  o.schedule.min_lr = job.schedule().min_lr();
+  return o;
+}
+
+}  // namespace localpar

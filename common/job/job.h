@@ -1,0 +1,35 @@
+// Job files: parsing (protobuf text format), defaults, validation, and conversion into the
+// core's plain config structs.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/nn/model.h"
+#include "common/nn/trainer.h"
+#include "proto/job.pb.h"
+
+namespace localpar {
+
+// Parses text-format `text`; syntax errors name source:line:column. Applies defaults and
+// validates (see ValidateJob).
+absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source);
+absl::StatusOr<v1::Job> LoadJobFile(const std::string& path);
+
+// Fills documented defaults for zero-valued fields, in place.
+void ApplyJobDefaults(v1::Job& job);
+
+// Field-level checks (naming the field path and the reason), then shape inference through
+// every stage and head (naming the stage, the layer and both shapes).
+absl::Status ValidateJob(const v1::Job& job);
+
+// Per-example input shape and class count the job's data source produces.
+Shape JobInputShape(const v1::Job& job);
+int32_t JobClasses(const v1::Job& job);
+
+ModelConfig ToModelConfig(const v1::Job& job);
+TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps);
+UpdateRule ToUpdateRule(v1::UpdateRule rule);
+
+}  // namespace localpar

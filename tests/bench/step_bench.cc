@@ -1,0 +1,195 @@
+// Benchmark: fashion_mlp training steps on one backend, reported as a fraction of the
+// machine's SGEMM rate measured in the same run (absolute times on shared machines are
+// noise; ratios are not). Core-only, so it also builds on the CUDA-only GPU machine.
+//
+//   step_bench [--device=cpu|cuda] [--rule=greedy|backprop] [--optimizer=adamw|sgd]
+//              [--batch=128] [--width=1024]
+//              [--seconds=2]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/core/rng.h"
+#include "common/nn/trainer.h"
+
+namespace localpar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string device = "cpu";
+  std::string rule = "greedy";
+  std::string optimizer = "adamw";
+  int64_t batch = 128;
+  int64_t width = 1024;
+  double seconds = 2.0;
+};
+
+bool Parse(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    auto val = [&](const char* key) -> const char* {
+      size_t n = std::strlen(key);
+      return s.compare(0, n, key) == 0 ? s.c_str() + n : nullptr;
+    };
+    if (const char* v = val("--device=")) a->device = v;
+    else if (const char* v = val("--rule=")) a->rule = v;
+    else if (const char* v = val("--optimizer=")) a->optimizer = v;
+    else if (const char* v = val("--batch=")) a->batch = std::atoll(v);
+    else if (const char* v = val("--width=")) a->width = std::atoll(v);
+    else if (const char* v = val("--seconds=")) a->seconds = std::atof(v);
+    else {
+      std::fprintf(stderr,
+                   "usage: step_bench [--device=cpu|cuda] [--rule=greedy|backprop] [--optimizer=adamw|sgd] "
+                   "[--batch=N] [--width=N] [--seconds=S]\n");
+      return false;
+    }
+  }
+  return a->batch > 0 && a->width > 0 && a->seconds > 0;
+}
+
+// Runs fn repeatedly for about `seconds`; returns the best time per call over 3 rounds.
+template <typename F>
+double BestSecondsPerCall(Backend& be, double seconds, F fn) {
+  fn();
+  be.Synchronize();
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    int64_t calls = 0;
+    auto start = Clock::now();
+    double el = 0;
+    do {
+      fn();
+      ++calls;
+      be.Synchronize();
+      el = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (el < seconds / 3);
+    best = std::min(best, el / calls);
+  }
+  return best;
+}
+
+struct GemmShape {
+  bool ta, tb;
+  int64_t m, n, k;
+};
+
+double GemmRate(Backend& be, const std::vector<GemmShape>& shapes, double seconds) {
+  std::vector<Tensor> a, b, c;
+  double flops = 0;
+  Rng rng(1);
+  for (const GemmShape& s : shapes) {
+    std::vector<float> ha(s.m * s.k), hb(s.k * s.n);
+    for (float& v : ha) v = rng.NextUniform();
+    for (float& v : hb) v = rng.NextUniform();
+    a.push_back(Tensor::FromHost(be, {s.m * s.k}, ha));
+    b.push_back(Tensor::FromHost(be, {s.k * s.n}, hb));
+    c.push_back(Tensor::Zeros(be, {s.m * s.n}));
+    flops += 2.0 * s.m * s.n * s.k;
+  }
+  double t = BestSecondsPerCall(be, seconds, [&] {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const GemmShape& s = shapes[i];
+      be.Gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a[i].f32(), b[i].f32(), 0.0f, c[i].f32());
+    }
+  });
+  return flops / t;
+}
+
+int Run(const Args& args) {
+  std::unique_ptr<Backend> be;
+  if (args.device == "cuda") {
+    be = MakeCudaBackend(0);
+    if (!be) {
+      std::printf("step_bench: no CUDA device; skipped\n");
+      return 0;
+    }
+  } else {
+    be = MakeCpuBackend(CpuOptions{1});
+  }
+  const bool backprop = args.rule == "backprop";
+  const int64_t B = args.batch, W = args.width, in = 784, classes = 10;
+
+  // The model of deploy/jobs/fashion_mlp.textproto: 4 x (Linear(W) + ReLU), linear heads.
+  ModelConfig mc;
+  mc.input_shape = {28, 28, 1};
+  mc.classes = classes;
+  mc.seed = 1;
+  if (args.optimizer == "sgd") {
+    mc.optimizer.kind = OptimizerConfig::Kind::kSgd;
+    mc.optimizer.momentum = 0.9f;
+  }
+  for (int k = 0; k < 4; ++k) {
+    StageConfig s;
+    LayerConfig lin, relu;
+    lin.kind = LayerConfig::Kind::kLinear;
+    lin.out_features = W;
+    relu.kind = LayerConfig::Kind::kRelu;
+    s.layers = {lin, relu};
+    mc.stages.push_back(s);
+  }
+  std::string error;
+  auto model = Model::Create(*be, mc, &error);
+  if (!model) {
+    std::fprintf(stderr, "step_bench: %s\n", error.c_str());
+    return 1;
+  }
+  TrainerOptions to;
+  to.rule = backprop ? UpdateRule::kBackprop : UpdateRule::kGreedy;
+  ReferenceTrainer trainer(*model, to);
+  Rng rng(2);
+  std::vector<float> hx(B * in);
+  std::vector<int32_t> hy(B);
+  for (float& v : hx) v = rng.NextUniform();
+  for (int32_t& v : hy) v = static_cast<int32_t>(rng.NextBelow(classes));
+  Tensor x = Tensor::FromHost(*be, {B, 28, 28, 1}, hx);
+  Tensor y = Tensor::FromHostI32(*be, {B}, hy);
+
+  // The GEMMs one step performs (row-major, as the layers issue them).
+  std::vector<GemmShape> step_gemms;
+  for (int k = 0; k < 4; ++k) {
+    int64_t fan_in = k == 0 ? in : W;
+    step_gemms.push_back({false, false, B, W, fan_in});  // forward
+    step_gemms.push_back({true, false, fan_in, W, B});   // weight gradient
+    if (backprop && k > 0) step_gemms.push_back({false, true, B, fan_in, W});  // input grad
+    bool head_dx = !backprop || k == 3;
+    step_gemms.push_back({false, false, B, classes, W});
+    step_gemms.push_back({true, false, W, classes, B});
+    if (head_dx) step_gemms.push_back({false, true, B, W, classes});
+  }
+  double step_flops = 0;
+  for (const GemmShape& s : step_gemms) step_flops += 2.0 * s.m * s.n * s.k;
+
+  const int64_t S = be->device() == DeviceType::kCUDA ? 8192 : 1024;
+  double peak = GemmRate(*be, {{false, false, S, S, S}}, args.seconds);
+  double own = GemmRate(*be, step_gemms, args.seconds);
+  double step = BestSecondsPerCall(*be, args.seconds, [&] { trainer.TrainStep(x, y); });
+  double achieved = step_flops / step;
+
+  std::printf("fashion_mlp training step: %s, %s, %s, batch %lld, width %lld, 4 stages\n",
+              be->Describe().c_str(), backprop ? "BACKPROP" : "GREEDY",
+              args.optimizer == "sgd" ? "SGD+momentum" : "AdamW",
+              static_cast<long long>(B), static_cast<long long>(W));
+  std::printf("  SGEMM rate, %lldx%lldx%lld (same run):   %8.1f GFLOP/s\n",
+              static_cast<long long>(S), static_cast<long long>(S), static_cast<long long>(S),
+              peak / 1e9);
+  std::printf("  SGEMM rate, the step's own GEMM shapes:  %8.1f GFLOP/s\n", own / 1e9);
+  std::printf("  training step: %.3f ms, %.0f examples/s, %.3f GFLOP -> %.1f GFLOP/s\n",
+              step * 1e3, B / step, step_flops / 1e9, achieved / 1e9);
+  std::printf("  step rate / SGEMM rate:            %.3f\n", achieved / peak);
+  std::printf("  step rate / own-shape GEMM rate:   %.3f\n", achieved / own);
+  return 0;
+}
+
+}  // namespace
+}  // namespace localpar
+
+int main(int argc, char** argv) {
+  localpar::Args args;
+  if (!localpar::Parse(argc, argv, &args)) return 2;
+  return localpar::Run(args);
+}
