@@ -26,6 +26,9 @@ struct LayerCase {
   bool away_from_zero = false;
 };
 
+// Keeps test names and listings readable.
+void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
+
 LayerConfig Cfg(K kind, int64_t out = 0, int64_t kernel = 3, int64_t stride = 1,
                 int64_t pad = 0) {
   LayerConfig c;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the compute core on a CUDA-only machine (no protobuf, gRPC, absl or OpenBLAS),
+# then runs the CUDA-versus-CPU parity tests and the GPU step benchmark. One call, well
+# under 6 minutes on an H200.
+#
+# GoogleTest is taken from the system if installed, else from GTEST_SRC (default
+# .gpu-deps/googletest, filled on a machine that has it by: tests/gpu/run.sh --prepare).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [ "${1:-}" = "--prepare" ]; then
+  mkdir -p .gpu-deps
+  rm -rf .gpu-deps/googletest
+  cp -r /usr/src/googletest .gpu-deps/googletest
+  echo "copied GoogleTest sources to .gpu-deps/googletest (carry this path to the GPU machine)"
+  exit 0
+fi
+
+out="${OUT:-build/gpu-out}"
+mkdir -p "$out"
+build=build/gpu
+gtest_src="${GTEST_SRC:-$PWD/.gpu-deps/googletest}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt" || true
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCALPAR_CORE_ONLY=ON \
+  -DLOCALPAR_WERROR=ON -DLOCALPAR_GTEST_SOURCE_DIR="$gtest_src" 2>&1 | tail -n 5
+cmake --build "$build" -j "$(nproc)" --target core_tests step_bench 2>&1 | tail -n 3
+
+status=0
+"$build/tests/core_tests" --gtest_brief=1 2>&1 | tee "$out/core_tests.txt" || status=1
+if grep -q "SKIPPED" "$out/core_tests.txt"; then
+  echo "error: CUDA tests skipped on the GPU machine" | tee -a "$out/core_tests.txt"
+  status=1
+fi
+{
+  "$build/bench/step_bench" --device=cuda
+  "$build/bench/step_bench" --device=cuda --rule=backprop
+  "$build/bench/step_bench" --device=cuda --width=8192 --batch=1024
+  "$build/bench/step_bench" --device=cpu
+} 2>&1 | tee "$out/bench.txt"
+exit $status
