@@ -13,24 +13,23 @@ namespace localpar {
 
 // CUDA failures inside the core are unrecoverable device faults, so they abort with
 // the file and line rather than propagate.
-#define LP_CUDA_CHECK(expr)                                                            \
-  do {                                                                                 \
-    cudaError_t err_ = (expr);                                                         \
-    if (err_ != cudaSuccess) {                                                         \
+#define LP_CUDA_CHECK(expr)                                                         \
+  do {                                                                              \
+    cudaError_t err_ = (expr);                                                      \
+    if (err_ != cudaSuccess) {                                                      \
       std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(err_));                                          \
-      std::abort();                                                                    \
-    }                                                                                  \
+                   cudaGetErrorString(err_));                                       \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)
 
-#define LP_CUBLAS_CHECK(expr)                                                          \
-  do {                                                                                 \
-    cublasStatus_t st_ = (expr);                                                       \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      std::fprintf(stderr, "%s:%d: cuBLAS error %d: %s\n", __FILE__, __LINE__, (int)st_, \
-                   #expr);                                                             \
-      std::abort();                                                                    \
-    }                                                                                  \
+#define LP_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                           \
+    cublasStatus_t st_ = (expr);                                                                 \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+      std::fprintf(stderr, "%s:%d: cuBLAS error %d: %s\n", __FILE__, __LINE__, (int)st_, #expr); \
+      std::abort();                                                                              \
+    }                                                                                            \
   } while (0)
 
 #define LP_CUDA_LAUNCH_CHECK() LP_CUDA_CHECK(cudaGetLastError())
@@ -47,7 +46,9 @@ inline unsigned Blocks(long long n) {
   return static_cast<unsigned>(b);
 }
 
-inline cudaStream_t StreamOf(const CudaBackend* b) { return static_cast<cudaStream_t>(b->stream()); }
+inline cudaStream_t StreamOf(const CudaBackend* b) {
+  return static_cast<cudaStream_t>(b->stream());
+}
 inline cublasHandle_t CublasOf(const CudaBackend* b) {
   return static_cast<cublasHandle_t>(b->cublas());
 }
@@ -66,7 +67,7 @@ __device__ inline float BlockSum(float v, float* shm) {
   return r;
 }
 
-#define LP_GRID_STRIDE(i, n) \
+#define LP_GRID_STRIDE(i, n)                                                    \
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
        i += (long long)blockDim.x * gridDim.x)
 

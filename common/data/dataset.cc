@@ -21,9 +21,8 @@ absl::StatusOr<Dataset> LoadSplit(const std::string& dir, const std::string& pre
   absl::StatusOr<IdxArray> lab = ReadIdxFile(labels);
   if (!lab.ok()) return lab.status();
   if (img->dims.size() != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(images, ": expected 3 dimensions (count, rows, cols), got ",
-                     img->dims.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        images, ": expected 3 dimensions (count, rows, cols), got ", img->dims.size()));
   }
   if (lab->dims.size() != 1) {
     return absl::InvalidArgumentError(
@@ -44,8 +43,8 @@ absl::StatusOr<Dataset> LoadSplit(const std::string& dir, const std::string& pre
   for (int64_t i = 0; i < n * per; ++i) d.x[i] = img->data[i] * (1.0f / 255.0f);
   for (int64_t i = 0; i < n; ++i) {
     if (lab->data[i] >= d.classes) {
-      return absl::InvalidArgumentError(absl::StrCat(labels, ": label ", int{lab->data[i]},
-                                                     " at index ", i, " is not in 0..9"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(labels, ": label ", int{lab->data[i]}, " at index ", i, " is not in 0..9"));
     }
     d.y[i] = lab->data[i];
   }
@@ -60,10 +59,10 @@ absl::StatusOr<DataSplit> LoadFashionMnist(const std::string& dir, int64_t train
   absl::StatusOr<Dataset> train = LoadSplit(dir, "train", train_limit);
   if (!train.ok()) {
     if (absl::IsNotFound(train.status())) {
-      return absl::NotFoundError(absl::StrCat(
-          train.status().message(),
-          "; Fashion-MNIST comes in the Debian package dataset-fashion-mnist "
-          "(apt-get install dataset-fashion-mnist)"));
+      return absl::NotFoundError(
+          absl::StrCat(train.status().message(),
+                       "; Fashion-MNIST comes in the Debian package dataset-fashion-mnist "
+                       "(apt-get install dataset-fashion-mnist)"));
     }
     return train.status();
   }

@@ -44,9 +44,9 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   if (got < 0) return absl::DataLossError(absl::StrCat(path, ": corrupt gzip stream"));
   if (got < 4) return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   if (header[0] != 0 || header[1] != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: bad magic number 0x%02x%02x%02x%02x (not an IDX file)", path, header[0],
-        header[1], header[2], header[3]));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: bad magic number 0x%02x%02x%02x%02x (not an IDX file)", path,
+                        header[0], header[1], header[2], header[3]));
   }
   if (header[2] != 0x08) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -83,8 +83,8 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   }
   uint8_t extra;
   if (ReadFully(f.get(), &extra, 1) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": unexpected bytes after the ", total,
-                                            " the header describes"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": unexpected bytes after the ", total, " the header describes"));
   }
   return out;
 }

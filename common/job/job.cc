@@ -44,7 +44,8 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
     case v1::Layer::KIND_NOT_SET:
       return Invalid(at, "no layer kind set (linear, relu, conv2d, ...)");
     case v1::Layer::kLinear:
-      if (l.linear().out_features() <= 0) return Invalid(at + ".linear.out_features", "must be > 0");
+      if (l.linear().out_features() <= 0)
+        return Invalid(at + ".linear.out_features", "must be > 0");
       if (l.linear().in_features() < 0) return Invalid(at + ".linear.in_features", "must be >= 0");
       break;
     case v1::Layer::kConv2D: {
@@ -80,7 +81,8 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
     case v1::Layer::kResidual:
       if (l.residual().body().empty()) return Invalid(at + ".residual.body", "is empty");
       for (int i = 0; i < l.residual().body_size(); ++i) {
-        absl::Status s = ValidateLayer(l.residual().body(i), absl::StrCat(at, ".residual.body[", i, "]"));
+        absl::Status s =
+            ValidateLayer(l.residual().body(i), absl::StrCat(at, ".residual.body[", i, "]"));
         if (!s.ok()) return s;
       }
       break;
@@ -99,8 +101,12 @@ LayerConfig ToLayerConfig(const v1::Layer& l) {
       c.out_features = l.linear().out_features();
       c.in_features = l.linear().in_features();
       break;
-    case v1::Layer::kRelu: c.kind = K::kRelu; break;
-    case v1::Layer::kGelu: c.kind = K::kGelu; break;
+    case v1::Layer::kRelu:
+      c.kind = K::kRelu;
+      break;
+    case v1::Layer::kGelu:
+      c.kind = K::kGelu;
+      break;
     case v1::Layer::kLayerNorm:
       c.kind = K::kLayerNorm;
       c.eps = l.layer_norm().eps() > 0 ? l.layer_norm().eps() : 1e-5f;
@@ -125,8 +131,12 @@ LayerConfig ToLayerConfig(const v1::Layer& l) {
       c.padding = p.padding();
       break;
     }
-    case v1::Layer::kGlobalAvgPool: c.kind = K::kGlobalAvgPool; break;
-    case v1::Layer::kFlatten: c.kind = K::kFlatten; break;
+    case v1::Layer::kGlobalAvgPool:
+      c.kind = K::kGlobalAvgPool;
+      break;
+    case v1::Layer::kFlatten:
+      c.kind = K::kFlatten;
+      break;
     case v1::Layer::kEmbedding:
       c.kind = K::kEmbedding;
       c.vocab = l.embedding().vocab();
@@ -222,8 +232,8 @@ absl::Status ValidateJob(const v1::Job& job) {
     return Invalid("micro_batches", "only BACKPROP splits a batch into micro-batches");
   }
   if (job.micro_batches() > job.batch_size()) {
-    return Invalid("micro_batches", absl::StrCat(job.micro_batches(), " exceeds batch_size ",
-                                                 job.batch_size()));
+    return Invalid("micro_batches",
+                   absl::StrCat(job.micro_batches(), " exceeds batch_size ", job.batch_size()));
   }
   const v1::Data& d = job.data();
   if (d.train_limit() < 0) return Invalid("data.train_limit", "must be >= 0");
@@ -242,7 +252,8 @@ absl::Status ValidateJob(const v1::Job& job) {
   }
   const v1::Schedule& sc = job.schedule();
   if (!(sc.lr() > 0.0f) || !Finite(sc.lr())) return Invalid("schedule.lr", "must be > 0");
-  if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr())) return Invalid("schedule.min_lr", "must be >= 0");
+  if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr()))
+    return Invalid("schedule.min_lr", "must be >= 0");
   if (sc.warmup_steps() < 0) return Invalid("schedule.warmup_steps", "must be >= 0");
   if (job.optimizer().has_sgd()) {
     const v1::Sgd& s = job.optimizer().sgd();
@@ -254,8 +265,10 @@ absl::Status ValidateJob(const v1::Job& job) {
     }
   } else {
     const v1::AdamW& a = job.optimizer().adamw();
-    if (!(a.beta1() >= 0.0f && a.beta1() < 1.0f)) return Invalid("optimizer.adamw.beta1", "must be in [0, 1)");
-    if (!(a.beta2() >= 0.0f && a.beta2() < 1.0f)) return Invalid("optimizer.adamw.beta2", "must be in [0, 1)");
+    if (!(a.beta1() >= 0.0f && a.beta1() < 1.0f))
+      return Invalid("optimizer.adamw.beta1", "must be in [0, 1)");
+    if (!(a.beta2() >= 0.0f && a.beta2() < 1.0f))
+      return Invalid("optimizer.adamw.beta2", "must be in [0, 1)");
     if (!(a.eps() > 0.0f) || !Finite(a.eps())) return Invalid("optimizer.adamw.eps", "must be > 0");
     if (!(a.weight_decay() >= 0.0f) || !Finite(a.weight_decay())) {
       return Invalid("optimizer.adamw.weight_decay", "must be >= 0");
@@ -291,10 +304,14 @@ int32_t JobClasses(const v1::Job& job) {
 
 UpdateRule ToUpdateRule(v1::UpdateRule rule) {
   switch (rule) {
-    case v1::BACKPROP: return UpdateRule::kBackprop;
-    case v1::CHUNKED: return UpdateRule::kChunked;
-    case v1::OVERLAP: return UpdateRule::kOverlap;
-    default: return UpdateRule::kGreedy;
+    case v1::BACKPROP:
+      return UpdateRule::kBackprop;
+    case v1::CHUNKED:
+      return UpdateRule::kChunked;
+    case v1::OVERLAP:
+      return UpdateRule::kOverlap;
+    default:
+      return UpdateRule::kGreedy;
   }
 }
 
@@ -335,9 +352,8 @@ TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps) {
   o.micro_batches = job.micro_batches();
   o.total_steps = total_steps;
   o.seed = job.seed();
-  o.schedule.kind = job.schedule().kind() == v1::Schedule::COSINE
-                        ? ScheduleConfig::Kind::kCosine
-                        : ScheduleConfig::Kind::kConstant;
+  o.schedule.kind = job.schedule().kind() == v1::Schedule::COSINE ? ScheduleConfig::Kind::kCosine
+                                                                  : ScheduleConfig::Kind::kConstant;
   o.schedule.lr = job.schedule().lr();
   o.schedule.warmup_steps = job.schedule().warmup_steps();
   o.schedule.min_lr = job.schedule().min_lr();

@@ -145,11 +145,10 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
         double el = Seconds(epoch_start, Clock::now());
         int width = 24;
         int filled = static_cast<int>(width * step_in_epoch / steps_per_epoch);
-        log << absl::StrFormat("%sepoch %d/%d [%s%s] %d/%d %.0f ex/s loss%s%s",
-                               tty ? "\r" : "", epoch + 1, job.epochs(),
-                               std::string(filled, '#'), std::string(width - filled, ' '),
-                               step_in_epoch, steps_per_epoch, (b + n) / std::max(el, 1e-9),
-                               StageLosses(er.train), tty ? "" : "\n");
+        log << absl::StrFormat(
+            "%sepoch %d/%d [%s%s] %d/%d %.0f ex/s loss%s%s", tty ? "\r" : "", epoch + 1,
+            job.epochs(), std::string(filled, '#'), std::string(width - filled, ' '), step_in_epoch,
+            steps_per_epoch, (b + n) / std::max(el, 1e-9), StageLosses(er.train), tty ? "" : "\n");
         log.flush();
       }
     }
@@ -216,19 +215,20 @@ std::string ReportJson(const RunReport& r) {
       "{\n  \"job\": %s,\n  \"rule\": %s,\n  \"backend\": %s,\n  \"stages\": %d,\n"
       "  \"parameters\": %d,\n  \"steps\": %d,\n  \"train_examples\": %d,\n"
       "  \"wall_seconds\": %.3f,\n  \"examples_per_second\": %.1f,\n  \"epochs\": [",
-      JsonString(r.job), JsonString(r.rule), JsonString(r.backend), r.stages, r.parameters, r.steps, r.train_examples,
-      r.wall_seconds, r.examples_per_second);
+      JsonString(r.job), JsonString(r.rule), JsonString(r.backend), r.stages, r.parameters, r.steps,
+      r.train_examples, r.wall_seconds, r.examples_per_second);
   for (size_t e = 0; e < r.epochs.size(); ++e) {
-    absl::StrAppendFormat(&out, "%s\n    {\"epoch\": %d, \"seconds\": %.3f,\n     \"train\": %s,\n     \"test\": %s}",
-                          e ? "," : "", r.epochs[e].epoch, r.epochs[e].seconds,
-                          stats(r.epochs[e].train), stats(r.epochs[e].test));
+    absl::StrAppendFormat(
+        &out, "%s\n    {\"epoch\": %d, \"seconds\": %.3f,\n     \"train\": %s,\n     \"test\": %s}",
+        e ? "," : "", r.epochs[e].epoch, r.epochs[e].seconds, stats(r.epochs[e].train),
+        stats(r.epochs[e].test));
   }
   return out + "\n  ]\n}\n";
 }
 
 std::string ReportTable(const RunReport& r) {
-  std::string out = absl::StrFormat("\n%s (%s), %d steps, %.1f s, %.0f examples/s\n", r.job,
-                                    r.rule, r.steps, r.wall_seconds, r.examples_per_second);
+  std::string out = absl::StrFormat("\n%s (%s), %d steps, %.1f s, %.0f examples/s\n", r.job, r.rule,
+                                    r.steps, r.wall_seconds, r.examples_per_second);
   if (r.epochs.empty()) return out;
   const EpochReport& last = r.epochs.back();
   out += "stage  train loss  train acc  test loss  test acc\n";

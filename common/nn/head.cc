@@ -5,10 +5,14 @@ namespace localpar {
 
 const char* HeadKindName(HeadConfig::Kind kind) {
   switch (kind) {
-    case HeadConfig::Kind::kLinear: return "linear";
-    case HeadConfig::Kind::kPoolLinear: return "pool_linear";
-    case HeadConfig::Kind::kMlp: return "mlp";
-    case HeadConfig::Kind::kConvPoolLinear: return "conv_pool_linear";
+    case HeadConfig::Kind::kLinear:
+      return "linear";
+    case HeadConfig::Kind::kPoolLinear:
+      return "pool_linear";
+    case HeadConfig::Kind::kMlp:
+      return "mlp";
+    case HeadConfig::Kind::kConvPoolLinear:
+      return "conv_pool_linear";
   }
   return "?";
 }
@@ -40,8 +44,7 @@ bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
       break;
     case HeadConfig::Kind::kConvPoolLinear: {
       if (!image) {
-        *error = "head conv_pool_linear needs an image-shaped stage output, got " +
-                 ShapeString(in);
+        *error = "head conv_pool_linear needs an image-shaped stage output, got " + ShapeString(in);
         return false;
       }
       if (head.channels <= 0) {

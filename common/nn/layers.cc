@@ -109,8 +109,8 @@ class LayerNorm final : public Layer {
     c.out.Ensure(b_, x.shape());
     c.aux0.Ensure(b_, {rows});
     c.aux1.Ensure(b_, {rows});
-    b_.LayerNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(),
-                        c.aux0.f32(), c.aux1.f32(), rows, cols_, eps_);
+    b_.LayerNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(), c.aux0.f32(),
+                        c.aux1.f32(), rows, cols_, eps_);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     int64_t rows = x.numel() / cols_;
@@ -191,8 +191,8 @@ class Conv2d final : public Layer {
       int64_t g = std::min(group_, n - i0);
       col_.Ensure(b_, {g * oh_ * ow_, fan_in});
       b_.Im2Col(x.f32() + i0 * h_ * w_ * c_, col_.f32(), g, h_, w_, c_, k_, k_, s_, p_, oh_, ow_);
-      b_.Gemm(false, false, g * oh_ * ow_, oc_, fan_in, 1.0f, col_.f32(), weight_.value.f32(),
-              0.0f, c.out.f32() + i0 * oh_ * ow_ * oc_);
+      b_.Gemm(false, false, g * oh_ * ow_, oc_, fan_in, 1.0f, col_.f32(), weight_.value.f32(), 0.0f,
+              c.out.f32() + i0 * oh_ * ow_ * oc_);
     }
     b_.AddRowVector(c.out.f32(), bias_.value.f32(), n * oh_ * ow_, oc_);
   }
@@ -213,8 +213,7 @@ class Conv2d final : public Layer {
       b_.Im2Col(x.f32() + i0 * h_ * w_ * c_, col_.f32(), g, h_, w_, c_, k_, k_, s_, p_, oh_, ow_);
       b_.Gemm(true, false, fan_in, oc_, rows, 1.0f, col_.f32(), dyg, 1.0f, weight_.grad.f32());
       if (dx) {
-        b_.Gemm(false, true, rows, fan_in, oc_, 1.0f, dyg, weight_.value.f32(), 0.0f,
-                col_.f32());
+        b_.Gemm(false, true, rows, fan_in, oc_, 1.0f, dyg, weight_.value.f32(), 0.0f, col_.f32());
         b_.Col2Im(col_.f32(), dx->f32() + i0 * h_ * w_ * c_, g, h_, w_, c_, k_, k_, s_, p_, oh_,
                   ow_);
       }
@@ -379,18 +378,30 @@ class Residual final : public Layer {
 const char* LayerKindName(LayerConfig::Kind kind) {
   using K = LayerConfig::Kind;
   switch (kind) {
-    case K::kLinear: return "linear";
-    case K::kRelu: return "relu";
-    case K::kGelu: return "gelu";
-    case K::kLayerNorm: return "layer_norm";
-    case K::kDropout: return "dropout";
-    case K::kConv2d: return "conv2d";
-    case K::kMaxPool: return "max_pool";
-    case K::kAvgPool: return "avg_pool";
-    case K::kGlobalAvgPool: return "global_avg_pool";
-    case K::kFlatten: return "flatten";
-    case K::kEmbedding: return "embedding";
-    case K::kResidual: return "residual";
+    case K::kLinear:
+      return "linear";
+    case K::kRelu:
+      return "relu";
+    case K::kGelu:
+      return "gelu";
+    case K::kLayerNorm:
+      return "layer_norm";
+    case K::kDropout:
+      return "dropout";
+    case K::kConv2d:
+      return "conv2d";
+    case K::kMaxPool:
+      return "max_pool";
+    case K::kAvgPool:
+      return "avg_pool";
+    case K::kGlobalAvgPool:
+      return "global_avg_pool";
+    case K::kFlatten:
+      return "flatten";
+    case K::kEmbedding:
+      return "embedding";
+    case K::kResidual:
+      return "residual";
   }
   return "?";
 }
@@ -427,8 +438,7 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
       if (cfg.out_features <= 0) return fail("out_features must be > 0");
       if (cfg.in_features > 0 && cfg.in_features != NumElements(in)) {
         return fail("in_features " + std::to_string(cfg.in_features) + " does not match the " +
-                    std::to_string(NumElements(in)) + " features of its input " +
-                    ShapeString(in));
+                    std::to_string(NumElements(in)) + " features of its input " + ShapeString(in));
       }
       *out = {cfg.out_features};
       return true;
@@ -486,8 +496,8 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
   return fail("unknown layer kind");
 }
 
-std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& cfg, const Shape& in,
-                                 uint64_t seed, std::string* error) {
+std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& cfg, const Shape& in, uint64_t seed,
+                                 std::string* error) {
   Shape out;
   if (!InferLayerShape(cfg, in, &out, error)) return nullptr;
   using K = LayerConfig::Kind;
@@ -503,8 +513,8 @@ std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& cfg, const Shape
     case K::kDropout:
       return std::make_unique<Dropout>(b, in, cfg.dropout, seed);
     case K::kConv2d:
-      return std::make_unique<Conv2d>(b, in, cfg.out_features, cfg.kernel, cfg.stride,
-                                      cfg.padding, seed);
+      return std::make_unique<Conv2d>(b, in, cfg.out_features, cfg.kernel, cfg.stride, cfg.padding,
+                                      seed);
     case K::kMaxPool:
     case K::kAvgPool:
       return std::make_unique<Pool2d>(b, in, cfg.kind == K::kMaxPool, cfg.kernel, cfg.stride,

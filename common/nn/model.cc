@@ -29,8 +29,8 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
       std::string e;
       if (!InferLayerShape(st.layers[i], cur, &next, &e)) {
         std::string from = k == 0 && i == 0 ? "the data" : "the previous layer";
-        *error = StageLabel(config, k) + ".layers[" + std::to_string(i) + "] " + e +
-                 " (input " + ShapeString(cur) + " from " + from + ")";
+        *error = StageLabel(config, k) + ".layers[" + std::to_string(i) + "] " + e + " (input " +
+                 ShapeString(cur) + " from " + from + ")";
         return false;
       }
       cur = next;

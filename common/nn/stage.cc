@@ -9,10 +9,9 @@ uint64_t StageSeed(uint64_t model_seed, int stage_index) {
   return HashCombine(model_seed, 0x5eed0000ull + static_cast<uint64_t>(stage_index));
 }
 
-std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config,
-                                     const Shape& in, int64_t classes,
-                                     const OptimizerConfig& optimizer, uint64_t seed,
-                                     std::string* error) {
+std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config, const Shape& in,
+                                     int64_t classes, const OptimizerConfig& optimizer,
+                                     uint64_t seed, std::string* error) {
   std::unique_ptr<Stage> st(new Stage(backend, optimizer));
   st->name_ = config.name;
   st->in_shape_ = in;

@@ -42,10 +42,9 @@ enum class HeadMode {
 class Stage {
  public:
   // `in` is the per-example input shape. Returns nullptr with *error on a shape mismatch.
-  static std::unique_ptr<Stage> Create(Backend& backend, const StageConfig& config,
-                                       const Shape& in, int64_t classes,
-                                       const OptimizerConfig& optimizer, uint64_t seed,
-                                       std::string* error);
+  static std::unique_ptr<Stage> Create(Backend& backend, const StageConfig& config, const Shape& in,
+                                       int64_t classes, const OptimizerConfig& optimizer,
+                                       uint64_t seed, std::string* error);
 
   const std::string& name() const { return name_; }
   const Shape& input_shape() const { return in_shape_; }
@@ -79,9 +78,12 @@ class Stage {
     Tensor dlogits, row_loss, row_correct;
     std::vector<float> host_loss, host_correct;
   };
-  Stage(Backend& backend, const OptimizerConfig& optimizer) : b_(backend), opt_(backend, optimizer) {}
+  Stage(Backend& backend, const OptimizerConfig& optimizer)
+      : b_(backend), opt_(backend, optimizer) {}
   Slot& slot(int i);
-  const Tensor& output(const Slot& s) const { return layers_.empty() ? s.input : s.caches.back().out; }
+  const Tensor& output(const Slot& s) const {
+    return layers_.empty() ? s.input : s.caches.back().out;
+  }
 
   Backend& b_;
   std::string name_;

@@ -7,10 +7,14 @@ namespace localpar {
 
 const char* UpdateRuleName(UpdateRule rule) {
   switch (rule) {
-    case UpdateRule::kBackprop: return "BACKPROP";
-    case UpdateRule::kGreedy: return "GREEDY";
-    case UpdateRule::kChunked: return "CHUNKED";
-    case UpdateRule::kOverlap: return "OVERLAP";
+    case UpdateRule::kBackprop:
+      return "BACKPROP";
+    case UpdateRule::kGreedy:
+      return "GREEDY";
+    case UpdateRule::kChunked:
+      return "CHUNKED";
+    case UpdateRule::kOverlap:
+      return "OVERLAP";
   }
   return "?";
 }

@@ -30,9 +30,9 @@ void CpuBackend::Im2Col(const float* x, float* col, int64_t n, int64_t h, int64_
   }
 }
 
-void CpuBackend::Col2Im(const float* col, float* dx, int64_t n, int64_t h, int64_t w,
-                        int64_t c, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
-                        int64_t oh, int64_t ow) {
+void CpuBackend::Col2Im(const float* col, float* dx, int64_t n, int64_t h, int64_t w, int64_t c,
+                        int64_t kh, int64_t kw, int64_t stride, int64_t pad, int64_t oh,
+                        int64_t ow) {
   const int64_t row_len = kh * kw * c;
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t oy = 0; oy < oh; ++oy) {

@@ -61,11 +61,11 @@ void CudaBackend::Im2Col(const float* x, float* col, int64_t n, int64_t h, int64
   LP_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::Col2Im(const float* col, float* dx, int64_t n, int64_t h, int64_t w,
-                         int64_t c, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
-                         int64_t oh, int64_t ow) {
-  Col2ImKernel<<<Blocks(n * h * w * c), kBlock, 0, StreamOf(this)>>>(col, dx, n, h, w, c, kh,
-                                                                    kw, stride, pad, oh, ow);
+void CudaBackend::Col2Im(const float* col, float* dx, int64_t n, int64_t h, int64_t w, int64_t c,
+                         int64_t kh, int64_t kw, int64_t stride, int64_t pad, int64_t oh,
+                         int64_t ow) {
+  Col2ImKernel<<<Blocks(n * h * w * c), kBlock, 0, StreamOf(this)>>>(col, dx, n, h, w, c, kh, kw,
+                                                                     stride, pad, oh, ow);
   LP_CUDA_LAUNCH_CHECK();
 }
 

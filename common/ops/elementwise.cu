@@ -6,9 +6,7 @@
 namespace localpar {
 namespace {
 
-__global__ void FillKernel(float* x, float v, long long n) {
-  LP_GRID_STRIDE(i, n) x[i] = v;
-}
+__global__ void FillKernel(float* x, float v, long long n) { LP_GRID_STRIDE(i, n) x[i] = v; }
 __global__ void AxpyKernel(float alpha, const float* x, float* y, long long n) {
   LP_GRID_STRIDE(i, n) y[i] += alpha * x[i];
 }

@@ -12,8 +12,8 @@ void CpuBackend::EmbeddingForward(const int32_t* ids, const float* table, float*
   }
 }
 
-void CpuBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable,
-                                   int64_t n, int64_t dim) {
+void CpuBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable, int64_t n,
+                                   int64_t dim) {
   for (int64_t i = 0; i < n; ++i) {
     float* row = dtable + static_cast<int64_t>(ids[i]) * dim;
     const float* g = dout + i * dim;

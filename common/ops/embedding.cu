@@ -20,17 +20,16 @@ __global__ void EmbeddingBackwardKernel(const int32_t* ids, const float* dout, f
 
 }  // namespace
 
-void CudaBackend::EmbeddingForward(const int32_t* ids, const float* table, float* out,
-                                   int64_t n, int64_t dim) {
-  EmbeddingForwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, table, out, n,
-                                                                        dim);
+void CudaBackend::EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t n,
+                                   int64_t dim) {
+  EmbeddingForwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, table, out, n, dim);
   LP_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable,
-                                    int64_t n, int64_t dim) {
+void CudaBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable, int64_t n,
+                                    int64_t dim) {
   EmbeddingBackwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, dout, dtable, n,
-                                                                         dim);
+                                                                          dim);
   LP_CUDA_LAUNCH_CHECK();
 }
 

@@ -14,8 +14,8 @@ namespace localpar {
 namespace {
 // Used only on machines without OpenBLAS (the CUDA-only GPU build), where it serves as the
 // CPU reference for parity tests; correctness over speed.
-void PortableGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const float* a, const float* b, float beta, float* c) {
+void PortableGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  const float* b, float beta, float* c) {
   std::vector<float> acc(static_cast<size_t>(n));
   for (int64_t i = 0; i < m; ++i) {
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -42,10 +42,9 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   if (m == 0 || n == 0) return;
 #ifdef LOCALPAR_HAVE_OPENBLAS
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(trans_a ? m : k), b, static_cast<blasint>(trans_b ? k : n),
-              beta, c, static_cast<blasint>(n));
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(trans_a ? m : k), b,
+              static_cast<blasint>(trans_b ? k : n), beta, c, static_cast<blasint>(n));
 #else
   PortableGemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 #endif

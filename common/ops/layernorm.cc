@@ -5,9 +5,8 @@
 
 namespace localpar {
 
-void CpuBackend::LayerNormForward(const float* x, const float* gamma, const float* beta,
-                                  float* y, float* mean, float* rstd, int64_t rows, int64_t cols,
-                                  float eps) {
+void CpuBackend::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                  float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float m = 0.0f;
@@ -25,8 +24,8 @@ void CpuBackend::LayerNormForward(const float* x, const float* gamma, const floa
 }
 
 void CpuBackend::LayerNormBackward(const float* dy, const float* x, const float* gamma,
-                                   const float* mean, const float* rstd, float* dx,
-                                   float* dgamma, float* dbeta, int64_t rows, int64_t cols) {
+                                   const float* mean, const float* rstd, float* dx, float* dgamma,
+                                   float* dbeta, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     const float* dyr = dy + r * cols;

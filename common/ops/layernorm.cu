@@ -27,8 +27,7 @@ __global__ void LayerNormForwardKernel(const float* x, const float* gamma, const
 }
 
 __global__ void LayerNormDxKernel(const float* dy, const float* x, const float* gamma,
-                                  const float* mean, const float* rstd, float* dx,
-                                  long long cols) {
+                                  const float* mean, const float* rstd, float* dx, long long cols) {
   __shared__ float shm[kBlock];
   long long r = blockIdx.x;
   float m = mean[r], rs = rstd[r];
@@ -65,9 +64,9 @@ __global__ void LayerNormParamGradKernel(const float* dy, const float* x, const 
 
 }  // namespace
 
-void CudaBackend::LayerNormForward(const float* x, const float* gamma, const float* beta,
-                                   float* y, float* mean, float* rstd, int64_t rows,
-                                   int64_t cols, float eps) {
+void CudaBackend::LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                   float* mean, float* rstd, int64_t rows, int64_t cols,
+                                   float eps) {
   if (rows == 0) return;
   LayerNormForwardKernel<<<static_cast<unsigned>(rows), kBlock, 0, StreamOf(this)>>>(
       x, gamma, beta, y, mean, rstd, cols, eps);
@@ -75,8 +74,8 @@ void CudaBackend::LayerNormForward(const float* x, const float* gamma, const flo
 }
 
 void CudaBackend::LayerNormBackward(const float* dy, const float* x, const float* gamma,
-                                    const float* mean, const float* rstd, float* dx,
-                                    float* dgamma, float* dbeta, int64_t rows, int64_t cols) {
+                                    const float* mean, const float* rstd, float* dx, float* dgamma,
+                                    float* dbeta, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   if (dx) {
     LayerNormDxKernel<<<static_cast<unsigned>(rows), kBlock, 0, StreamOf(this)>>>(

@@ -2,6 +2,7 @@
 #include <cfloat>
 
 #include "common/core/cpu_backend.h"
+#include "common/ops/pool_window.h"
 
 namespace localpar {
 
@@ -14,19 +15,13 @@ void CpuBackend::MaxPoolForward(const float* x, float* y, int32_t* argmax, int64
         for (int64_t ch = 0; ch < c; ++ch) {
           float best = -FLT_MAX;
           int32_t best_i = -1;
-          for (int64_t ky = 0; ky < k; ++ky) {
-            int64_t iy = oy * stride - pad + ky;
-            if (iy < 0 || iy >= h) continue;
-            for (int64_t kx = 0; kx < k; ++kx) {
-              int64_t ix = ox * stride - pad + kx;
-              if (ix < 0 || ix >= w) continue;
-              float v = x[((b * h + iy) * w + ix) * c + ch];
-              if (best_i < 0 || v > best) {
-                best = v;
-                best_i = static_cast<int32_t>(iy * w + ix);
-              }
+          ForEachInWindow(oy, ox, h, w, k, stride, pad, [&](int64_t iy, int64_t ix) {
+            float v = x[((b * h + iy) * w + ix) * c + ch];
+            if (best_i < 0 || v > best) {
+              best = v;
+              best_i = static_cast<int32_t>(iy * w + ix);
             }
-          }
+          });
           int64_t o = ((b * oh + oy) * ow + ox) * c + ch;
           y[o] = best_i < 0 ? 0.0f : best;
           argmax[o] = best_i;
@@ -37,8 +32,8 @@ void CpuBackend::MaxPoolForward(const float* x, float* y, int32_t* argmax, int64
 }
 
 void CpuBackend::MaxPoolBackward(const float* dy, const int32_t* argmax, float* dx, int64_t n,
-                                 int64_t h, int64_t w, int64_t c, int64_t /*k*/,
-                                 int64_t /*stride*/, int64_t /*pad*/, int64_t oh, int64_t ow) {
+                                 int64_t h, int64_t w, int64_t c, int64_t /*k*/, int64_t /*stride*/,
+                                 int64_t /*pad*/, int64_t oh, int64_t ow) {
   for (int64_t i = 0; i < n * h * w * c; ++i) dx[i] = 0.0f;
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t p = 0; p < oh * ow; ++p) {
@@ -59,15 +54,9 @@ void CpuBackend::AvgPoolForward(const float* x, float* y, int64_t n, int64_t h, 
       for (int64_t ox = 0; ox < ow; ++ox) {
         for (int64_t ch = 0; ch < c; ++ch) {
           float s = 0.0f;
-          for (int64_t ky = 0; ky < k; ++ky) {
-            int64_t iy = oy * stride - pad + ky;
-            if (iy < 0 || iy >= h) continue;
-            for (int64_t kx = 0; kx < k; ++kx) {
-              int64_t ix = ox * stride - pad + kx;
-              if (ix < 0 || ix >= w) continue;
-              s += x[((b * h + iy) * w + ix) * c + ch];
-            }
-          }
+          ForEachInWindow(oy, ox, h, w, k, stride, pad, [&](int64_t iy, int64_t ix) {
+            s += x[((b * h + iy) * w + ix) * c + ch];
+          });
           y[((b * oh + oy) * ow + ox) * c + ch] = s * inv;
         }
       }
@@ -83,24 +72,17 @@ void CpuBackend::AvgPoolBackward(const float* dy, float* dx, int64_t n, int64_t 
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t oy = 0; oy < oh; ++oy) {
       for (int64_t ox = 0; ox < ow; ++ox) {
-        for (int64_t ky = 0; ky < k; ++ky) {
-          int64_t iy = oy * stride - pad + ky;
-          if (iy < 0 || iy >= h) continue;
-          for (int64_t kx = 0; kx < k; ++kx) {
-            int64_t ix = ox * stride - pad + kx;
-            if (ix < 0 || ix >= w) continue;
-            const float* g = dy + ((b * oh + oy) * ow + ox) * c;
-            float* d = dx + ((b * h + iy) * w + ix) * c;
-            for (int64_t ch = 0; ch < c; ++ch) d[ch] += g[ch] * inv;
-          }
-        }
+        const float* g = dy + ((b * oh + oy) * ow + ox) * c;
+        ForEachInWindow(oy, ox, h, w, k, stride, pad, [&](int64_t iy, int64_t ix) {
+          float* d = dx + ((b * h + iy) * w + ix) * c;
+          for (int64_t ch = 0; ch < c; ++ch) d[ch] += g[ch] * inv;
+        });
       }
     }
   }
 }
 
-void CpuBackend::GlobalAvgPoolForward(const float* x, float* y, int64_t n, int64_t hw,
-                                      int64_t c) {
+void CpuBackend::GlobalAvgPoolForward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) {
   const float inv = 1.0f / static_cast<float>(hw);
   for (int64_t b = 0; b < n; ++b) {
     float* yb = y + b * c;

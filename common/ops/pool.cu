@@ -2,6 +2,7 @@
 #include <cfloat>
 
 #include "common/core/cuda_common.cuh"
+#include "common/ops/pool_window.h"
 
 namespace localpar {
 namespace {
@@ -16,25 +17,18 @@ __device__ inline Pix Unflatten(long long i, long long hh, long long ww, long lo
 
 __global__ void MaxPoolForwardKernel(const float* x, float* y, int32_t* argmax, long long n,
                                      long long h, long long w, long long c, long long k,
-                                     long long stride, long long pad, long long oh,
-                                     long long ow) {
+                                     long long stride, long long pad, long long oh, long long ow) {
   LP_GRID_STRIDE(o, n * oh * ow * c) {
     Pix p = Unflatten(o, oh, ow, c);
     float best = -FLT_MAX;
     int best_i = -1;
-    for (long long ky = 0; ky < k; ++ky) {
-      long long iy = p.y * stride - pad + ky;
-      if (iy < 0 || iy >= h) continue;
-      for (long long kx = 0; kx < k; ++kx) {
-        long long ix = p.x * stride - pad + kx;
-        if (ix < 0 || ix >= w) continue;
-        float v = x[((p.b * h + iy) * w + ix) * c + p.ch];
-        if (best_i < 0 || v > best) {
-          best = v;
-          best_i = static_cast<int>(iy * w + ix);
-        }
+    ForEachInWindow(p.y, p.x, h, w, k, stride, pad, [&](int64_t iy, int64_t ix) {
+      float v = x[((p.b * h + iy) * w + ix) * c + p.ch];
+      if (best_i < 0 || v > best) {
+        best = v;
+        best_i = static_cast<int>(iy * w + ix);
       }
-    }
+    });
     y[o] = best_i < 0 ? 0.0f : best;
     argmax[o] = best_i;
   }
@@ -43,8 +37,8 @@ __global__ void MaxPoolForwardKernel(const float* x, float* y, int32_t* argmax, 
 // Gather form: each input element sums the windows whose arg-max it is.
 __global__ void MaxPoolBackwardKernel(const float* dy, const int32_t* argmax, float* dx,
                                       long long n, long long h, long long w, long long c,
-                                      long long k, long long stride, long long pad,
-                                      long long oh, long long ow) {
+                                      long long k, long long stride, long long pad, long long oh,
+                                      long long ow) {
   LP_GRID_STRIDE(i, n * h * w * c) {
     Pix p = Unflatten(i, h, w, c);
     int self = static_cast<int>(p.y * w + p.x);
@@ -68,15 +62,8 @@ __global__ void AvgPoolForwardKernel(const float* x, float* y, long long n, long
   LP_GRID_STRIDE(o, n * oh * ow * c) {
     Pix p = Unflatten(o, oh, ow, c);
     float s = 0.0f;
-    for (long long ky = 0; ky < k; ++ky) {
-      long long iy = p.y * stride - pad + ky;
-      if (iy < 0 || iy >= h) continue;
-      for (long long kx = 0; kx < k; ++kx) {
-        long long ix = p.x * stride - pad + kx;
-        if (ix < 0 || ix >= w) continue;
-        s += x[((p.b * h + iy) * w + ix) * c + p.ch];
-      }
-    }
+    ForEachInWindow(p.y, p.x, h, w, k, stride, pad,
+                    [&](int64_t iy, int64_t ix) { s += x[((p.b * h + iy) * w + ix) * c + p.ch]; });
     y[o] = s / static_cast<float>(k * k);
   }
 }
@@ -109,8 +96,8 @@ __global__ void GlobalAvgPoolForwardKernel(const float* x, float* y, long long n
   }
 }
 
-__global__ void GlobalAvgPoolBackwardKernel(const float* dy, float* dx, long long n,
-                                            long long hw, long long c) {
+__global__ void GlobalAvgPoolBackwardKernel(const float* dy, float* dx, long long n, long long hw,
+                                            long long c) {
   LP_GRID_STRIDE(i, n * hw * c) {
     long long b = i / (hw * c), ch = i % c;
     dx[i] = dy[b * c + ch] / static_cast<float>(hw);
@@ -119,9 +106,9 @@ __global__ void GlobalAvgPoolBackwardKernel(const float* dy, float* dx, long lon
 
 }  // namespace
 
-void CudaBackend::MaxPoolForward(const float* x, float* y, int32_t* argmax, int64_t n,
-                                 int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride,
-                                 int64_t pad, int64_t oh, int64_t ow) {
+void CudaBackend::MaxPoolForward(const float* x, float* y, int32_t* argmax, int64_t n, int64_t h,
+                                 int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
+                                 int64_t oh, int64_t ow) {
   MaxPoolForwardKernel<<<Blocks(n * oh * ow * c), kBlock, 0, StreamOf(this)>>>(
       x, y, argmax, n, h, w, c, k, stride, pad, oh, ow);
   LP_CUDA_LAUNCH_CHECK();
@@ -138,29 +125,27 @@ void CudaBackend::MaxPoolBackward(const float* dy, const int32_t* argmax, float*
 void CudaBackend::AvgPoolForward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
                                  int64_t c, int64_t k, int64_t stride, int64_t pad, int64_t oh,
                                  int64_t ow) {
-  AvgPoolForwardKernel<<<Blocks(n * oh * ow * c), kBlock, 0, StreamOf(this)>>>(
-      x, y, n, h, w, c, k, stride, pad, oh, ow);
+  AvgPoolForwardKernel<<<Blocks(n * oh * ow * c), kBlock, 0, StreamOf(this)>>>(x, y, n, h, w, c, k,
+                                                                               stride, pad, oh, ow);
   LP_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::AvgPoolBackward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w,
                                   int64_t c, int64_t k, int64_t stride, int64_t pad, int64_t oh,
                                   int64_t ow) {
-  AvgPoolBackwardKernel<<<Blocks(n * h * w * c), kBlock, 0, StreamOf(this)>>>(
-      dy, dx, n, h, w, c, k, stride, pad, oh, ow);
+  AvgPoolBackwardKernel<<<Blocks(n * h * w * c), kBlock, 0, StreamOf(this)>>>(dy, dx, n, h, w, c, k,
+                                                                              stride, pad, oh, ow);
   LP_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::GlobalAvgPoolForward(const float* x, float* y, int64_t n, int64_t hw,
-                                       int64_t c) {
+void CudaBackend::GlobalAvgPoolForward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) {
   GlobalAvgPoolForwardKernel<<<Blocks(n * c), kBlock, 0, StreamOf(this)>>>(x, y, n, hw, c);
   LP_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::GlobalAvgPoolBackward(const float* dy, float* dx, int64_t n, int64_t hw,
                                         int64_t c) {
-  GlobalAvgPoolBackwardKernel<<<Blocks(n * hw * c), kBlock, 0, StreamOf(this)>>>(dy, dx, n, hw,
-                                                                                 c);
+  GlobalAvgPoolBackwardKernel<<<Blocks(n * hw * c), kBlock, 0, StreamOf(this)>>>(dy, dx, n, hw, c);
   LP_CUDA_LAUNCH_CHECK();
 }
 

@@ -5,8 +5,8 @@
 
 namespace localpar {
 
-void CpuBackend::SoftmaxXent(const float* logits, const int32_t* labels, int64_t rows,
-                             int64_t cols, float grad_scale, float* dlogits, float* row_loss,
+void CpuBackend::SoftmaxXent(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                             float grad_scale, float* dlogits, float* row_loss,
                              float* row_correct) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * cols;

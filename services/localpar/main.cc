@@ -11,10 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/job/run.h"
 
-ABSL_FLAG(std::string, device, "cpu", "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
-ABSL_FLAG(int, threads, 1, "CPU threads for GEMMs (results are bitwise reproducible for a fixed count)");
-ABSL_FLAG(std::string, out, "", "Directory for report.json (created if missing); empty: no report file");
-ABSL_FLAG(std::string, rule, "", "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
+ABSL_FLAG(int, threads, 1,
+          "CPU threads for GEMMs (results are bitwise reproducible for a fixed count)");
+ABSL_FLAG(std::string, out, "",
+          "Directory for report.json (created if missing); empty: no report file");
+ABSL_FLAG(std::string, rule, "",
+          "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
 ABSL_FLAG(int, epochs, 0, "Override the job's epoch count (0: keep the job's)");
 ABSL_FLAG(int, max_steps, 0, "Stop after this many training steps (0: keep the job's)");
 ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep the job's)");
@@ -51,8 +55,10 @@ int Main(const std::vector<char*>& args) {
   if (!job.ok()) return Fail(kBadJob, std::string(job.status().message()));
   if (std::string r = absl::GetFlag(FLAGS_rule); !r.empty()) {
     localpar::v1::UpdateRule rule;
-    if (!localpar::v1::UpdateRule_Parse(r, &rule) || rule == localpar::v1::UPDATE_RULE_UNSPECIFIED) {
-      return Fail(kUsage, absl::StrCat("--rule=", r, ": expected BACKPROP, GREEDY, CHUNKED or OVERLAP"));
+    if (!localpar::v1::UpdateRule_Parse(r, &rule) ||
+        rule == localpar::v1::UPDATE_RULE_UNSPECIFIED) {
+      return Fail(kUsage,
+                  absl::StrCat("--rule=", r, ": expected BACKPROP, GREEDY, CHUNKED or OVERLAP"));
     }
     job->set_rule(rule);
   }

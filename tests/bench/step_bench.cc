@@ -36,16 +36,23 @@ bool Parse(int argc, char** argv, Args* a) {
       size_t n = std::strlen(key);
       return s.compare(0, n, key) == 0 ? s.c_str() + n : nullptr;
     };
-    if (const char* v = val("--device=")) a->device = v;
-    else if (const char* v = val("--rule=")) a->rule = v;
-    else if (const char* v = val("--optimizer=")) a->optimizer = v;
-    else if (const char* v = val("--batch=")) a->batch = std::atoll(v);
-    else if (const char* v = val("--width=")) a->width = std::atoll(v);
-    else if (const char* v = val("--seconds=")) a->seconds = std::atof(v);
+    if (const char* v = val("--device="))
+      a->device = v;
+    else if (const char* v = val("--rule="))
+      a->rule = v;
+    else if (const char* v = val("--optimizer="))
+      a->optimizer = v;
+    else if (const char* v = val("--batch="))
+      a->batch = std::atoll(v);
+    else if (const char* v = val("--width="))
+      a->width = std::atoll(v);
+    else if (const char* v = val("--seconds="))
+      a->seconds = std::atof(v);
     else {
-      std::fprintf(stderr,
-                   "usage: step_bench [--device=cpu|cuda] [--rule=greedy|backprop] [--optimizer=adamw|sgd] "
-                   "[--batch=N] [--width=N] [--seconds=S]\n");
+      std::fprintf(
+          stderr,
+          "usage: step_bench [--device=cpu|cuda] [--rule=greedy|backprop] [--optimizer=adamw|sgd] "
+          "[--batch=N] [--width=N] [--seconds=S]\n");
       return false;
     }
   }
@@ -153,8 +160,8 @@ int Run(const Args& args) {
   std::vector<GemmShape> step_gemms;
   for (int k = 0; k < 4; ++k) {
     int64_t fan_in = k == 0 ? in : W;
-    step_gemms.push_back({false, false, B, W, fan_in});  // forward
-    step_gemms.push_back({true, false, fan_in, W, B});   // weight gradient
+    step_gemms.push_back({false, false, B, W, fan_in});                        // forward
+    step_gemms.push_back({true, false, fan_in, W, B});                         // weight gradient
     if (backprop && k > 0) step_gemms.push_back({false, true, B, fan_in, W});  // input grad
     bool head_dx = !backprop || k == 3;
     step_gemms.push_back({false, false, B, classes, W});
@@ -172,14 +179,14 @@ int Run(const Args& args) {
 
   std::printf("fashion_mlp training step: %s, %s, %s, batch %lld, width %lld, 4 stages\n",
               be->Describe().c_str(), backprop ? "BACKPROP" : "GREEDY",
-              args.optimizer == "sgd" ? "SGD+momentum" : "AdamW",
-              static_cast<long long>(B), static_cast<long long>(W));
+              args.optimizer == "sgd" ? "SGD+momentum" : "AdamW", static_cast<long long>(B),
+              static_cast<long long>(W));
   std::printf("  SGEMM rate, %lldx%lldx%lld (same run):   %8.1f GFLOP/s\n",
               static_cast<long long>(S), static_cast<long long>(S), static_cast<long long>(S),
               peak / 1e9);
   std::printf("  SGEMM rate, the step's own GEMM shapes:  %8.1f GFLOP/s\n", own / 1e9);
-  std::printf("  training step: %.3f ms, %.0f examples/s, %.3f GFLOP -> %.1f GFLOP/s\n",
-              step * 1e3, B / step, step_flops / 1e9, achieved / 1e9);
+  std::printf("  training step: %.3f ms, %.0f examples/s, %.3f GFLOP -> %.1f GFLOP/s\n", step * 1e3,
+              B / step, step_flops / 1e9, achieved / 1e9);
   std::printf("  step rate / SGEMM rate:            %.3f\n", achieved / peak);
   std::printf("  step rate / own-shape GEMM rate:   %.3f\n", achieved / own);
   return 0;

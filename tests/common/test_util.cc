@@ -27,15 +27,15 @@ std::vector<float> RandomVector(size_t n, uint64_t seed, float lo, float hi) {
     float tol = atol + rtol * std::fabs(expected[i]);
     if (!(std::fabs(actual[i] - expected[i]) <= tol)) {
       if (failures < 5) {
-        bad << "\n  [" << i << "] actual " << actual[i] << " expected " << expected[i]
-            << " (tol " << tol << ")";
+        bad << "\n  [" << i << "] actual " << actual[i] << " expected " << expected[i] << " (tol "
+            << tol << ")";
       }
       ++failures;
     }
   }
   if (failures) {
-    return ::testing::AssertionFailure() << failures << " of " << actual.size()
-                                         << " elements differ:" << bad.str();
+    return ::testing::AssertionFailure()
+           << failures << " of " << actual.size() << " elements differ:" << bad.str();
   }
   return ::testing::AssertionSuccess();
 }

@@ -24,6 +24,6 @@ std::unique_ptr<Backend> MaybeCuda();
 }  // namespace localpar::testing
 
 // Skips (never fails) the current test when no GPU is present.
-#define LP_REQUIRE_CUDA(var)                                     \
-  auto var = ::localpar::testing::MaybeCuda();                   \
+#define LP_REQUIRE_CUDA(var)                   \
+  auto var = ::localpar::testing::MaybeCuda(); \
   if (!var) GTEST_SKIP() << "no CUDA device on this machine"

@@ -49,7 +49,8 @@ TEST(JobFiles, DefaultsAreFilledIn) {
 }
 
 TEST(JobFiles, SyntaxErrorsNameFileLineAndColumn) {
-  std::string e = Error("name: \"x\"\nrule: GREEDY\nstages { layers { linear { out_features: } } }\n");
+  std::string e =
+      Error("name: \"x\"\nrule: GREEDY\nstages { layers { linear { out_features: } } }\n");
   EXPECT_NE(e.find("job.textproto:3:"), std::string::npos) << e;
   e = Error("rule: GREEDY\nbatch_sise: 3\n");
   EXPECT_NE(e.find("job.textproto:2:"), std::string::npos) << e;

@@ -29,8 +29,7 @@ struct LayerCase {
 // Keeps test names and listings readable.
 void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
 
-LayerConfig Cfg(K kind, int64_t out = 0, int64_t kernel = 3, int64_t stride = 1,
-                int64_t pad = 0) {
+LayerConfig Cfg(K kind, int64_t out = 0, int64_t kernel = 3, int64_t stride = 1, int64_t pad = 0) {
   LayerConfig c;
   c.kind = kind;
   c.out_features = out;
@@ -225,8 +224,7 @@ TEST(Dropout, IsIdentityAtEvalAndMasksGradientsInTraining) {
   layer->Forward(x, cache, ForwardContext{true, 1});
   std::vector<float> y = cache.out.ToHost();
   Tensor dx;
-  layer->Backward(x, Tensor::FromHost(*cpu, {1, 1000}, std::vector<float>(1000, 1.0f)), cache,
-                  &dx);
+  layer->Backward(x, Tensor::FromHost(*cpu, {1, 1000}, std::vector<float>(1000, 1.0f)), cache, &dx);
   std::vector<float> g = dx.ToHost();
   int dropped = 0;
   for (int i = 0; i < 1000; ++i) {

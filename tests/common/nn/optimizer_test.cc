@@ -69,10 +69,10 @@ TEST(Schedule, ConstantWarmupAndCosine) {
   EXPECT_FLOAT_EQ(LearningRate(s, 50, 100), 0.1f);
   s.kind = ScheduleConfig::Kind::kCosine;
   s.min_lr = 0.02f;
-  EXPECT_FLOAT_EQ(LearningRate(s, 4, 104), 0.1f);      // start of the cosine
-  EXPECT_FLOAT_EQ(LearningRate(s, 54, 104), 0.06f);    // half way: the mean
-  EXPECT_FLOAT_EQ(LearningRate(s, 104, 104), 0.02f);   // the floor
-  EXPECT_FLOAT_EQ(LearningRate(s, 500, 104), 0.02f);   // stays there
+  EXPECT_FLOAT_EQ(LearningRate(s, 4, 104), 0.1f);     // start of the cosine
+  EXPECT_FLOAT_EQ(LearningRate(s, 54, 104), 0.06f);   // half way: the mean
+  EXPECT_FLOAT_EQ(LearningRate(s, 104, 104), 0.02f);  // the floor
+  EXPECT_FLOAT_EQ(LearningRate(s, 500, 104), 0.02f);  // stays there
 }
 
 }  // namespace

@@ -194,8 +194,8 @@ TEST(CudaParity, OptimizerSteps) {
     Tensor p = Tensor::FromHost(be, {n}, p0), tg = Tensor::FromHost(be, {n}, g);
     Tensor m = Tensor::FromHost(be, {n}, s), v = Tensor::FromHost(be, {n}, s);
     Tensor q = Tensor::FromHost(be, {n}, p0), vel = Tensor::FromHost(be, {n}, s);
-    be.AdamWStep(p.f32(), tg.f32(), m.f32(), v.f32(), n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f,
-                 0.19f, 0.002f);
+    be.AdamWStep(p.f32(), tg.f32(), m.f32(), v.f32(), n, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.19f,
+                 0.002f);
     be.SgdStep(q.f32(), tg.f32(), vel.f32(), n, 0.1f, 0.9f, 1e-4f, true);
     std::vector<float> all = p.ToHost();
     for (auto& t : {m, v, q, vel}) {
