@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/tensor_codec.h"
 
 namespace localpar {
 namespace {
@@ -39,18 +40,14 @@ std::vector<HeadStats> Evaluate(ReferenceTrainer& trainer, Backend& be, const Da
   std::vector<HeadStats> total(stages);
   std::vector<int64_t> order(static_cast<size_t>(data.size()));
   for (int64_t i = 0; i < data.size(); ++i) order[i] = i;
-  std::vector<float> hx(static_cast<size_t>(batch * data.example_size()));
-  std::vector<int32_t> hy(static_cast<size_t>(batch));
+  BatchAssembler assembler(data, batch);
   Tensor x, y;
   for (int64_t b = 0; b < data.size(); b += batch) {
-    int64_t n = std::min(batch, data.size() - b);
-    GatherBatch(data, order, b, n, hx.data(), hy.data());
-    Shape xs{n};
-    xs.insert(xs.end(), data.example_shape.begin(), data.example_shape.end());
-    x.Ensure(be, xs);
-    y.Ensure(be, {n}, DType::kI32);
-    be.CopyFromHost(x.raw(), hx.data(), x.nbytes());
-    be.CopyFromHost(y.raw(), hy.data(), y.nbytes());
+    assembler.Gather(order, b, std::min(batch, data.size() - b));
+    x.Ensure(be, assembler.x_shape());
+    y.Ensure(be, {assembler.rows()}, DType::kI32);
+    be.CopyFromHost(x.raw(), assembler.x(), assembler.x_bytes());
+    be.CopyFromHost(y.raw(), assembler.y(), assembler.y_bytes());
     std::vector<HeadStats> s = trainer.EvalBatch(x, y);
     for (int k = 0; k < stages; ++k) total[k].Add(s[k]);
   }
@@ -66,6 +63,29 @@ std::string StageLosses(const std::vector<HeadStats>& s) {
 }
 
 }  // namespace
+
+int64_t TotalSteps(const v1::Job& job, int64_t train_examples) {
+  int64_t per_epoch = (train_examples + job.batch_size() - 1) / job.batch_size();
+  int64_t total = per_epoch * job.epochs();
+  if (job.max_steps() > 0 && job.max_steps() < total) total = job.max_steps();
+  return total;
+}
+
+BatchAssembler::BatchAssembler(const Dataset& data, int64_t max_rows)
+    : data_(data),
+      x_(static_cast<size_t>(max_rows * data.example_size())),
+      y_(static_cast<size_t>(max_rows)) {}
+
+void BatchAssembler::Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows) {
+  rows_ = rows;
+  GatherBatch(data_, order, begin, rows, x_.data(), y_.data());
+}
+
+Shape BatchAssembler::x_shape() const {
+  Shape s{rows_};
+  s.insert(s.end(), data_.example_shape.begin(), data_.example_shape.end());
+  return s;
+}
 
 absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
   const v1::Data& d = job.data();
@@ -102,8 +122,7 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
   const int64_t batch = job.batch_size();
   const int64_t n_train = data.train.size();
   const int64_t steps_per_epoch = (n_train + batch - 1) / batch;
-  int64_t total_steps = steps_per_epoch * job.epochs();
-  if (job.max_steps() > 0 && job.max_steps() < total_steps) total_steps = job.max_steps();
+  const int64_t total_steps = TotalSteps(job, n_train);
   ReferenceTrainer trainer(*model, ToTrainerOptions(job, total_steps));
 
   RunReport report;
@@ -117,8 +136,7 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
                          data.test.size(), report.backend);
 
   const bool tty = isatty(STDERR_FILENO);
-  std::vector<float> hx(static_cast<size_t>(batch * data.train.example_size()));
-  std::vector<int32_t> hy(static_cast<size_t>(batch));
+  BatchAssembler assembler(data.train, batch);
   Tensor x, y;
   auto start = Clock::now();
   double train_seconds = 0;
@@ -130,13 +148,11 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
     std::vector<int64_t> order = EpochOrder(n_train, job.seed(), epoch);
     for (int64_t b = 0; b < n_train && trainer.step() < total_steps; b += batch) {
       int64_t n = std::min(batch, n_train - b);
-      GatherBatch(data.train, order, b, n, hx.data(), hy.data());
-      Shape xs{n};
-      xs.insert(xs.end(), data.train.example_shape.begin(), data.train.example_shape.end());
-      x.Ensure(be, xs);
+      assembler.Gather(order, b, n);
+      x.Ensure(be, assembler.x_shape());
       y.Ensure(be, {n}, DType::kI32);
-      be.CopyFromHost(x.raw(), hx.data(), x.nbytes());
-      be.CopyFromHost(y.raw(), hy.data(), y.nbytes());
+      be.CopyFromHost(x.raw(), assembler.x(), assembler.x_bytes());
+      be.CopyFromHost(y.raw(), assembler.y(), assembler.y_bytes());
       std::vector<HeadStats> s = trainer.TrainStep(x, y);
       for (int k = 0; k < report.stages; ++k) er.train[k].Add(s[k]);
       report.train_examples += n;
@@ -168,23 +184,26 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
   report.examples_per_second = report.train_examples / std::max(train_seconds, 1e-9);
 
   if (!options.out_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.out_dir, ec);
-    if (ec) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("--out=", options.out_dir, ": cannot create: ", ec.message()));
-    }
-    std::string path = options.out_dir + "/report.json";
-    std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << ReportJson(report);
-      if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-    }
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+    absl::Status st = WriteReport(report, options.out_dir);
+    if (st.ok()) st = WriteWeightsFile(SnapshotModel(*model), options.out_dir + "/weights.pb");
+    if (!st.ok()) return st;
   }
   return report;
+}
+
+absl::Status WriteReport(const RunReport& report, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  std::string path = dir + "/report.json", tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << ReportJson(report);
+    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 std::string JsonString(const std::string& s) {
@@ -223,7 +242,22 @@ std::string ReportJson(const RunReport& r) {
         e ? "," : "", r.epochs[e].epoch, r.epochs[e].seconds, stats(r.epochs[e].train),
         stats(r.epochs[e].test));
   }
-  return out + "\n  ]\n}\n";
+  out += "\n  ]";
+  if (!r.stage_reports.empty()) {
+    out += ",\n  \"stage_reports\": [";
+    for (size_t k = 0; k < r.stage_reports.size(); ++k) {
+      const StageReport& s = r.stage_reports[k];
+      absl::StrAppendFormat(
+          &out,
+          "%s\n    {\"stage\": %d, \"examples_per_second\": %.1f, \"resident_bytes\": %d, "
+          "\"queue_max_depth\": %d, \"queue_capacity\": %d, \"overlap_max_delay\": %d, "
+          "\"overlap_mean_delay\": %.3f, \"rejected\": %d}",
+          k ? "," : "", k, s.examples_per_second, s.resident_bytes, s.queue_max_depth,
+          s.queue_capacity, s.overlap_max_delay, s.overlap_mean_delay, s.rejected);
+    }
+    out += "\n  ]";
+  }
+  return out + "\n}\n";
 }
 
 std::string ReportTable(const RunReport& r) {
@@ -233,9 +267,13 @@ std::string ReportTable(const RunReport& r) {
   const EpochReport& last = r.epochs.back();
   out += "stage  train loss  train acc  test loss  test acc\n";
   for (int k = 0; k < r.stages; ++k) {
-    absl::StrAppendFormat(&out, "%5d  %10.4f  %8.2f%%  %9.4f  %7.2f%%\n", k,
+    absl::StrAppendFormat(&out, "%5d  %10.4f  %8.2f%%  %9.4f  %7.2f%%", k,
                           last.train[k].mean_loss(), 100 * last.train[k].accuracy(),
                           last.test[k].mean_loss(), 100 * last.test[k].accuracy());
+    if (k < static_cast<int>(r.stage_reports.size())) {
+      absl::StrAppendFormat(&out, "  %8.0f ex/s", r.stage_reports[k].examples_per_second);
+    }
+    out += "\n";
   }
   return out;
 }

@@ -54,6 +54,19 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
   return true;
 }
 
+Shape StageInputShape(const ModelConfig& config, int k) {
+  Shape cur = config.input_shape;
+  for (int s = 0; s < k; ++s) {
+    for (const LayerConfig& l : config.stages[s].layers) {
+      Shape next;
+      std::string e;
+      LP_CHECK_MSG(InferLayerShape(l, cur, &next, &e), "%s", e.c_str());
+      cur = next;
+    }
+  }
+  return cur;
+}
+
 std::unique_ptr<Model> Model::Create(Backend& backend, const ModelConfig& config,
                                      std::string* error) {
   if (!ValidateModel(config, error)) return nullptr;

@@ -21,6 +21,9 @@ struct ModelConfig {
 // On failure *error names the stage and layer and both shapes.
 bool ValidateModel(const ModelConfig& config, std::string* error);
 
+// Per-example input shape of stage k (the data's shape for k = 0); the config must be valid.
+Shape StageInputShape(const ModelConfig& config, int k);
+
 class Model {
  public:
   static std::unique_ptr<Model> Create(Backend& backend, const ModelConfig& config,

@@ -1,6 +1,11 @@
-// The localpar command line: `train` runs a job with the in-process reference trainer;
-// `validate` checks a job file without running it.
+// The localpar command line: `run` trains a job on a local cluster (one worker process per
+// stage plus the coordinator, on loopback); `train` runs the in-process reference trainer;
+// `validate` checks a job file.
+#include <unistd.h>
+
+#include <climits>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -10,83 +15,115 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/job/run.h"
+#include "services/localpar/launcher.h"
 
-ABSL_FLAG(std::string, device, "cpu",
-          "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
-ABSL_FLAG(int, threads, 1,
-          "CPU threads for GEMMs (results are bitwise reproducible for a fixed count)");
-ABSL_FLAG(std::string, out, "",
-          "Directory for report.json (created if missing); empty: no report file");
-ABSL_FLAG(std::string, rule, "",
-          "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
+ABSL_FLAG(std::string, device, "cpu", "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
+ABSL_FLAG(int, threads, 1, "CPU threads for GEMMs, per process (results are bitwise reproducible for a fixed count)");
+ABSL_FLAG(std::string, out, "", "Directory for report.json and weights.pb (created if missing); empty: none");
+ABSL_FLAG(std::string, rule, "", "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
 ABSL_FLAG(int, epochs, 0, "Override the job's epoch count (0: keep the job's)");
 ABSL_FLAG(int, max_steps, 0, "Stop after this many training steps (0: keep the job's)");
 ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep the job's)");
-ABSL_FLAG(bool, quiet, false, "No per-step progress output");
+ABSL_FLAG(bool, quiet, false, "No progress output");
+ABSL_FLAG(bool, trace, false, "run: write each stage's per-batch compute intervals to OUT/trace.json");
+ABSL_FLAG(std::string, non_finite, "reject", "run: NaN/Inf activations are refused (reject) or dropped (skip)");
+ABSL_FLAG(int, overlap_max_delay, 0, "run, OVERLAP: apply returned gradients asynchronously, at most this many steps late (0: synchronous and exact)");
+ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction");
+ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
+ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
 
 namespace {
 
-// Exit codes: what went wrong, for scripts and orchestrators.
-enum ExitCode { kOk = 0, kFailure = 1, kUsage = 2, kBadJob = 3, kBadData = 4 };
+using localpar::kExitBadData;
+using localpar::kExitBadJob;
+using localpar::kExitFailure;
+using localpar::kExitOk;
+using localpar::kExitUsage;
 
 constexpr char kUsageText[] = R"(localpar: parallel training of deep networks with local updates.
 
 Usage:
+  localpar run JOB_FILE [flags]       train on a local cluster: one worker process per stage
+                                      and a coordinator, over gRPC on loopback
   localpar train JOB_FILE [flags]     train with the in-process reference trainer
   localpar validate JOB_FILE          check a job file and print its effective settings
 
 Job files are text-format localpar.v1.Job messages; examples live in deploy/jobs/.
-Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data set missing or invalid.)";
+Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data set missing or invalid,
+5 a worker was lost, 130 interrupted.)";
 
 int Fail(int code, const std::string& message) {
   std::cerr << "localpar: " << message << "\n";
   return code;
 }
 
+std::string BinDir() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : exe.parent_path().string();
+}
+
+localpar::CoordinatorOptions CoordinatorFlags(const std::string& path) {
+  localpar::CoordinatorOptions o;
+  o.job_path = path;
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  o.progress = !absl::GetFlag(FLAGS_quiet);
+  o.trace = absl::GetFlag(FLAGS_trace);
+  o.non_finite = absl::GetFlag(FLAGS_non_finite) == "skip" ? localpar::v1::ConfigureRequest::SKIP
+                                                           : localpar::v1::ConfigureRequest::REJECT;
+  o.overlap_max_delay = absl::GetFlag(FLAGS_overlap_max_delay);
+  o.rule = absl::GetFlag(FLAGS_rule);
+  o.epochs = absl::GetFlag(FLAGS_epochs);
+  o.max_steps = absl::GetFlag(FLAGS_max_steps);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  return o;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() != 3) {
-    return Fail(kUsage, "expected a command and a job file; see localpar --help");
+    return Fail(kExitUsage, "expected a command and a job file; see localpar --help");
   }
   std::string command = args[1], path = args[2];
-  if (command != "train" && command != "validate") {
-    return Fail(kUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
+  if (command != "run" && command != "train" && command != "validate") {
+    return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }
-  absl::StatusOr<localpar::v1::Job> job = localpar::LoadJobFile(path);
-  if (!job.ok()) return Fail(kBadJob, std::string(job.status().message()));
-  if (std::string r = absl::GetFlag(FLAGS_rule); !r.empty()) {
-    localpar::v1::UpdateRule rule;
-    if (!localpar::v1::UpdateRule_Parse(r, &rule) ||
-        rule == localpar::v1::UPDATE_RULE_UNSPECIFIED) {
-      return Fail(kUsage,
-                  absl::StrCat("--rule=", r, ": expected BACKPROP, GREEDY, CHUNKED or OVERLAP"));
-    }
-    job->set_rule(rule);
+  if (absl::GetFlag(FLAGS_threads) < 1) return Fail(kExitUsage, "--threads must be >= 1");
+  std::string nf = absl::GetFlag(FLAGS_non_finite);
+  if (nf != "reject" && nf != "skip") return Fail(kExitUsage, "--non_finite must be reject or skip");
+  localpar::CoordinatorOptions co = CoordinatorFlags(path);
+
+  if (command == "run") {
+    localpar::LaunchOptions lo;
+    lo.coordinator = co;
+    lo.device = absl::GetFlag(FLAGS_device);
+    lo.threads = absl::GetFlag(FLAGS_threads);
+    lo.queue_capacity = absl::GetFlag(FLAGS_queue_capacity);
+    lo.slow_stage = absl::GetFlag(FLAGS_slow_stage);
+    lo.slow_ms = absl::GetFlag(FLAGS_slow_ms);
+    lo.bin_dir = BinDir();
+    if (lo.queue_capacity < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
+    return localpar::Launch(lo);
   }
-  if (int e = absl::GetFlag(FLAGS_epochs); e > 0) job->set_epochs(e);
-  if (int m = absl::GetFlag(FLAGS_max_steps); m > 0) job->set_max_steps(m);
-  if (int64_t s = absl::GetFlag(FLAGS_seed); s >= 0) job->set_seed(static_cast<uint64_t>(s));
-  if (absl::Status s = localpar::ValidateJob(*job); !s.ok()) {
-    return Fail(kBadJob, absl::StrCat(path, ": ", s.message()));
-  }
+
+  absl::StatusOr<localpar::v1::Job> job = localpar::LoadJobWithOverrides(co);
+  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
   if (command == "validate") {
     std::cout << path << ": ok\n" << job->DebugString();
-    return kOk;
+    return kExitOk;
   }
   absl::StatusOr<localpar::DataSplit> data = localpar::LoadJobData(*job);
-  if (!data.ok()) return Fail(kBadData, std::string(data.status().message()));
-
+  if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
   localpar::RunOptions options;
   options.device = absl::GetFlag(FLAGS_device);
   options.threads = absl::GetFlag(FLAGS_threads);
-  options.out_dir = absl::GetFlag(FLAGS_out);
-  options.progress = !absl::GetFlag(FLAGS_quiet);
-  if (options.threads < 1) return Fail(kUsage, "--threads must be >= 1");
+  options.out_dir = co.out_dir;
+  options.progress = co.progress;
   absl::StatusOr<localpar::RunReport> report =
       localpar::RunReference(*job, *data, options, std::cerr);
-  if (!report.ok()) return Fail(kFailure, std::string(report.status().message()));
+  if (!report.ok()) return Fail(kExitFailure, std::string(report.status().message()));
   std::cout << localpar::ReportTable(*report);
   if (!options.out_dir.empty()) std::cout << "report: " << options.out_dir << "/report.json\n";
-  return kOk;
+  return kExitOk;
 }
 
 }  // namespace

@@ -1,0 +1,118 @@
+// Tensor wire codec and weight files.
+#include "common/job/tensor_codec.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace localpar {
+namespace {
+
+v1::DType ToWire(DType t) {
+  switch (t) {
+    case DType::kF32: return v1::F32;
+    case DType::kBF16: return v1::BF16;
+    case DType::kI32: return v1::I32;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+bool FromWire(v1::DType t, DType* out) {
+  switch (t) {
+    case v1::F32: *out = DType::kF32; return true;
+    case v1::BF16: *out = DType::kBF16; return true;
+    case v1::I32: *out = DType::kI32; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void EncodeTensor(const Tensor& t, v1::Tensor* out) {
+  out->set_dtype(ToWire(t.dtype()));
+  out->clear_shape();
+  for (int64_t d : t.shape()) out->add_shape(d);
+  std::string* data = out->mutable_data();
+  data->resize(t.nbytes());
+  if (t.nbytes() > 0) t.backend().CopyToHost(data->data(), t.raw(), t.nbytes());
+}
+
+absl::Status CheckWireTensor(const v1::Tensor& in, const std::string& field) {
+  DType dt;
+  if (!FromWire(in.dtype(), &dt)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".dtype: unsupported value ", static_cast<int>(in.dtype())));
+  }
+  if (in.shape().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape: empty"));
+  }
+  // Refuse shapes whose element count would overflow before comparing byte counts.
+  int64_t n = 1;
+  for (int64_t d : in.shape()) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat(field, ".shape: negative extent ", d));
+    if (d > 0 && n > std::numeric_limits<int64_t>::max() / 8 / d) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".shape: too many elements"));
+    }
+    n *= d;
+  }
+  size_t want = static_cast<size_t>(n) * DTypeSize(dt);
+  if (in.data().size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data: ", in.data().size(), " bytes do not match dtype ", DTypeName(dt),
+        " x shape [", absl::StrJoin(in.shape(), ","), "] = ", want, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+void DecodeTensorInto(const v1::Tensor& in, Backend& backend, Tensor* out) {
+  DType dt = DType::kF32;
+  FromWire(in.dtype(), &dt);
+  out->Ensure(backend, Shape(in.shape().begin(), in.shape().end()), dt);
+  if (out->nbytes() > 0) backend.CopyFromHost(out->raw(), in.data().data(), out->nbytes());
+}
+
+v1::StageWeights SnapshotStage(Stage& stage, int index) {
+  v1::StageWeights w;
+  w.set_stage(index);
+  std::vector<Param*> params = stage.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    v1::NamedTensor* nt = w.add_params();
+    nt->set_name(absl::StrCat(i, ".", params[i]->name));
+    EncodeTensor(params[i]->value, nt->mutable_tensor());
+  }
+  return w;
+}
+
+v1::ModelWeights SnapshotModel(Model& model) {
+  v1::ModelWeights w;
+  for (int k = 0; k < model.num_stages(); ++k) *w.add_stages() = SnapshotStage(model.stage(k), k);
+  return w;
+}
+
+absl::Status WriteWeightsFile(const v1::ModelWeights& weights, const std::string& path) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out || !weights.SerializeToOstream(&out)) {
+      return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelWeights> ReadWeightsFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  v1::ModelWeights w;
+  if (!w.ParseFromIstream(&in)) return absl::DataLossError(absl::StrCat(path, ": not a weights file"));
+  return w;
+}
+
+}  // namespace localpar

@@ -1,0 +1,458 @@
+// The coordinator: configuration, data streaming, evaluation, progress and the report.
+#include "services/coordinator/coordinator.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job/run.h"
+#include "common/job/tensor_codec.h"
+#include "proto/localpar.grpc.pb.h"
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::system_clock::time_point Deadline(int seconds) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+}
+
+void SetWireTensor(v1::Tensor* t, v1::DType dtype, const Shape& shape, const void* data,
+                   size_t bytes) {
+  t->set_dtype(dtype);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_data(data, bytes);
+}
+
+HeadStats FromProto(const v1::HeadStatistics& s) {
+  HeadStats h;
+  h.loss_sum = s.loss_sum();
+  h.correct = s.correct();
+  h.count = s.count();
+  return h;
+}
+
+// The link to stage 0: writes batches and control items, and reads acknowledgements and
+// in-band errors coming back up the pipeline.
+class Pipeline {
+ public:
+  explicit Pipeline(v1::Worker::Stub& first) {
+    ctx_.set_wait_for_ready(true);
+    stream_ = first.Stream(&ctx_);
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+  ~Pipeline() {
+    if (reader_.joinable()) {
+      ctx_.TryCancel();
+      reader_.join();
+    }
+  }
+
+  bool Send(const v1::DownItem& item) { return !broken_ && stream_->Write(item); }
+
+  // Waits for the acknowledgement of control item `seq`; false if the pipeline broke.
+  bool WaitAck(uint64_t seq) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return broken_ || acked_.count(seq) > 0; });
+    return acked_.count(seq) > 0;
+  }
+  bool AckedEval(int epoch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return evals_acked_.count(epoch) > 0;
+  }
+
+  // Closes the stream; returns the final status.
+  grpc::Status Finish() {
+    stream_->WritesDone();
+    reader_.join();
+    return status_;
+  }
+  bool broken() const { return broken_; }
+  int64_t errors() const { return errors_; }
+
+ private:
+  void ReadLoop() {
+    v1::UpItem up;
+    while (stream_->Read(&up)) {
+      if (up.has_ack()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        acked_.insert(up.ack().seq());
+        if (up.ack().kind() == v1::Control::END_OF_EVAL) evals_acked_.insert(up.ack().epoch());
+        cv_.notify_all();
+      } else if (up.has_error()) {
+        ++errors_;
+        std::cerr << "\nlocalpar: stage " << up.error().stage() << " refused item "
+                  << up.error().seq() << ": " << up.error().message() << "\n";
+      }
+    }
+    status_ = stream_->Finish();
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> stream_;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<uint64_t> acked_;
+  std::set<int> evals_acked_;
+  std::atomic<bool> broken_{false};
+  std::atomic<int64_t> errors_{0};
+  grpc::Status status_;
+};
+
+class Coordinator {
+ public:
+  Coordinator(const CoordinatorOptions& o, v1::Job job, DataSplit data)
+      : o_(o), job_(std::move(job)), data_(std::move(data)) {}
+
+  int Run() {
+    const int stages = job_.stages_size();
+    total_steps_ = TotalSteps(job_, data_.train.size());
+    for (const std::string& addr : o_.workers) stubs_.push_back(v1::Worker::NewStub(MakeChannel(addr)));
+    if (int rc = ConfigureAll(); rc != kExitOk) return rc;
+    auto start = Clock::now();
+    Pipeline pipe(*stubs_[0]);
+    std::thread progress([&] { ProgressLoop(pipe); });
+    bool fed = Feed(pipe);
+    uint64_t drain = NextSeq();
+    bool drained = fed && SendControl(pipe, v1::Control::DRAIN, 0, drain) && pipe.WaitAck(drain);
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      done_ = true;
+    }
+    progress_cv_.notify_all();
+    progress.join();
+    if (!drained) return LostWorker(pipe);
+    report_.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    grpc::Status fin = pipe.Finish();
+    if (!fin.ok()) return LostWorker(pipe);
+    int rc = Collect(stages);
+    for (auto& stub : stubs_) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(5));
+      v1::ShutdownResponse r;
+      stub->Shutdown(&ctx, v1::ShutdownRequest(), &r);
+    }
+    return rc;
+  }
+
+ private:
+  uint64_t NextSeq() { return ++seq_; }
+
+  int ConfigureAll() {
+    for (int k = 0; k < static_cast<int>(stubs_.size()); ++k) {
+      v1::ConfigureRequest req;
+      *req.mutable_job() = job_;
+      req.set_stage(k);
+      if (k + 1 < static_cast<int>(stubs_.size())) req.set_downstream(o_.workers[k + 1]);
+      req.set_total_steps(total_steps_);
+      req.set_non_finite(o_.non_finite);
+      req.set_overlap_max_delay(o_.overlap_max_delay);
+      grpc::ClientContext ctx;
+      ctx.set_wait_for_ready(true);
+      ctx.set_deadline(Deadline(o_.configure_timeout_s));
+      v1::ConfigureResponse resp;
+      grpc::Status st = stubs_[k]->Configure(&ctx, req, &resp);
+      if (!st.ok()) {
+        std::cerr << "localpar: configuring stage " << k << " at " << o_.workers[k]
+                  << " failed: " << st.error_message() << "\n";
+        return st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadJob
+                                                                     : kExitWorkerLost;
+      }
+      report_.parameters += resp.parameters();
+      if (k == 0) report_.backend = resp.backend();
+    }
+    return kExitOk;
+  }
+
+  bool SendControl(Pipeline& pipe, v1::Control::Kind kind, int epoch, uint64_t seq) {
+    v1::DownItem item;
+    v1::Control* c = item.mutable_control();
+    c->set_seq(seq);
+    c->set_kind(kind);
+    c->set_epoch(epoch);
+    return pipe.Send(item);
+  }
+
+  bool SendBatch(Pipeline& pipe, const BatchAssembler& a, int64_t begin, int64_t rows,
+                 int epoch, v1::Phase phase, int64_t step, int mb, int mbs) {
+    v1::DownItem item;
+    v1::Batch* b = item.mutable_batch();
+    b->set_seq(NextSeq());
+    b->set_epoch(epoch);
+    b->set_phase(phase);
+    b->set_step(step);
+    b->set_micro_batch(mb);
+    b->set_micro_batches(mbs);
+    b->set_batch_rows(a.rows());
+    Shape xs = a.x_shape();
+    xs[0] = rows;
+    int64_t per = NumElements(xs) / std::max<int64_t>(rows, 1);
+    SetWireTensor(b->mutable_activations(), v1::F32, xs, a.x() + begin * per,
+                  static_cast<size_t>(rows * per) * 4);
+    SetWireTensor(b->mutable_labels(), v1::I32, {rows}, a.y() + begin,
+                  static_cast<size_t>(rows) * 4);
+    return pipe.Send(item);
+  }
+
+  // The same batches in the same order as the reference trainer (RunReference).
+  bool Feed(Pipeline& pipe) {
+    const int64_t batch = job_.batch_size(), n = data_.train.size();
+    const int mbs = job_.rule() == v1::BACKPROP ? job_.micro_batches() : 1;
+    BatchAssembler train(data_.train, batch), test(data_.test, job_.eval_batch_size());
+    std::vector<int64_t> test_order(static_cast<size_t>(data_.test.size()));
+    for (int64_t i = 0; i < data_.test.size(); ++i) test_order[i] = i;
+    int64_t step = 0;
+    for (int epoch = 0; epoch < job_.epochs() && step < total_steps_; ++epoch) {
+      epoch_ = epoch + 1;
+      std::vector<int64_t> order = EpochOrder(n, job_.seed(), epoch);
+      for (int64_t b = 0; b < n && step < total_steps_; b += batch) {
+        train.Gather(order, b, std::min(batch, n - b));
+        for (int m = 0; m < mbs; ++m) {
+          int64_t begin, rows;
+          MicroBatchRange(train.rows(), mbs, m, &begin, &rows);
+          if (!SendBatch(pipe, train, begin, rows, epoch + 1, v1::TRAIN, step, m, mbs)) return false;
+        }
+        ++step;
+        sent_examples_ += train.rows();
+        report_.train_examples += train.rows();
+      }
+      if (!SendControl(pipe, v1::Control::END_OF_EPOCH, epoch + 1, NextSeq())) return false;
+      for (int64_t b = 0; b < data_.test.size(); b += job_.eval_batch_size()) {
+        test.Gather(test_order, b, std::min<int64_t>(job_.eval_batch_size(), data_.test.size() - b));
+        if (!SendBatch(pipe, test, 0, test.rows(), epoch + 1, v1::EVAL, step, 0, 1)) return false;
+      }
+      if (!SendControl(pipe, v1::Control::END_OF_EVAL, epoch + 1, NextSeq())) return false;
+      epochs_sent_ = epoch + 1;
+    }
+    report_.steps = step;
+    return true;
+  }
+
+  std::vector<v1::StatsResponse> PollStats(bool intervals, int deadline_s) {
+    std::vector<v1::StatsResponse> out(stubs_.size());
+    for (size_t k = 0; k < stubs_.size(); ++k) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(deadline_s));
+      v1::StatsRequest req;
+      req.set_include_intervals(intervals);
+      if (!stubs_[k]->Stats(&ctx, req, &out[k]).ok()) out[k].set_stage(-1);
+    }
+    return out;
+  }
+
+  // Wakes every interval (or at once when training ends) to print finished epochs and a
+  // progress line built from the workers' statistics.
+  void ProgressLoop(Pipeline& pipe) {
+    const bool tty = isatty(STDERR_FILENO);
+    auto start = Clock::now();
+    int printed_epochs = 0;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(progress_mu_);
+        progress_cv_.wait_for(lock, std::chrono::milliseconds(tty ? 500 : 2000),
+                              [&] { return done_; });
+        if (done_) break;
+      }
+      while (printed_epochs < epochs_sent_.load() && pipe.AckedEval(printed_epochs + 1)) {
+        ++printed_epochs;
+        std::vector<v1::StatsResponse> s = PollStats(false, 2);
+        std::string accs;
+        for (const auto& st : s) {
+          for (const auto& e : st.epochs()) {
+            if (e.epoch() == printed_epochs) {
+              absl::StrAppendFormat(&accs, " s%d %.2f%%", st.stage(),
+                                    100 * FromProto(e.eval()).accuracy());
+            }
+          }
+        }
+        std::cerr << (tty ? "\r\033[K" : "") << "epoch " << printed_epochs
+                  << ": test accuracy" << accs << "\n";
+      }
+      if (!o_.progress) continue;
+      std::vector<v1::StatsResponse> s = PollStats(false, 1);
+      double el = std::chrono::duration<double>(Clock::now() - start).count();
+      int64_t done_examples = s.empty() ? 0 : s.back().examples();
+      int64_t total = total_steps_ * job_.batch_size();
+      int width = 20;
+      int filled = total > 0 ? static_cast<int>(width * std::min<int64_t>(done_examples, total) / total) : 0;
+      std::string losses;
+      for (const auto& st : s) {
+        absl::StrAppendFormat(&losses, " s%d %.3f", st.stage(), FromProto(st.recent()).mean_loss());
+      }
+      std::cerr << absl::StrFormat("%sepoch %d/%d [%s%s] %.0f ex/s loss%s%s", tty ? "\r\033[K" : "",
+                                   epoch_.load(), job_.epochs(), std::string(filled, '#'),
+                                   std::string(width - filled, ' '), done_examples / std::max(el, 1e-9),
+                                   losses, tty ? "" : "\n");
+    }
+    if (tty && o_.progress) std::cerr << "\r\033[K";
+  }
+
+  int Collect(int stages) {
+    std::vector<v1::StatsResponse> stats = PollStats(o_.trace, 10);
+    v1::ModelWeights weights;
+    for (int k = 0; k < stages; ++k) {
+      if (stats[k].stage() < 0) {
+        std::cerr << "localpar: stage " << k << " at " << o_.workers[k] << " stopped answering\n";
+        return kExitWorkerLost;
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(30));
+      grpc::Status st = stubs_[k]->GetWeights(&ctx, v1::WeightsRequest(), weights.add_stages());
+      if (!st.ok()) {
+        std::cerr << "localpar: stage " << k << ": GetWeights failed: " << st.error_message() << "\n";
+        return kExitWorkerLost;
+      }
+    }
+    report_.job = job_.name();
+    report_.rule = v1::UpdateRule_Name(job_.rule());
+    report_.stages = stages;
+    double slowest = 0;
+    for (int e = 1; e <= epochs_sent_; ++e) {
+      EpochReport er;
+      er.epoch = e;
+      er.train.resize(stages);
+      er.test.resize(stages);
+      for (int k = 0; k < stages; ++k) {
+        for (const auto& es : stats[k].epochs()) {
+          if (es.epoch() != e) continue;
+          er.train[k] = FromProto(es.train());
+          er.test[k] = FromProto(es.eval());
+          er.seconds = std::max(er.seconds, es.train_seconds());
+        }
+      }
+      report_.epochs.push_back(er);
+    }
+    for (int k = 0; k < stages; ++k) {
+      double busy = 0;
+      for (const auto& es : stats[k].epochs()) busy += es.train_seconds();
+      StageReport sr;
+      sr.examples_per_second = busy > 0 ? stats[k].examples() / busy : 0;
+      sr.resident_bytes = stats[k].resident_bytes();
+      sr.queue_max_depth = stats[k].queue_max_depth();
+      sr.queue_capacity = stats[k].queue_capacity();
+      sr.overlap_max_delay = stats[k].overlap_max_delay_seen();
+      sr.overlap_mean_delay = stats[k].overlap_mean_delay();
+      for (const auto& [reason, n] : stats[k].rejected()) sr.rejected += n;
+      slowest = std::max(slowest, busy);
+      report_.stage_reports.push_back(sr);
+    }
+    report_.examples_per_second = report_.train_examples / std::max(report_.wall_seconds, 1e-9);
+    std::cout << ReportTable(report_);
+    if (o_.out_dir.empty()) return kExitOk;
+    absl::Status st = WriteReport(report_, o_.out_dir);
+    if (st.ok()) st = WriteWeightsFile(weights, o_.out_dir + "/weights.pb");
+    if (st.ok() && o_.trace) st = WriteTrace(stats);
+    if (!st.ok()) {
+      std::cerr << "localpar: " << st.message() << "\n";
+      return kExitFailure;
+    }
+    std::cout << "report: " << o_.out_dir << "/report.json\n";
+    return kExitOk;
+  }
+
+  absl::Status WriteTrace(const std::vector<v1::StatsResponse>& stats) {
+    std::string path = o_.out_dir + "/trace.json";
+    std::ofstream out(path);
+    out << "{\"stages\": [";
+    for (size_t k = 0; k < stats.size(); ++k) {
+      out << (k ? ",\n" : "\n") << "  {\"stage\": " << k << ", \"intervals\": [";
+      for (int i = 0; i < stats[k].intervals_size(); ++i) {
+        const v1::Interval& iv = stats[k].intervals(i);
+        out << (i ? ", " : "") << "[" << iv.seq() << ", " << iv.start_ns() << ", " << iv.end_ns()
+            << "]";
+      }
+      out << "]}";
+    }
+    out << "\n]}\n";
+    if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+    return absl::OkStatus();
+  }
+
+  int LostWorker(Pipeline& pipe) {
+    std::vector<v1::StatsResponse> s = PollStats(false, 2);
+    std::string lost;
+    for (size_t k = 0; k < s.size(); ++k) {
+      if (s[k].stage() < 0) absl::StrAppend(&lost, lost.empty() ? "" : ", ", "stage ", k, " (", o_.workers[k], ")");
+    }
+    grpc::Status st = pipe.Finish();
+    std::cerr << "\nlocalpar: the pipeline broke: "
+              << (lost.empty() ? std::string("no stage is unreachable") : "lost " + lost) << "; "
+              << st.error_message() << "\n";
+    return kExitWorkerLost;
+  }
+
+  CoordinatorOptions o_;
+  v1::Job job_;
+  DataSplit data_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+  int64_t total_steps_ = 0;
+  uint64_t seq_ = 0;
+  std::atomic<int> epoch_{0};
+  std::atomic<int> epochs_sent_{0};
+  std::atomic<int64_t> sent_examples_{0};
+  std::mutex progress_mu_;
+  std::condition_variable progress_cv_;
+  bool done_ = false;
+  RunReport report_;
+};
+
+}  // namespace
+
+absl::StatusOr<v1::Job> LoadJobWithOverrides(const CoordinatorOptions& o) {
+  absl::StatusOr<v1::Job> job = LoadJobFile(o.job_path);
+  if (!job.ok()) return job.status();
+  if (!o.rule.empty()) {
+    v1::UpdateRule rule;
+    if (!v1::UpdateRule_Parse(o.rule, &rule) || rule == v1::UPDATE_RULE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rule=", o.rule, ": expected BACKPROP, GREEDY, CHUNKED or OVERLAP"));
+    }
+    job->set_rule(rule);
+  }
+  if (o.epochs > 0) job->set_epochs(o.epochs);
+  if (o.max_steps > 0) job->set_max_steps(o.max_steps);
+  if (o.seed >= 0) job->set_seed(static_cast<uint64_t>(o.seed));
+  if (absl::Status s = ValidateJob(*job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(o.job_path, ": ", s.message()));
+  }
+  if (o.overlap_max_delay > 0 && job->rule() != v1::OVERLAP) {
+    return absl::InvalidArgumentError("--overlap_max_delay applies to the OVERLAP rule only");
+  }
+  return job;
+}
+
+int RunCoordinator(const CoordinatorOptions& o) {
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(o);
+  if (!job.ok()) {
+    std::cerr << "localpar: " << job.status().message() << "\n";
+    return kExitBadJob;
+  }
+  if (static_cast<int>(o.workers.size()) != job->stages_size()) {
+    std::cerr << "localpar: --workers lists " << o.workers.size() << " addresses but job "
+              << job->name() << " has " << job->stages_size() << " stages\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<DataSplit> data = LoadJobData(*job);
+  if (!data.ok()) {
+    std::cerr << "localpar: " << data.status().message() << "\n";
+    return kExitBadData;
+  }
+  Coordinator c(o, *std::move(job), *std::move(data));
+  return c.Run();
+}
+
+}  // namespace localpar

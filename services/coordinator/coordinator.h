@@ -1,0 +1,45 @@
+// The coordinator: owns a job. It configures one worker per stage, streams the data into
+// the first, runs evaluation after every epoch, and writes the report and final weights.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/localpar.pb.h"
+
+namespace localpar {
+
+struct CoordinatorOptions {
+  std::string job_path;
+  std::vector<std::string> workers;  // host:port per stage, in stage order
+  std::string out_dir;               // report.json, weights.pb (and trace.json)
+  bool progress = true;
+  bool trace = false;  // write every stage's per-batch compute intervals to trace.json
+  v1::ConfigureRequest::NonFinite non_finite = v1::ConfigureRequest::REJECT;
+  int overlap_max_delay = 0;  // asynchronous OVERLAP when > 0
+  int configure_timeout_s = 30;
+  // Overrides applied to the job file (0 / empty: keep the job's).
+  std::string rule;
+  int epochs = 0;
+  int64_t max_steps = 0;
+  int64_t seed = -1;  // -1: keep
+};
+
+// Exit codes, shared by the coordinator and the launcher.
+enum ExitCode {
+  kExitOk = 0,
+  kExitFailure = 1,
+  kExitUsage = 2,
+  kExitBadJob = 3,
+  kExitBadData = 4,
+  kExitWorkerLost = 5,
+  kExitInterrupted = 130,
+};
+
+int RunCoordinator(const CoordinatorOptions& options);
+
+// Loads a job file and applies the overrides in `options`; used before anything starts.
+absl::StatusOr<v1::Job> LoadJobWithOverrides(const CoordinatorOptions& options);
+
+}  // namespace localpar

@@ -1,0 +1,52 @@
+// localpar_coordinator: runs a job on already-running workers, one per stage.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "services/coordinator/coordinator.h"
+
+ABSL_FLAG(std::string, job, "", "Job file (text-format localpar.v1.Job)");
+ABSL_FLAG(std::string, workers, "", "Comma-separated host:port of each stage's worker, in stage order");
+ABSL_FLAG(std::string, out, "", "Directory for report.json and weights.pb (empty: none)");
+ABSL_FLAG(bool, quiet, false, "No progress line");
+ABSL_FLAG(bool, trace, false, "Also write every stage's per-batch compute intervals to trace.json");
+ABSL_FLAG(std::string, non_finite, "reject", "NaN/Inf activations: reject (INVALID_ARGUMENT) or skip");
+ABSL_FLAG(int, overlap_max_delay, 0, "OVERLAP only: apply returned gradients asynchronously, at most this many steps late (0: synchronous, exact)");
+ABSL_FLAG(std::string, rule, "", "Override the job's update rule");
+ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0: keep)");
+ABSL_FLAG(int64_t, max_steps, 0, "Override the job's max_steps (0: keep)");
+ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "localpar_coordinator --job=FILE --workers=HOST:PORT,...: trains a job on running "
+      "workers.\nExit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data, 5 worker lost.");
+  absl::ParseCommandLine(argc, argv);
+  localpar::CoordinatorOptions o;
+  o.job_path = absl::GetFlag(FLAGS_job);
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty())) {
+    o.workers.emplace_back(w);
+  }
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  o.progress = !absl::GetFlag(FLAGS_quiet);
+  o.trace = absl::GetFlag(FLAGS_trace);
+  std::string nf = absl::GetFlag(FLAGS_non_finite);
+  if (nf != "reject" && nf != "skip") {
+    std::cerr << "localpar_coordinator: --non_finite must be reject or skip\n";
+    return localpar::kExitUsage;
+  }
+  o.non_finite = nf == "skip" ? localpar::v1::ConfigureRequest::SKIP
+                              : localpar::v1::ConfigureRequest::REJECT;
+  o.overlap_max_delay = absl::GetFlag(FLAGS_overlap_max_delay);
+  o.rule = absl::GetFlag(FLAGS_rule);
+  o.epochs = absl::GetFlag(FLAGS_epochs);
+  o.max_steps = absl::GetFlag(FLAGS_max_steps);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  if (o.job_path.empty() || o.workers.empty()) {
+    std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
+    return localpar::kExitUsage;
+  }
+  return localpar::RunCoordinator(o);
+}

@@ -1,0 +1,247 @@
+// Process supervision for `localpar run`.
+#include "services/localpar/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/data/dataset.h"
+
+namespace localpar {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void OnSignal(int) { g_interrupted = 1; }
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+};
+
+// fork + exec with the child in its own process group (so a terminal's Ctrl-C reaches only
+// the launcher, which then stops everyone in order) and killed if the launcher dies.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  if (!log_path.empty()) {
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::perror(("exec " + argv[0]).c_str());
+  _exit(127);
+}
+
+void Reap(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.exited) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.exited = true;
+      c.status = status;
+    }
+  }
+}
+
+// SIGTERM (workers drain), then SIGKILL whatever is still running after `grace`.
+void StopAll(std::vector<Child>& children, std::chrono::milliseconds grace) {
+  for (Child& c : children) {
+    if (!c.exited) kill(c.pid, SIGTERM);
+  }
+  auto until = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < until) {
+    Reap(children);
+    bool all = true;
+    for (const Child& c : children) all = all && c.exited;
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (Child& c : children) {
+    if (!c.exited) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &c.status, 0);
+      c.exited = true;
+    }
+  }
+}
+
+std::string Describe(const Child& c) {
+  if (WIFEXITED(c.status)) return absl::StrCat(c.name, " exited with code ", WEXITSTATUS(c.status));
+  if (WIFSIGNALED(c.status)) return absl::StrCat(c.name, " was killed by signal ", WTERMSIG(c.status));
+  return c.name + " stopped";
+}
+
+void PrintLogTail(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(line);
+    if (lines.size() > 5) lines.erase(lines.begin());
+  }
+  for (const std::string& l : lines) std::cerr << "    " << l << "\n";
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& o) {
+  // Refuse a bad job or a missing data set before starting anything.
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(o.coordinator);
+  if (!job.ok()) {
+    std::cerr << "localpar: " << job.status().message() << "\n";
+    return kExitBadJob;
+  }
+  if (job->data().has_fashion_mnist()) {
+    std::string probe = job->data().fashion_mnist().dir() + "/train-images-idx3-ubyte.gz";
+    if (!std::filesystem::exists(probe)) {
+      std::cerr << "localpar: " << probe << " not found; Fashion-MNIST comes in the Debian "
+                << "package dataset-fashion-mnist (apt-get install dataset-fashion-mnist)\n";
+      return kExitBadData;
+    }
+  }
+  const int stages = job->stages_size();
+  std::string worker_bin = o.bin_dir + "/localpar_worker";
+  std::string coord_bin = o.bin_dir + "/localpar_coordinator";
+  for (const std::string& bin : {worker_bin, coord_bin}) {
+    if (access(bin.c_str(), X_OK) != 0) {
+      std::cerr << "localpar: " << bin << " not found (build all targets)\n";
+      return kExitFailure;
+    }
+  }
+  char tmpl[] = "/tmp/localpar.XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    std::perror("localpar: mkdtemp");
+    return kExitFailure;
+  }
+  const std::string run_dir = tmpl;
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<Child> children;
+  for (int k = 0; k < stages; ++k) {
+    std::vector<std::string> argv = {worker_bin,
+                                     "--listen=127.0.0.1:0",
+                                     absl::StrCat("--port_file=", run_dir, "/worker", k, ".port"),
+                                     "--device=" + o.device,
+                                     absl::StrCat("--threads=", o.threads),
+                                     absl::StrCat("--queue_capacity=", o.queue_capacity)};
+    if (k == o.slow_stage) argv.push_back(absl::StrCat("--debug_delay_ms=", o.slow_ms));
+    Child c;
+    c.name = absl::StrCat("worker for stage ", k);
+    c.pid = Spawn(argv, absl::StrCat(run_dir, "/worker", k, ".log"));
+    children.push_back(c);
+  }
+
+  // Each worker binds port 0 and reports the port it got: no races for free ports.
+  std::vector<std::string> addresses(stages);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int k = 0; k < stages; ++k) {
+    std::string path = absl::StrCat(run_dir, "/worker", k, ".port");
+    while (addresses[k].empty()) {
+      std::ifstream in(path);
+      int port = 0;
+      if (in >> port && port > 0) {
+        addresses[k] = absl::StrCat("127.0.0.1:", port);
+        break;
+      }
+      Reap(children);
+      if (children[k].exited || g_interrupted || std::chrono::steady_clock::now() > deadline) {
+        std::cerr << "localpar: " << (children[k].exited ? Describe(children[k])
+                                                         : children[k].name + " did not start")
+                  << "; its log:\n";
+        PrintLogTail(absl::StrCat(run_dir, "/worker", k, ".log"));
+        StopAll(children, std::chrono::seconds(2));
+        return g_interrupted ? kExitInterrupted : kExitFailure;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  const CoordinatorOptions& co = o.coordinator;
+  std::vector<std::string> argv = {coord_bin, "--job=" + co.job_path,
+                                   "--workers=" + absl::StrJoin(addresses, ",")};
+  if (!co.out_dir.empty()) argv.push_back("--out=" + co.out_dir);
+  if (!co.progress) argv.push_back("--quiet");
+  if (co.trace) argv.push_back("--trace");
+  if (co.non_finite == v1::ConfigureRequest::SKIP) argv.push_back("--non_finite=skip");
+  if (co.overlap_max_delay > 0) argv.push_back(absl::StrCat("--overlap_max_delay=", co.overlap_max_delay));
+  if (!co.rule.empty()) argv.push_back("--rule=" + co.rule);
+  if (co.epochs > 0) argv.push_back(absl::StrCat("--epochs=", co.epochs));
+  if (co.max_steps > 0) argv.push_back(absl::StrCat("--max_steps=", co.max_steps));
+  if (co.seed >= 0) argv.push_back(absl::StrCat("--seed=", co.seed));
+  Child coordinator;
+  coordinator.name = "coordinator";
+  coordinator.pid = Spawn(argv, "");
+  children.push_back(coordinator);
+
+  int rc = kExitOk;
+  auto worker_died_at = std::chrono::steady_clock::time_point::max();
+  while (true) {
+    Reap(children);
+    Child& coord = children.back();
+    if (coord.exited) {
+      rc = WIFEXITED(coord.status) ? WEXITSTATUS(coord.status) : kExitFailure;
+      break;
+    }
+    if (g_interrupted) {
+      std::cerr << "\nlocalpar: interrupted; stopping the coordinator and " << stages
+                << " workers\n";
+      StopAll(children, std::chrono::seconds(5));
+      std::filesystem::remove_all(run_dir);
+      return kExitInterrupted;
+    }
+    for (int k = 0; k < stages; ++k) {
+      if (children[k].exited && worker_died_at == std::chrono::steady_clock::time_point::max()) {
+        std::cerr << "\nlocalpar: " << Describe(children[k]) << "\n";
+        worker_died_at = std::chrono::steady_clock::now();
+      }
+    }
+    // The coordinator notices a lost worker by itself; give it time to say so, then stop.
+    if (std::chrono::steady_clock::now() - worker_died_at > std::chrono::seconds(15)) {
+      StopAll(children, std::chrono::seconds(2));
+      rc = kExitWorkerLost;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // After a clean run the workers were told to shut down; give them a moment, then stop.
+  StopAll(children, std::chrono::seconds(rc == kExitOk ? 10 : 2));
+  if (rc == kExitOk) {
+    std::filesystem::remove_all(run_dir);
+  } else {
+    std::cerr << "localpar: worker logs are in " << run_dir << "\n";
+  }
+  return rc;
+}
+
+}  // namespace localpar

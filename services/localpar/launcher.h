@@ -1,0 +1,25 @@
+// `localpar run`: the embedded default. Starts one worker process per stage and the
+// coordinator on loopback with free ports, supervises them, and stops them all cleanly.
+#pragma once
+
+#include <string>
+
+#include "services/coordinator/coordinator.h"
+
+namespace localpar {
+
+struct LaunchOptions {
+  CoordinatorOptions coordinator;  // job, out dir, progress, overrides
+  std::string device = "cpu";
+  int threads = 1;
+  int queue_capacity = 4;
+  std::string bin_dir;  // where localpar_worker and localpar_coordinator are
+  // Testing: slow one stage down by this many milliseconds per training batch.
+  int slow_stage = -1;
+  int slow_ms = 0;
+};
+
+// Returns the coordinator's exit code (see ExitCode), or kExitInterrupted after Ctrl-C.
+int Launch(const LaunchOptions& options);
+
+}  // namespace localpar

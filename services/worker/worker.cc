@@ -1,0 +1,635 @@
+// The layer worker: stage compute by update rule, the upstream and downstream links, and
+// validation of everything that arrives from outside.
+#include "services/worker/worker.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job/job.h"
+#include "common/job/tensor_codec.h"
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+namespace {
+
+constexpr size_t kMaxIntervals = 4096;
+
+void ToProto(const HeadStats& s, v1::HeadStatistics* out) {
+  out->set_loss_sum(s.loss_sum);
+  out->set_correct(s.correct);
+  out->set_count(s.count);
+}
+
+v1::UpItem ErrorItem(uint64_t seq, int stage, const absl::Status& s) {
+  v1::UpItem up;
+  v1::ItemError* e = up.mutable_error();
+  e->set_seq(seq);
+  e->set_stage(stage);
+  e->set_code(static_cast<int>(s.code()));
+  e->set_message(std::string(s.message()));
+  return up;
+}
+
+uint64_t SeqOf(const v1::DownItem& item) {
+  return item.has_batch() ? item.batch().seq() : item.control().seq();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// One upstream stream. Threads: the gRPC handler thread reads and validates items; the
+// compute thread trains; a sender thread writes activations downstream; a reader thread
+// takes gradients, acknowledgements and errors coming back from downstream.
+class WorkerService::Session {
+ public:
+  Session(WorkerService& w, grpc::ServerContext* ctx,
+          grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up)
+      : w_(w),
+        ctx_(ctx),
+        up_(up),
+        inbound_(w.options_.queue_capacity),
+        outbound_(w.options_.queue_capacity),
+        grads_(256) {
+    last_ = w_.stage_index_ + 1 == w_.num_stages_;
+    rule_ = w_.trainer_.rule;
+    max_delay_ = rule_ == UpdateRule::kOverlap ? w_.config_.overlap_max_delay() : 0;
+    int slots = std::max(w_.trainer_.micro_batches, max_delay_ + 1);
+    eval_slot_ = slots;
+    inputs_.resize(slots + 1);
+    labels_.resize(slots + 1);
+    wants_gradients_ = !last_ && (rule_ == UpdateRule::kOverlap || rule_ == UpdateRule::kBackprop);
+  }
+
+  grpc::Status Run() {
+    if (!last_) {
+      down_ctx_.set_wait_for_ready(true);
+      down_ = w_.downstream_->Stream(&down_ctx_);
+      sender_ = std::thread([this] { SenderLoop(); });
+      down_reader_ = std::thread([this] { DownReaderLoop(); });
+    }
+    compute_ = std::thread([this] { ComputeLoop(); });
+    v1::DownItem item;
+    while (up_->Read(&item)) {
+      absl::Status s = w_.CheckItem(item);
+      if (!s.ok()) {
+        if (s.code() == absl::StatusCode::kCancelled) continue;  // SKIP policy: counted, dropped
+        WriteUp(ErrorItem(SeqOf(item), w_.stage_index_, s));
+        continue;
+      }
+      if (!inbound_.Push(std::move(item))) break;
+    }
+    inbound_.Close();
+    compute_.join();
+    outbound_.Close();
+    if (sender_.joinable()) sender_.join();
+    if (down_reader_.joinable()) down_reader_.join();
+    {
+      std::lock_guard<std::mutex> lock(w_.mu_);
+      w_.stats_.set_queue_max_depth(std::max<int64_t>(
+          w_.stats_.queue_max_depth(), std::max(inbound_.max_depth(), outbound_.max_depth())));
+    }
+    if (downstream_failed_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("stage ", w_.stage_index_ + 1, " (downstream) was lost"));
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  void WriteUp(const v1::UpItem& item) {
+    std::lock_guard<std::mutex> lock(up_mu_);
+    up_->Write(item);
+  }
+
+  void SendDown(v1::DownItem item) {
+    if (!last_) outbound_.Push(std::move(item));
+  }
+
+  void SenderLoop() {
+    while (std::optional<v1::DownItem> item = outbound_.Pop()) {
+      if (!down_->Write(*item)) {
+        downstream_failed_ = true;
+        break;
+      }
+    }
+    down_->WritesDone();
+  }
+
+  void DownReaderLoop() {
+    v1::UpItem up;
+    while (down_->Read(&up)) {
+      if (up.has_gradient()) {
+        grads_.Push(std::move(*up.mutable_gradient()));
+      } else {
+        if (up.has_error() && wants_gradients_) {
+          // The batch died downstream: no gradient will come for it.
+          v1::Gradient none;
+          none.set_seq(up.error().seq());
+          grads_.Push(std::move(none));
+        }
+        WriteUp(up);
+      }
+    }
+    grpc::Status st = down_->Finish();
+    if (!st.ok()) {
+      downstream_failed_ = true;
+      std::cerr << "worker " << w_.stage_index_ << ": downstream stream ended: "
+                << st.error_message() << "\n";
+      ctx_->TryCancel();  // take the upstream link down too, so the failure propagates
+    }
+    grads_.Close();
+  }
+
+  void ComputeLoop() {
+    while (std::optional<v1::DownItem> item = inbound_.Pop()) {
+      std::lock_guard<std::mutex> compute(w_.compute_mu_);
+      if (item->has_control()) {
+        HandleControl(*item);
+      } else if (item->batch().phase() == v1::EVAL) {
+        Eval(*item->mutable_batch());
+      } else {
+        Train(*item->mutable_batch());
+      }
+    }
+    if (max_delay_ > 0) FlushPending();
+  }
+
+  // Encodes y as this batch's activations for the next stage; labels move along.
+  void SendActivations(v1::Batch& b, const Tensor& y) {
+    if (last_) return;
+    v1::DownItem out;
+    v1::Batch* nb = out.mutable_batch();
+    nb->set_seq(b.seq());
+    nb->set_epoch(b.epoch());
+    nb->set_phase(b.phase());
+    nb->set_step(b.step());
+    nb->set_micro_batch(b.micro_batch());
+    nb->set_micro_batches(b.micro_batches());
+    nb->set_batch_rows(b.batch_rows());
+    EncodeTensor(y, nb->mutable_activations());
+    *nb->mutable_labels() = std::move(*b.mutable_labels());
+    SendDown(std::move(out));
+  }
+
+  void SendGradient(const v1::Batch& b, int micro_batch, const Tensor& dx) {
+    v1::UpItem up;
+    v1::Gradient* g = up.mutable_gradient();
+    g->set_seq(b.seq());
+    g->set_step(b.step());
+    g->set_micro_batch(micro_batch);
+    EncodeTensor(dx, g->mutable_grad());
+    WriteUp(up);
+  }
+
+  // Applies a gradient returned from downstream to `slot`; false when none came.
+  bool ApplyReturned(const v1::Gradient& g, int slot) {
+    if (!g.has_grad()) return false;
+    DecodeTensorInto(g.grad(), *w_.backend_, &returned_);
+    w_.stage_->Backward(slot, returned_, nullptr);
+    return true;
+  }
+
+  void Eval(v1::Batch& b) {
+    Tensor& x = inputs_[eval_slot_];
+    Tensor& y = labels_[eval_slot_];
+    DecodeTensorInto(b.activations(), *w_.backend_, &x);
+    DecodeTensorInto(b.labels(), *w_.backend_, &y);
+    ForwardContext ctx{false, 0};
+    const Tensor& out = w_.stage_->Forward(x, eval_slot_, ctx);
+    HeadStats hs = w_.stage_->Head(eval_slot_, y, HeadMode::kEval, 1.0f, ctx);
+    eval_.Add(hs);
+    SendActivations(b, out);
+  }
+
+  void Train(v1::Batch& b) {
+    int64_t start = MonotonicNanos();
+    Stage& st = *w_.stage_;
+    const int k = w_.stage_index_;
+    const int m = rule_ == UpdateRule::kBackprop ? b.micro_batch() : 0;
+    const int M = rule_ == UpdateRule::kBackprop ? std::max(1, b.micro_batches()) : 1;
+    const int slot = max_delay_ > 0 ? static_cast<int>(b.step() % (max_delay_ + 1)) : m;
+    const float scale = 1.0f / static_cast<float>(b.batch_rows() > 0 ? b.batch_rows() : 1);
+    const float lr = LearningRate(w_.trainer_.schedule, b.step(), w_.trainer_.total_steps);
+    Tensor& x = inputs_[slot];
+    Tensor& labels = labels_[slot];
+    DecodeTensorInto(b.activations(), *w_.backend_, &x);
+    DecodeTensorInto(b.labels(), *w_.backend_, &labels);
+    ForwardContext ctx{true, StepSeed(w_.trainer_.seed, b.step(), m)};
+    const Tensor& y = st.Forward(x, slot, ctx);
+    SendActivations(b, y);
+    HeadStats hs;
+    bool update = true;
+    switch (rule_) {
+      case UpdateRule::kGreedy:
+      case UpdateRule::kChunked:
+        hs = st.Head(slot, labels, HeadMode::kLocal, scale, ctx);
+        st.Backward(slot, st.head_grad(slot), nullptr);
+        break;
+      case UpdateRule::kOverlap:
+        hs = st.Head(slot, labels, HeadMode::kLocal, scale, ctx);
+        st.Backward(slot, st.head_grad(slot), k > 0 ? &dx_ : nullptr);
+        if (k > 0) SendGradient(b, 0, dx_);
+        if (!last_) {
+          if (max_delay_ == 0) {
+            std::optional<v1::Gradient> g = grads_.Pop();
+            if (g) ApplyReturned(*g, slot);
+          } else {
+            pending_.push_back(b.step());
+            ApplyArrived(b.step());
+          }
+        }
+        break;
+      case UpdateRule::kBackprop:
+        if (last_) {
+          hs = st.Head(slot, labels, HeadMode::kLocal, scale, ctx);
+          st.Backward(slot, st.head_grad(slot), k > 0 ? &dx_ : nullptr);
+          if (k > 0) SendGradient(b, m, dx_);
+        } else {
+          hs = st.Head(slot, labels, HeadMode::kProbe, scale, ctx);
+          if (m == M - 1) {
+            // GPipe flush: every micro-batch's gradient, in order, then one update.
+            for (int j = 0; j < M; ++j) {
+              std::optional<v1::Gradient> g = grads_.Pop();
+              if (!g || !g->has_grad()) continue;
+              DecodeTensorInto(g->grad(), *w_.backend_, &returned_);
+              st.Backward(j, returned_, k > 0 ? &dx_ : nullptr);
+              if (k > 0) SendGradient(b, j, dx_);
+            }
+          }
+        }
+        update = m == M - 1;
+        break;
+    }
+    if (update) st.Step(lr);
+    if (w_.options_.debug_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(w_.options_.debug_delay_ms));
+    }
+    int64_t end = MonotonicNanos();
+    std::lock_guard<std::mutex> lock(w_.mu_);
+    w_.stats_.set_queue_max_depth(std::max<int64_t>(
+        w_.stats_.queue_max_depth(), std::max(inbound_.max_depth(), outbound_.max_depth())));
+    w_.recent_.Add(hs);
+    if (update) w_.stats_.set_steps(w_.stats_.steps() + 1);
+    w_.stats_.set_examples(w_.stats_.examples() + x.rows());
+    train_seconds_ += (end - start) * 1e-9;
+    v1::Interval iv;
+    iv.set_seq(b.seq());
+    iv.set_start_ns(start);
+    iv.set_end_ns(end);
+    w_.intervals_.push_back(iv);
+    if (w_.intervals_.size() > kMaxIntervals) w_.intervals_.pop_front();
+  }
+
+  // Asynchronous OVERLAP: applies every gradient that has arrived, waiting only for those
+  // that would otherwise fall more than max_delay steps behind.
+  void ApplyArrived(int64_t step) {
+    while (!pending_.empty()) {
+      bool must_wait = pending_.front() + max_delay_ <= step;
+      std::optional<v1::Gradient> g = must_wait ? grads_.Pop() : grads_.TryPop();
+      if (!g) {
+        if (must_wait) pending_.clear();  // downstream is gone
+        return;
+      }
+      int64_t sent = pending_.front();
+      pending_.pop_front();
+      ApplyReturned(*g, static_cast<int>(sent % (max_delay_ + 1)));
+      std::lock_guard<std::mutex> lock(w_.mu_);
+      int64_t delay = step - sent;
+      w_.delay_sum_ += static_cast<double>(delay);
+      ++w_.delay_count_;
+      if (delay > w_.stats_.overlap_max_delay_seen()) w_.stats_.set_overlap_max_delay_seen(delay);
+    }
+  }
+
+  void FlushPending() {
+    while (!pending_.empty()) ApplyArrived(pending_.back() + max_delay_);
+  }
+
+  void HandleControl(v1::DownItem& item) {
+    const v1::Control& c = item.control();
+    if (max_delay_ > 0) FlushPending();
+    {
+      std::lock_guard<std::mutex> lock(w_.mu_);
+      v1::EpochStatistics& e = w_.epochs_[c.epoch()];
+      e.set_epoch(c.epoch());
+      if (c.kind() == v1::Control::END_OF_EPOCH) {
+        ToProto(w_.recent_, e.mutable_train());
+        e.set_train_seconds(train_seconds_);
+        w_.recent_ = HeadStats();
+        train_seconds_ = 0;
+      } else if (c.kind() == v1::Control::END_OF_EVAL) {
+        ToProto(eval_, e.mutable_eval());
+        eval_ = HeadStats();
+      }
+    }
+    if (last_) {
+      v1::UpItem up;
+      v1::Ack* ack = up.mutable_ack();
+      ack->set_seq(c.seq());
+      ack->set_kind(c.kind());
+      ack->set_epoch(c.epoch());
+      WriteUp(up);
+    } else {
+      SendDown(std::move(item));
+    }
+  }
+
+  WorkerService& w_;
+  grpc::ServerContext* ctx_;
+  grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up_;
+  std::mutex up_mu_;  // one writer at a time on the upstream stream
+  BoundedQueue<v1::DownItem> inbound_, outbound_;
+  BoundedQueue<v1::Gradient> grads_;
+  grpc::ClientContext down_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> down_;
+  std::thread compute_, sender_, down_reader_;
+  std::atomic<bool> downstream_failed_{false};
+  bool last_ = false;
+  bool wants_gradients_ = false;
+  UpdateRule rule_;
+  int max_delay_ = 0;
+  int eval_slot_ = 1;
+  std::vector<Tensor> inputs_, labels_;
+  Tensor dx_, returned_;
+  std::deque<int64_t> pending_;  // async OVERLAP: steps awaiting their returned gradient
+  HeadStats eval_;
+  double train_seconds_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+WorkerService::WorkerService(const WorkerOptions& options) : options_(options) {}
+WorkerService::~WorkerService() = default;
+
+grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureRequest* req,
+                                      v1::ConfigureResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (streaming_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "cannot reconfigure while an upstream stream is open");
+  }
+  v1::Job job = req->job();
+  ApplyJobDefaults(job);
+  if (absl::Status s = ValidateJob(job); !s.ok()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("job: ", s.message())));
+  }
+  if (req->stage() < 0 || req->stage() >= job.stages_size()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("stage: ", req->stage(), " is not in 0..", job.stages_size() - 1)));
+  }
+  bool last = req->stage() + 1 == job.stages_size();
+  if (last != req->downstream().empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        last ? "downstream: the last stage has none" : "downstream: required for this stage"));
+  }
+  if (req->overlap_max_delay() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("overlap_max_delay: must be >= 0"));
+  }
+  if (!backend_) {
+    if (options_.device == "cuda" || options_.device == "auto") backend_ = MakeCudaBackend(0);
+    if (!backend_ && options_.device == "cuda") {
+      return ToGrpcStatus(absl::FailedPreconditionError("--device=cuda: no CUDA device"));
+    }
+    if (!backend_) backend_ = MakeCpuBackend(CpuOptions{options_.threads});
+  }
+  ModelConfig mc = ToModelConfig(job);
+  Shape in = StageInputShape(mc, req->stage());
+  std::string error;
+  stage_ = Stage::Create(*backend_, mc.stages[req->stage()], in, mc.classes, mc.optimizer,
+                         StageSeed(mc.seed, req->stage()), &error);
+  if (!stage_) return ToGrpcStatus(absl::InvalidArgumentError(error));
+  config_ = *req;
+  *config_.mutable_job() = job;
+  stage_index_ = req->stage();
+  num_stages_ = job.stages_size();
+  classes_ = JobClasses(job);
+  trainer_ = ToTrainerOptions(job, req->total_steps());
+  downstream_ = last ? nullptr : v1::Worker::NewStub(MakeChannel(req->downstream()));
+  stats_ = v1::StatsResponse();
+  stats_.set_stage(stage_index_);
+  stats_.set_queue_capacity(options_.queue_capacity);
+  recent_ = HeadStats();
+  epochs_.clear();
+  intervals_.clear();
+  configured_ = true;
+  resp->set_backend(backend_->Describe());
+  resp->set_parameters(stage_->num_parameters());
+  for (int64_t d : stage_->input_shape()) resp->add_input_shape(d);
+  for (int64_t d : stage_->output_shape()) resp->add_output_shape(d);
+  return grpc::Status::OK;
+}
+
+void WorkerService::Reject(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  (*stats_.mutable_rejected())[reason] += 1;
+}
+
+// Everything that arrives from outside is checked here before it reaches the compute
+// thread. Returns CANCELLED for items dropped silently by the SKIP policy.
+absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!configured_) {
+    lock.unlock();
+    Reject("before_configure");
+    return absl::FailedPreconditionError(
+        absl::StrCat("item seq ", SeqOf(item), " arrived before Configure"));
+  }
+  Shape in = stage_->input_shape();
+  v1::ConfigureRequest::NonFinite policy = config_.non_finite();
+  lock.unlock();
+  if (item.has_control()) {
+    const v1::Control& c = item.control();
+    if (!v1::Control::Kind_IsValid(c.kind()) || c.kind() == v1::Control::KIND_UNSPECIFIED) {
+      Reject("unknown_control");
+      return absl::InvalidArgumentError(
+          absl::StrCat("control.kind: unknown control item ", static_cast<int>(c.kind())));
+    }
+    return absl::OkStatus();
+  }
+  if (!item.has_batch()) {
+    Reject("empty_item");
+    return absl::InvalidArgumentError("item: neither batch nor control is set");
+  }
+  const v1::Batch& b = item.batch();
+  if (absl::Status s = CheckWireTensor(b.activations(), "batch.activations"); !s.ok()) {
+    Reject("malformed_tensor");
+    return s;
+  }
+  if (b.activations().dtype() != v1::F32) {
+    Reject("wrong_dtype");
+    return absl::InvalidArgumentError("batch.activations.dtype: stages take F32 activations");
+  }
+  const auto& shape = b.activations().shape();
+  Shape per_example(shape.begin() + 1, shape.end());
+  if (NumElements(per_example) != NumElements(in) || shape[0] <= 0) {
+    Reject("wrong_shape");
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch.activations.shape: [", absl::StrJoin(shape, ","),
+                     "] does not fit stage ", stage_index_, "'s input ", ShapeString(in)));
+  }
+  if (absl::Status s = CheckWireTensor(b.labels(), "batch.labels"); !s.ok()) {
+    Reject("malformed_tensor");
+    return s;
+  }
+  if (b.labels().dtype() != v1::I32 || b.labels().shape_size() != 1 ||
+      b.labels().shape(0) != shape[0]) {
+    Reject("wrong_labels");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch.labels: need I32 of shape [", shape[0], "] (one label per example)"));
+  }
+  const int32_t* labels = reinterpret_cast<const int32_t*>(b.labels().data().data());
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    if (labels[i] < 0 || labels[i] >= classes_) {
+      Reject("label_out_of_range");
+      return absl::InvalidArgumentError(absl::StrCat("batch.labels[", i, "] = ", labels[i],
+                                                     " is outside 0..", classes_ - 1));
+    }
+  }
+  if (b.phase() != v1::TRAIN && b.phase() != v1::EVAL) {
+    Reject("unknown_phase");
+    return absl::InvalidArgumentError("batch.phase: must be TRAIN or EVAL");
+  }
+  if (b.micro_batches() > 0 &&
+      (b.micro_batch() < 0 || b.micro_batch() >= b.micro_batches() ||
+       b.micro_batches() != trainer_.micro_batches)) {
+    Reject("bad_micro_batch");
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch.micro_batch: ", b.micro_batch(), " of ", b.micro_batches(),
+                     " does not fit the job's ", trainer_.micro_batches, " micro-batches"));
+  }
+  const float* x = reinterpret_cast<const float*>(b.activations().data().data());
+  int64_t n = static_cast<int64_t>(b.activations().data().size() / 4);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) {
+      if (policy == v1::ConfigureRequest::SKIP) {
+        Reject("non_finite_skipped");
+        return absl::CancelledError("skipped");
+      }
+      Reject("non_finite");
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch.activations: non-finite value at index ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status WorkerService::Stream(grpc::ServerContext* ctx,
+                                   grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (streaming_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this worker already has an upstream stream");
+    }
+    streaming_ = true;
+  }
+  grpc::Status result;
+  bool configured;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    configured = configured_;
+  }
+  if (!configured) {
+    // Keep serving, refusing each item, so a client learns what is wrong.
+    v1::DownItem item;
+    while (up->Read(&item)) {
+      absl::Status s = CheckItem(item);
+      up->Write(ErrorItem(SeqOf(item), -1, s));
+    }
+  } else {
+    Session session(*this, ctx, up);
+    result = session.Run();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  streaming_ = false;
+  return result;
+}
+
+grpc::Status WorkerService::Stats(grpc::ServerContext*, const v1::StatsRequest* req,
+                                  v1::StatsResponse* resp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *resp = stats_;
+  ToProto(recent_, resp->mutable_recent());
+  for (const auto& [epoch, e] : epochs_) *resp->add_epochs() = e;
+  resp->set_resident_bytes(ResidentBytes());
+  if (delay_count_ > 0) resp->set_overlap_mean_delay(delay_sum_ / delay_count_);
+  if (req->include_intervals()) {
+    for (const v1::Interval& iv : intervals_) *resp->add_intervals() = iv;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::GetWeights(grpc::ServerContext*, const v1::WeightsRequest*,
+                                       v1::StageWeights* resp) {
+  std::lock_guard<std::mutex> compute(compute_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!configured_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not configured");
+  *resp = SnapshotStage(*stage_, stage_index_);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
+                                     v1::ShutdownResponse*) {
+  RequestShutdown();
+  return grpc::Status::OK;
+}
+
+void WorkerService::RequestShutdown() {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  shutdown_ = true;
+  shutdown_cv_.notify_all();
+}
+
+void WorkerService::WaitForShutdown() {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  shutdown_cv_.wait(lock, [&] { return shutdown_; });
+}
+
+int RunWorker(const WorkerOptions& options) {
+  // Signals go to one thread that turns them into a drain and shutdown.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  WorkerService service(options);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  ConfigureServer(builder);
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "localpar_worker: cannot listen on " << options.listen
+              << " (in use, or not a valid address)\n";
+    return 2;
+  }
+  if (!options.port_file.empty()) {
+    std::string tmp = options.port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::filesystem::rename(tmp, options.port_file);
+  }
+  std::cerr << "localpar_worker: serving on port " << port << "\n";
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != 0) service.RequestShutdown();
+  });
+  service.WaitForShutdown();
+  // Streams in flight get a grace period to finish their batches.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  pthread_kill(signals.native_handle(), SIGTERM);
+  signals.join();
+  return 0;
+}
+
+}  // namespace localpar
