@@ -250,10 +250,12 @@ std::string ReportJson(const RunReport& r) {
       absl::StrAppendFormat(
           &out,
           "%s\n    {\"stage\": %d, \"examples_per_second\": %.1f, \"resident_bytes\": %d, "
+          "\"resident_bytes_first_epoch\": %d, "
           "\"queue_max_depth\": %d, \"queue_capacity\": %d, \"overlap_max_delay\": %d, "
           "\"overlap_mean_delay\": %.3f, \"rejected\": %d}",
-          k ? "," : "", k, s.examples_per_second, s.resident_bytes, s.queue_max_depth,
-          s.queue_capacity, s.overlap_max_delay, s.overlap_mean_delay, s.rejected);
+          k ? "," : "", k, s.examples_per_second, s.resident_bytes, s.resident_bytes_first,
+          s.queue_max_depth, s.queue_capacity, s.overlap_max_delay, s.overlap_mean_delay,
+          s.rejected);
     }
     out += "\n  ]";
   }

@@ -51,8 +51,9 @@ struct EpochReport {
 
 // Per-stage figures of a distributed run.
 struct StageReport {
-  double examples_per_second = 0;  // over the stage's own compute time
-  int64_t resident_bytes = 0;
+  double examples_per_second = 0;    // over the stage's own compute time
+  int64_t resident_bytes = 0;        // at the end of the run
+  int64_t resident_bytes_first = 0;  // at the end of the first epoch
   int64_t queue_max_depth = 0;
   int64_t queue_capacity = 0;
   int64_t overlap_max_delay = 0;  // asynchronous OVERLAP: largest delay applied, in steps

@@ -14,19 +14,29 @@ namespace {
 
 v1::DType ToWire(DType t) {
   switch (t) {
-    case DType::kF32: return v1::F32;
-    case DType::kBF16: return v1::BF16;
-    case DType::kI32: return v1::I32;
+    case DType::kF32:
+      return v1::F32;
+    case DType::kBF16:
+      return v1::BF16;
+    case DType::kI32:
+      return v1::I32;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
 
 bool FromWire(v1::DType t, DType* out) {
   switch (t) {
-    case v1::F32: *out = DType::kF32; return true;
-    case v1::BF16: *out = DType::kBF16; return true;
-    case v1::I32: *out = DType::kI32; return true;
-    default: return false;
+    case v1::F32:
+      *out = DType::kF32;
+      return true;
+    case v1::BF16:
+      *out = DType::kBF16;
+      return true;
+    case v1::I32:
+      *out = DType::kI32;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -53,7 +63,8 @@ absl::Status CheckWireTensor(const v1::Tensor& in, const std::string& field) {
   // Refuse shapes whose element count would overflow before comparing byte counts.
   int64_t n = 1;
   for (int64_t d : in.shape()) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat(field, ".shape: negative extent ", d));
+    if (d < 0)
+      return absl::InvalidArgumentError(absl::StrCat(field, ".shape: negative extent ", d));
     if (d > 0 && n > std::numeric_limits<int64_t>::max() / 8 / d) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".shape: too many elements"));
     }
@@ -111,7 +122,8 @@ absl::StatusOr<v1::ModelWeights> ReadWeightsFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   v1::ModelWeights w;
-  if (!w.ParseFromIstream(&in)) return absl::DataLossError(absl::StrCat(path, ": not a weights file"));
+  if (!w.ParseFromIstream(&in))
+    return absl::DataLossError(absl::StrCat(path, ": not a weights file"));
   return w;
 }
 

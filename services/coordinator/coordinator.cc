@@ -121,7 +121,8 @@ class Coordinator {
   int Run() {
     const int stages = job_.stages_size();
     total_steps_ = TotalSteps(job_, data_.train.size());
-    for (const std::string& addr : o_.workers) stubs_.push_back(v1::Worker::NewStub(MakeChannel(addr)));
+    for (const std::string& addr : o_.workers)
+      stubs_.push_back(v1::Worker::NewStub(MakeChannel(addr)));
     if (int rc = ConfigureAll(); rc != kExitOk) return rc;
     auto start = Clock::now();
     Pipeline pipe(*stubs_[0]);
@@ -187,8 +188,8 @@ class Coordinator {
     return pipe.Send(item);
   }
 
-  bool SendBatch(Pipeline& pipe, const BatchAssembler& a, int64_t begin, int64_t rows,
-                 int epoch, v1::Phase phase, int64_t step, int mb, int mbs) {
+  bool SendBatch(Pipeline& pipe, const BatchAssembler& a, int64_t begin, int64_t rows, int epoch,
+                 v1::Phase phase, int64_t step, int mb, int mbs) {
     v1::DownItem item;
     v1::Batch* b = item.mutable_batch();
     b->set_seq(NextSeq());
@@ -224,7 +225,8 @@ class Coordinator {
         for (int m = 0; m < mbs; ++m) {
           int64_t begin, rows;
           MicroBatchRange(train.rows(), mbs, m, &begin, &rows);
-          if (!SendBatch(pipe, train, begin, rows, epoch + 1, v1::TRAIN, step, m, mbs)) return false;
+          if (!SendBatch(pipe, train, begin, rows, epoch + 1, v1::TRAIN, step, m, mbs))
+            return false;
         }
         ++step;
         sent_examples_ += train.rows();
@@ -232,7 +234,8 @@ class Coordinator {
       }
       if (!SendControl(pipe, v1::Control::END_OF_EPOCH, epoch + 1, NextSeq())) return false;
       for (int64_t b = 0; b < data_.test.size(); b += job_.eval_batch_size()) {
-        test.Gather(test_order, b, std::min<int64_t>(job_.eval_batch_size(), data_.test.size() - b));
+        test.Gather(test_order, b,
+                    std::min<int64_t>(job_.eval_batch_size(), data_.test.size() - b));
         if (!SendBatch(pipe, test, 0, test.rows(), epoch + 1, v1::EVAL, step, 0, 1)) return false;
       }
       if (!SendControl(pipe, v1::Control::END_OF_EVAL, epoch + 1, NextSeq())) return false;
@@ -260,13 +263,7 @@ class Coordinator {
     const bool tty = isatty(STDERR_FILENO);
     auto start = Clock::now();
     int printed_epochs = 0;
-    while (true) {
-      {
-        std::unique_lock<std::mutex> lock(progress_mu_);
-        progress_cv_.wait_for(lock, std::chrono::milliseconds(tty ? 500 : 2000),
-                              [&] { return done_; });
-        if (done_) break;
-      }
+    auto print_epochs = [&] {
       while (printed_epochs < epochs_sent_.load() && pipe.AckedEval(printed_epochs + 1)) {
         ++printed_epochs;
         std::vector<v1::StatsResponse> s = PollStats(false, 2);
@@ -279,26 +276,37 @@ class Coordinator {
             }
           }
         }
-        std::cerr << (tty ? "\r\033[K" : "") << "epoch " << printed_epochs
-                  << ": test accuracy" << accs << "\n";
+        std::cerr << (tty ? "\r\033[K" : "") << "epoch " << printed_epochs << ": test accuracy"
+                  << accs << "\n";
       }
+    };
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(progress_mu_);
+        progress_cv_.wait_for(lock, std::chrono::milliseconds(tty ? 500 : 2000),
+                              [&] { return done_; });
+        if (done_) break;
+      }
+      print_epochs();
       if (!o_.progress) continue;
       std::vector<v1::StatsResponse> s = PollStats(false, 1);
       double el = std::chrono::duration<double>(Clock::now() - start).count();
       int64_t done_examples = s.empty() ? 0 : s.back().examples();
       int64_t total = total_steps_ * job_.batch_size();
       int width = 20;
-      int filled = total > 0 ? static_cast<int>(width * std::min<int64_t>(done_examples, total) / total) : 0;
+      int filled =
+          total > 0 ? static_cast<int>(width * std::min<int64_t>(done_examples, total) / total) : 0;
       std::string losses;
       for (const auto& st : s) {
         absl::StrAppendFormat(&losses, " s%d %.3f", st.stage(), FromProto(st.recent()).mean_loss());
       }
       std::cerr << absl::StrFormat("%sepoch %d/%d [%s%s] %.0f ex/s loss%s%s", tty ? "\r\033[K" : "",
                                    epoch_.load(), job_.epochs(), std::string(filled, '#'),
-                                   std::string(width - filled, ' '), done_examples / std::max(el, 1e-9),
-                                   losses, tty ? "" : "\n");
+                                   std::string(width - filled, ' '),
+                                   done_examples / std::max(el, 1e-9), losses, tty ? "" : "\n");
     }
     if (tty && o_.progress) std::cerr << "\r\033[K";
+    print_epochs();
   }
 
   int Collect(int stages) {
@@ -313,7 +321,8 @@ class Coordinator {
       ctx.set_deadline(Deadline(30));
       grpc::Status st = stubs_[k]->GetWeights(&ctx, v1::WeightsRequest(), weights.add_stages());
       if (!st.ok()) {
-        std::cerr << "localpar: stage " << k << ": GetWeights failed: " << st.error_message() << "\n";
+        std::cerr << "localpar: stage " << k << ": GetWeights failed: " << st.error_message()
+                  << "\n";
         return kExitWorkerLost;
       }
     }
@@ -342,6 +351,7 @@ class Coordinator {
       StageReport sr;
       sr.examples_per_second = busy > 0 ? stats[k].examples() / busy : 0;
       sr.resident_bytes = stats[k].resident_bytes();
+      if (stats[k].epochs_size() > 0) sr.resident_bytes_first = stats[k].epochs(0).resident_bytes();
       sr.queue_max_depth = stats[k].queue_max_depth();
       sr.queue_capacity = stats[k].queue_capacity();
       sr.overlap_max_delay = stats[k].overlap_max_delay_seen();
@@ -386,7 +396,8 @@ class Coordinator {
     std::vector<v1::StatsResponse> s = PollStats(false, 2);
     std::string lost;
     for (size_t k = 0; k < s.size(); ++k) {
-      if (s[k].stage() < 0) absl::StrAppend(&lost, lost.empty() ? "" : ", ", "stage ", k, " (", o_.workers[k], ")");
+      if (s[k].stage() < 0)
+        absl::StrAppend(&lost, lost.empty() ? "" : ", ", "stage ", k, " (", o_.workers[k], ")");
     }
     grpc::Status st = pipe.Finish();
     std::cerr << "\nlocalpar: the pipeline broke: "

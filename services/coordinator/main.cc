@@ -8,12 +8,16 @@
 #include "services/coordinator/coordinator.h"
 
 ABSL_FLAG(std::string, job, "", "Job file (text-format localpar.v1.Job)");
-ABSL_FLAG(std::string, workers, "", "Comma-separated host:port of each stage's worker, in stage order");
+ABSL_FLAG(std::string, workers, "",
+          "Comma-separated host:port of each stage's worker, in stage order");
 ABSL_FLAG(std::string, out, "", "Directory for report.json and weights.pb (empty: none)");
 ABSL_FLAG(bool, quiet, false, "No progress line");
 ABSL_FLAG(bool, trace, false, "Also write every stage's per-batch compute intervals to trace.json");
-ABSL_FLAG(std::string, non_finite, "reject", "NaN/Inf activations: reject (INVALID_ARGUMENT) or skip");
-ABSL_FLAG(int, overlap_max_delay, 0, "OVERLAP only: apply returned gradients asynchronously, at most this many steps late (0: synchronous, exact)");
+ABSL_FLAG(std::string, non_finite, "reject",
+          "NaN/Inf activations: reject (INVALID_ARGUMENT) or skip");
+ABSL_FLAG(int, overlap_max_delay, 0,
+          "OVERLAP only: apply returned gradients asynchronously, at most this many steps late (0: "
+          "synchronous, exact)");
 ABSL_FLAG(std::string, rule, "", "Override the job's update rule");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0: keep)");
 ABSL_FLAG(int64_t, max_steps, 0, "Override the job's max_steps (0: keep)");
@@ -37,8 +41,8 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_coordinator: --non_finite must be reject or skip\n";
     return localpar::kExitUsage;
   }
-  o.non_finite = nf == "skip" ? localpar::v1::ConfigureRequest::SKIP
-                              : localpar::v1::ConfigureRequest::REJECT;
+  o.non_finite =
+      nf == "skip" ? localpar::v1::ConfigureRequest::SKIP : localpar::v1::ConfigureRequest::REJECT;
   o.overlap_max_delay = absl::GetFlag(FLAGS_overlap_max_delay);
   o.rule = absl::GetFlag(FLAGS_rule);
   o.epochs = absl::GetFlag(FLAGS_epochs);

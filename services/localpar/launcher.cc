@@ -95,7 +95,8 @@ void StopAll(std::vector<Child>& children, std::chrono::milliseconds grace) {
 
 std::string Describe(const Child& c) {
   if (WIFEXITED(c.status)) return absl::StrCat(c.name, " exited with code ", WEXITSTATUS(c.status));
-  if (WIFSIGNALED(c.status)) return absl::StrCat(c.name, " was killed by signal ", WTERMSIG(c.status));
+  if (WIFSIGNALED(c.status))
+    return absl::StrCat(c.name, " was killed by signal ", WTERMSIG(c.status));
   return c.name + " stopped";
 }
 
@@ -176,8 +177,9 @@ int Launch(const LaunchOptions& o) {
       }
       Reap(children);
       if (children[k].exited || g_interrupted || std::chrono::steady_clock::now() > deadline) {
-        std::cerr << "localpar: " << (children[k].exited ? Describe(children[k])
-                                                         : children[k].name + " did not start")
+        std::cerr << "localpar: "
+                  << (children[k].exited ? Describe(children[k])
+                                         : children[k].name + " did not start")
                   << "; its log:\n";
         PrintLogTail(absl::StrCat(run_dir, "/worker", k, ".log"));
         StopAll(children, std::chrono::seconds(2));
@@ -194,7 +196,8 @@ int Launch(const LaunchOptions& o) {
   if (!co.progress) argv.push_back("--quiet");
   if (co.trace) argv.push_back("--trace");
   if (co.non_finite == v1::ConfigureRequest::SKIP) argv.push_back("--non_finite=skip");
-  if (co.overlap_max_delay > 0) argv.push_back(absl::StrCat("--overlap_max_delay=", co.overlap_max_delay));
+  if (co.overlap_max_delay > 0)
+    argv.push_back(absl::StrCat("--overlap_max_delay=", co.overlap_max_delay));
   if (!co.rule.empty()) argv.push_back("--rule=" + co.rule);
   if (co.epochs > 0) argv.push_back(absl::StrCat("--epochs=", co.epochs));
   if (co.max_steps > 0) argv.push_back(absl::StrCat("--max_steps=", co.max_steps));

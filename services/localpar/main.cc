@@ -17,17 +17,26 @@
 #include "common/job/run.h"
 #include "services/localpar/launcher.h"
 
-ABSL_FLAG(std::string, device, "cpu", "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
-ABSL_FLAG(int, threads, 1, "CPU threads for GEMMs, per process (results are bitwise reproducible for a fixed count)");
-ABSL_FLAG(std::string, out, "", "Directory for report.json and weights.pb (created if missing); empty: none");
-ABSL_FLAG(std::string, rule, "", "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
+ABSL_FLAG(
+    int, threads, 1,
+    "CPU threads for GEMMs, per process (results are bitwise reproducible for a fixed count)");
+ABSL_FLAG(std::string, out, "",
+          "Directory for report.json and weights.pb (created if missing); empty: none");
+ABSL_FLAG(std::string, rule, "",
+          "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
 ABSL_FLAG(int, epochs, 0, "Override the job's epoch count (0: keep the job's)");
 ABSL_FLAG(int, max_steps, 0, "Stop after this many training steps (0: keep the job's)");
 ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep the job's)");
 ABSL_FLAG(bool, quiet, false, "No progress output");
-ABSL_FLAG(bool, trace, false, "run: write each stage's per-batch compute intervals to OUT/trace.json");
-ABSL_FLAG(std::string, non_finite, "reject", "run: NaN/Inf activations are refused (reject) or dropped (skip)");
-ABSL_FLAG(int, overlap_max_delay, 0, "run, OVERLAP: apply returned gradients asynchronously, at most this many steps late (0: synchronous and exact)");
+ABSL_FLAG(bool, trace, false,
+          "run: write each stage's per-batch compute intervals to OUT/trace.json");
+ABSL_FLAG(std::string, non_finite, "reject",
+          "run: NaN/Inf activations are refused (reject) or dropped (skip)");
+ABSL_FLAG(int, overlap_max_delay, 0,
+          "run, OVERLAP: apply returned gradients asynchronously, at most this many steps late (0: "
+          "synchronous and exact)");
 ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction");
 ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
 ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
@@ -89,7 +98,8 @@ int Main(const std::vector<char*>& args) {
   }
   if (absl::GetFlag(FLAGS_threads) < 1) return Fail(kExitUsage, "--threads must be >= 1");
   std::string nf = absl::GetFlag(FLAGS_non_finite);
-  if (nf != "reject" && nf != "skip") return Fail(kExitUsage, "--non_finite must be reject or skip");
+  if (nf != "reject" && nf != "skip")
+    return Fail(kExitUsage, "--non_finite must be reject or skip");
   localpar::CoordinatorOptions co = CoordinatorFlags(path);
 
   if (command == "run") {

@@ -9,7 +9,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on (port 0: pick a free port)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda, or auto (cuda when a GPU is present)");
-ABSL_FLAG(int, threads, 1, "CPU GEMM threads (the reference trainer must use the same count for bitwise equality)");
+ABSL_FLAG(int, threads, 1,
+          "CPU GEMM threads (the reference trainer must use the same count for bitwise equality)");
 ABSL_FLAG(int, queue_capacity, 4, "Items buffered in each direction; a full queue slows upstream");
 ABSL_FLAG(int, debug_delay_ms, 0, "Testing only: sleep this long after each training batch");
 

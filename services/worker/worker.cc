@@ -141,8 +141,8 @@ class WorkerService::Session {
     grpc::Status st = down_->Finish();
     if (!st.ok()) {
       downstream_failed_ = true;
-      std::cerr << "worker " << w_.stage_index_ << ": downstream stream ended: "
-                << st.error_message() << "\n";
+      std::cerr << "worker " << w_.stage_index_
+                << ": downstream stream ended: " << st.error_message() << "\n";
       ctx_->TryCancel();  // take the upstream link down too, so the failure propagates
     }
     grads_.Close();
@@ -243,7 +243,8 @@ class WorkerService::Session {
             if (g) ApplyReturned(*g, slot);
           } else {
             pending_.push_back(b.step());
-            ApplyArrived(b.step());
+            current_step_ = b.step();
+            ApplyArrived(false);
           }
         }
         break;
@@ -289,10 +290,11 @@ class WorkerService::Session {
   }
 
   // Asynchronous OVERLAP: applies every gradient that has arrived, waiting only for those
-  // that would otherwise fall more than max_delay steps behind.
-  void ApplyArrived(int64_t step) {
+  // that would otherwise fall more than max_delay steps behind (or for all, to flush).
+  void ApplyArrived(bool flush) {
+    const int64_t step = current_step_;
     while (!pending_.empty()) {
-      bool must_wait = pending_.front() + max_delay_ <= step;
+      bool must_wait = flush || pending_.front() + max_delay_ <= step;
       std::optional<v1::Gradient> g = must_wait ? grads_.Pop() : grads_.TryPop();
       if (!g) {
         if (must_wait) pending_.clear();  // downstream is gone
@@ -309,20 +311,19 @@ class WorkerService::Session {
     }
   }
 
-  void FlushPending() {
-    while (!pending_.empty()) ApplyArrived(pending_.back() + max_delay_);
-  }
+  void FlushPending() { ApplyArrived(true); }
 
   void HandleControl(v1::DownItem& item) {
     const v1::Control& c = item.control();
     if (max_delay_ > 0) FlushPending();
-    {
+    if (c.kind() == v1::Control::END_OF_EPOCH || c.kind() == v1::Control::END_OF_EVAL) {
       std::lock_guard<std::mutex> lock(w_.mu_);
       v1::EpochStatistics& e = w_.epochs_[c.epoch()];
       e.set_epoch(c.epoch());
       if (c.kind() == v1::Control::END_OF_EPOCH) {
         ToProto(w_.recent_, e.mutable_train());
         e.set_train_seconds(train_seconds_);
+        e.set_resident_bytes(ResidentBytes());
         w_.recent_ = HeadStats();
         train_seconds_ = 0;
       } else if (c.kind() == v1::Control::END_OF_EVAL) {
@@ -360,6 +361,7 @@ class WorkerService::Session {
   std::vector<Tensor> inputs_, labels_;
   Tensor dx_, returned_;
   std::deque<int64_t> pending_;  // async OVERLAP: steps awaiting their returned gradient
+  int64_t current_step_ = 0;
   HeadStats eval_;
   double train_seconds_ = 0;
 };
@@ -386,8 +388,8 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
   }
   bool last = req->stage() + 1 == job.stages_size();
   if (last != req->downstream().empty()) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        last ? "downstream: the last stage has none" : "downstream: required for this stage"));
+    return ToGrpcStatus(absl::InvalidArgumentError(last ? "downstream: the last stage has none"
+                                                        : "downstream: required for this stage"));
   }
   if (req->overlap_max_delay() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("overlap_max_delay: must be >= 0"));
@@ -412,7 +414,9 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
   classes_ = JobClasses(job);
   trainer_ = ToTrainerOptions(job, req->total_steps());
   downstream_ = last ? nullptr : v1::Worker::NewStub(MakeChannel(req->downstream()));
+  auto rejected = stats_.rejected();  // refusals before this Configure still count
   stats_ = v1::StatsResponse();
+  *stats_.mutable_rejected() = rejected;
   stats_.set_stage(stage_index_);
   stats_.set_queue_capacity(options_.queue_capacity);
   recent_ = HeadStats();
@@ -481,28 +485,28 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
   if (b.labels().dtype() != v1::I32 || b.labels().shape_size() != 1 ||
       b.labels().shape(0) != shape[0]) {
     Reject("wrong_labels");
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch.labels: need I32 of shape [", shape[0], "] (one label per example)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch.labels: need I32 of shape [", shape[0], "] (one label per example)"));
   }
   const int32_t* labels = reinterpret_cast<const int32_t*>(b.labels().data().data());
   for (int64_t i = 0; i < shape[0]; ++i) {
     if (labels[i] < 0 || labels[i] >= classes_) {
       Reject("label_out_of_range");
-      return absl::InvalidArgumentError(absl::StrCat("batch.labels[", i, "] = ", labels[i],
-                                                     " is outside 0..", classes_ - 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch.labels[", i, "] = ", labels[i], " is outside 0..", classes_ - 1));
     }
   }
   if (b.phase() != v1::TRAIN && b.phase() != v1::EVAL) {
     Reject("unknown_phase");
     return absl::InvalidArgumentError("batch.phase: must be TRAIN or EVAL");
   }
-  if (b.micro_batches() > 0 &&
+  if (b.phase() == v1::TRAIN && b.micro_batches() > 0 &&
       (b.micro_batch() < 0 || b.micro_batch() >= b.micro_batches() ||
        b.micro_batches() != trainer_.micro_batches)) {
     Reject("bad_micro_batch");
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch.micro_batch: ", b.micro_batch(), " of ", b.micro_batches(),
-                     " does not fit the job's ", trainer_.micro_batches, " micro-batches"));
+    return absl::InvalidArgumentError(absl::StrCat("batch.micro_batch: ", b.micro_batch(), " of ",
+                                                   b.micro_batches(), " does not fit the job's ",
+                                                   trainer_.micro_batches, " micro-batches"));
   }
   const float* x = reinterpret_cast<const float*>(b.activations().data().data());
   int64_t n = static_cast<int64_t>(b.activations().data().size() / 4);

@@ -37,8 +37,7 @@ class WorkerService final : public v1::Worker::Service {
                          v1::ConfigureResponse*) override;
   grpc::Status Stream(grpc::ServerContext*,
                       grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>*) override;
-  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*,
-                     v1::StatsResponse*) override;
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status GetWeights(grpc::ServerContext*, const v1::WeightsRequest*,
                           v1::StageWeights*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,

@@ -1,0 +1,274 @@
+// The local cluster against the reference trainer: for every update rule, 4 worker
+// processes over gRPC on loopback end with weights bitwise identical to the in-process
+// reference trainer's. Also: real asynchrony between stages, bounded queues and flat memory
+// under a slow stage, asynchronous OVERLAP within its delay bound, and clean failures.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <sstream>
+#include <thread>
+
+#include "common/job/run.h"
+#include "common/job/tensor_codec.h"
+#include "tests/services/cluster_util.h"
+
+namespace localpar {
+namespace {
+
+using testing::JsonNumbers;
+using testing::ReadFile;
+using testing::RunProcess;
+using testing::TempDir;
+
+// Four stages touching every kind of layer the rules must agree on: conv, pooling, dropout
+// (seeded per step and micro-batch), layer norm, a residual block, several head kinds, a
+// cosine schedule with warm-up, and a partial last batch (200 = 6 x 30 + 20).
+std::string SmallJob(const std::string& rule, int micro_batches) {
+  std::ostringstream j;
+  j << "name: \"small4\"\nrule: " << rule << "\nmicro_batches: " << micro_batches << R"(
+batch_size: 30
+epochs: 2
+seed: 5
+data { synthetic { train_examples: 200 test_examples: 50 shape: [6, 6, 1] classes: 5 seed: 2 noise: 0.7 } }
+optimizer { adamw { weight_decay: 0.01 } }
+schedule { kind: COSINE lr: 0.01 warmup_steps: 3 }
+stages { layers { conv2d { out_channels: 4 padding: 1 } } layers { relu {} } head { kind: CONV_POOL_LINEAR channels: 3 } }
+stages { layers { max_pool { kernel: 2 } } layers { linear { out_features: 16 } } layers { gelu {} } layers { dropout { rate: 0.2 } } }
+stages { layers { linear { out_features: 16 } } layers { layer_norm {} } layers { relu {} } head { kind: MLP hidden: 8 } }
+stages { layers { residual { body { linear { out_features: 16 } } body { relu {} } } } }
+)";
+  return j.str();
+}
+
+v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string& out) {
+  absl::StatusOr<v1::Job> job = LoadJobFile(job_path);
+  EXPECT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<DataSplit> data = LoadJobData(*job);
+  EXPECT_TRUE(data.ok()) << data.status();
+  RunOptions o;
+  o.progress = false;
+  o.out_dir = out;
+  std::ostringstream log;
+  absl::StatusOr<RunReport> r = RunReference(*job, *data, o, log);
+  EXPECT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<v1::ModelWeights> w = ReadWeightsFile(out + "/weights.pb");
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *w : v1::ModelWeights();
+}
+
+void ExpectBitwiseEqual(const v1::ModelWeights& a, const v1::ModelWeights& b) {
+  ASSERT_EQ(a.stages_size(), b.stages_size());
+  int tensors = 0;
+  for (int k = 0; k < a.stages_size(); ++k) {
+    ASSERT_EQ(a.stages(k).params_size(), b.stages(k).params_size()) << "stage " << k;
+    for (int i = 0; i < a.stages(k).params_size(); ++i) {
+      const v1::NamedTensor& x = a.stages(k).params(i);
+      const v1::NamedTensor& y = b.stages(k).params(i);
+      EXPECT_EQ(x.name(), y.name());
+      EXPECT_TRUE(x.tensor().data() == y.tensor().data())
+          << "stage " << k << " " << x.name() << " differs";
+      ++tensors;
+    }
+  }
+  EXPECT_GT(tensors, 10);
+}
+
+class ClusterMatchesReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterMatchesReference, FourWorkersEndWithBitwiseIdenticalWeights) {
+  const std::string rule = GetParam();
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", SmallJob(rule, rule == "BACKPROP" ? 3 : 1));
+  v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(dir.path() + "/cluster/weights.pb");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectBitwiseEqual(*got, want);
+  // The two reports agree on every stage's test accuracy too.
+  EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "accuracy"),
+            JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "accuracy"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, ClusterMatchesReference,
+                         ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
+                         [](const auto& info) { return info.param; });
+
+// A job with enough compute per stage that overlap in time is visible.
+std::string PipelineJob(int epochs, int train_examples) {
+  std::ostringstream j;
+  j << R"(name: "pipe" rule: GREEDY batch_size: 64 seed: 3
+epochs: )"
+    << epochs << "\ndata { synthetic { train_examples: " << train_examples
+    << R"( test_examples: 64 shape: [256] classes: 10 seed: 1 } }
+stages { layers { linear { out_features: 256 } } layers { relu {} } }
+stages { layers { linear { out_features: 256 } } layers { relu {} } }
+stages { layers { linear { out_features: 256 } } layers { relu {} } }
+stages { layers { linear { out_features: 256 } } layers { relu {} } }
+)";
+  return j.str();
+}
+
+struct Interval {
+  double seq, start, end;
+};
+
+// Parses trace.json: {"stages": [{"stage": k, "intervals": [[seq, start, end], ...]}, ...]}.
+std::vector<std::vector<Interval>> ReadTrace(const std::string& text) {
+  std::vector<std::vector<Interval>> stages;
+  size_t pos = 0;
+  while ((pos = text.find("\"intervals\": [", pos)) != std::string::npos) {
+    pos += 14;
+    size_t end = text.find("]}", pos);
+    std::vector<Interval> ivs;
+    std::string body = text.substr(pos, end - pos);
+    for (char& c : body) {
+      if (c == '[' || c == ']' || c == ',') c = ' ';
+    }
+    std::istringstream in(body);
+    Interval iv;
+    while (in >> iv.seq >> iv.start >> iv.end) ivs.push_back(iv);
+    stages.push_back(ivs);
+  }
+  return stages;
+}
+
+TEST(Pipeline, StageComputesALaterBatchWhileTheNextStageComputesAnEarlierOne) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", PipelineJob(1, 64 * 40));
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--trace", "--out=" + dir.path()},
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto trace = ReadTrace(ReadFile(dir.path() + "/trace.json"));
+  ASSERT_EQ(trace.size(), 4u);
+  for (int k = 1; k < 4; ++k) {
+    ASSERT_EQ(trace[k].size(), 40u);
+    int overlapping = 0;
+    for (const Interval& down : trace[k]) {
+      for (const Interval& up : trace[k - 1]) {
+        // Stage k-1 works on a later batch while stage k works on an earlier one.
+        if (up.seq > down.seq && up.start < down.end && down.start < up.end) ++overlapping;
+      }
+    }
+    EXPECT_GT(overlapping, 0) << "stages " << k - 1 << " and " << k << " never overlapped";
+  }
+}
+
+TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", PipelineJob(4, 64 * 30));
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet", "--queue_capacity=2",
+                       "--slow_stage=3", "--slow_ms=10", "--out=" + dir.path()},
+                      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string report = ReadFile(dir.path() + "/report.json");
+  std::vector<double> depth = JsonNumbers(report, "queue_max_depth");
+  std::vector<double> cap = JsonNumbers(report, "queue_capacity");
+  std::vector<double> rss_end = JsonNumbers(report, "resident_bytes");
+  std::vector<double> rss_first = JsonNumbers(report, "resident_bytes_first_epoch");
+  ASSERT_EQ(depth.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_LE(depth[k], cap[k]) << "stage " << k;
+    // Three more epochs through a pipeline throttled by its last stage: no growth beyond
+    // allocator noise (unbounded buffering would hold up to 90 batches, ~5.9 MB per link).
+    EXPECT_LT(rss_end[k] - rss_first[k], 2e6) << "stage " << k;
+  }
+  // The upstream queues filled up: backpressure, not unbounded buffering.
+  EXPECT_EQ(depth[0], cap[0]);
+}
+
+TEST(AsyncOverlap, TrainsAndKeepsTheMeasuredDelayWithinItsBound) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", SmallJob("OVERLAP", 1));
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet",
+                       "--overlap_max_delay=2", "--epochs=6", "--out=" + dir.path()},
+                      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string report = ReadFile(dir.path() + "/report.json");
+  std::vector<double> max_delay = JsonNumbers(report, "overlap_max_delay");
+  std::vector<double> mean_delay = JsonNumbers(report, "overlap_mean_delay");
+  ASSERT_EQ(max_delay.size(), 4u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_LE(max_delay[k], 2) << "stage " << k;
+    EXPECT_GT(mean_delay[k], 0) << "stage " << k << ": gradients were applied late at least once";
+  }
+  std::vector<double> acc = JsonNumbers(report, "accuracy");
+  EXPECT_GT(acc.back(), 0.6) << "last stage, chance is 0.2";
+}
+
+TEST(Cluster, FashionMlpGreedyOnFourWorkersReachesTheReferenceAccuracy) {
+  TempDir dir;
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run",
+                       std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/fashion_mlp.textproto",
+                       "--quiet", "--out=" + dir.path()},
+                      600);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::cout << r.output;
+  std::vector<double> acc = JsonNumbers(ReadFile(dir.path() + "/report.json"), "accuracy");
+  ASSERT_EQ(acc.size(), 3u * 8);  // 3 epochs x (train, test) x 4 stages
+  // Bitwise equal to the reference trainer, so the same bar as accuracy_test.cc.
+  EXPECT_GE(acc.back(), 0.855);
+  for (int k = 0; k < 4; ++k) EXPECT_GE(acc[acc.size() - 4 + k], 0.84) << "stage " << k;
+}
+
+TEST(Launcher, RefusesAnInvalidJobBeforeStartingAnything) {
+  TempDir dir;
+  std::string job = dir.Write("bad.textproto", "rule: GREEDY\nstages { layers { linear { } } }\n");
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job}, 30);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("stages[0].layers[0].linear.out_features"), std::string::npos)
+      << r.output;
+}
+
+TEST(Launcher, MissingDataSetNamesTheDebianPackage) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto",
+                              "rule: GREEDY data { fashion_mnist { dir: \"/nonexistent\" } }\n"
+                              "stages { layers { linear { out_features: 4 } } }\n");
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job}, 30);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+}
+
+// Starts a long run, waits until all four workers are up, then does something to it.
+struct LongRun {
+  TempDir dir;
+  pid_t launcher = -1;
+  std::vector<pid_t> children;
+  LongRun() {
+    std::string job = dir.Write("job.textproto", PipelineJob(50, 64 * 10));
+    launcher = testing::StartProcess(
+        {testing::BinDir() + "/localpar", "run", job, "--quiet", "--slow_stage=3", "--slow_ms=20"},
+        dir.path() + "/log");
+    for (int i = 0; i < 500 && children.size() < 5; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      children = testing::ChildrenOf(launcher);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // training under way
+  }
+};
+
+TEST(Launcher, CtrlCStopsEveryProcess) {
+  LongRun run;
+  ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
+  kill(run.launcher, SIGINT);
+  EXPECT_EQ(testing::WaitProcess(run.launcher, 30), 130) << ReadFile(run.dir.path() + "/log");
+  for (pid_t c : run.children) EXPECT_FALSE(testing::ProcessAlive(c)) << c;
+}
+
+TEST(Launcher, AKilledWorkerStopsTheJobWithWorkerLost) {
+  LongRun run;
+  ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
+  // Children are started in stage order, the coordinator last.
+  kill(run.children[2], SIGKILL);
+  EXPECT_EQ(testing::WaitProcess(run.launcher, 60), 5) << ReadFile(run.dir.path() + "/log");
+  std::string log = ReadFile(run.dir.path() + "/log");
+  EXPECT_NE(log.find("worker for stage"), std::string::npos) << log;
+  for (pid_t c : run.children) EXPECT_FALSE(testing::ProcessAlive(c)) << c;
+}
+
+}  // namespace
+}  // namespace localpar

@@ -1,0 +1,126 @@
+// Subprocess and file helpers for the cluster tests.
+#include "tests/services/cluster_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace localpar::testing {
+namespace {
+
+int DecodeStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+int WaitProcess(pid_t pid, int timeout_s) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return DecodeStatus(status);
+    if (r < 0) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& argv, int timeout_s) {
+  TempDir dir;
+  std::string log = dir.path() + "/out.log";
+  pid_t pid = StartProcess(argv, log);
+  ProcessResult r;
+  r.exit_code = WaitProcess(pid, timeout_s);
+  if (r.exit_code == -1) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  r.output = ReadFile(log);
+  return r;
+}
+
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid;
+    if (rest >> state >> ppid && ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+bool ProcessAlive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  size_t close = line.rfind(')');
+  return close != std::string::npos && line[close + 2] != 'Z';
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/localpar_test.XXXXXX";
+  path_ = mkdtemp(tmpl);
+}
+
+TempDir::~TempDir() { std::filesystem::remove_all(path_); }
+
+std::string TempDir::Write(const std::string& name, const std::string& text) const {
+  std::string p = path_ + "/" + name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string BinDir() { return LOCALPAR_BIN_DIR; }
+
+std::vector<double> JsonNumbers(const std::string& json, const std::string& key) {
+  std::vector<double> out;
+  std::string needle = "\"" + key + "\": ";
+  for (size_t pos = json.find(needle); pos != std::string::npos; pos = json.find(needle, pos + 1)) {
+    out.push_back(std::strtod(json.c_str() + pos + needle.size(), nullptr));
+  }
+  return out;
+}
+
+}  // namespace localpar::testing

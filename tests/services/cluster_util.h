@@ -1,0 +1,45 @@
+// Helpers for tests that run the real programs: subprocesses, temporary directories, and
+// small readers for the files a run writes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace localpar::testing {
+
+struct ProcessResult {
+  int exit_code = -1;  // 128 + signal when killed
+  std::string output;  // stdout and stderr together
+};
+
+// Runs argv to completion (killed after timeout_s), capturing its output.
+ProcessResult RunProcess(const std::vector<std::string>& argv, int timeout_s = 300);
+
+// Starts argv in the background with output to `log_path`; returns its pid.
+pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_path);
+// Waits for pid; returns its exit code (128 + signal when killed), or -1 on timeout.
+int WaitProcess(pid_t pid, int timeout_s);
+// Direct children of `pid`, from /proc.
+std::vector<pid_t> ChildrenOf(pid_t pid);
+bool ProcessAlive(pid_t pid);
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string Write(const std::string& name, const std::string& text) const;
+
+ private:
+  std::string path_;
+};
+
+std::string ReadFile(const std::string& path);
+std::string BinDir();  // where the build put localpar, localpar_worker, ...
+
+// The numbers after each occurrence of "key": in a JSON text, in order.
+std::vector<double> JsonNumbers(const std::string& json, const std::string& key);
+
+}  // namespace localpar::testing
