@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# README's main command: install dependencies, build, and train fashion_mlp with the reference trainer.
+# README's main command: install dependencies, build, and train fashion_mlp on a local cluster
+# (one worker process per stage plus the coordinator, over gRPC on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
@@ -8,4 +9,4 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
 job="${1:-deploy/jobs/fashion_mlp.textproto}"
 shift || true
-exec "$build_dir/localpar" train "$job" "$@"
+exec "$build_dir/localpar" run "$job" "$@"

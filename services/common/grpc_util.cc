@@ -31,6 +31,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 }
 
 void ConfigureServer(grpc::ServerBuilder& builder) {
+  // Without this, gRPC binds with SO_REUSEPORT and a second server on a used port
+  // "succeeds", splitting traffic; we want "address in use" to be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);

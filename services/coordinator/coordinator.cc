@@ -71,10 +71,12 @@ class Pipeline {
     return evals_acked_.count(epoch) > 0;
   }
 
-  // Closes the stream; returns the final status.
+  // Closes the stream (once); returns the final status.
   grpc::Status Finish() {
-    stream_->WritesDone();
-    reader_.join();
+    if (reader_.joinable()) {
+      stream_->WritesDone();
+      reader_.join();
+    }
     return status_;
   }
   bool broken() const { return broken_; }
@@ -138,15 +140,13 @@ class Coordinator {
     progress.join();
     if (!drained) return LostWorker(pipe);
     report_.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    grpc::Status fin = pipe.Finish();
-    if (!fin.ok()) return LostWorker(pipe);
     int rc = Collect(stages);
-    for (auto& stub : stubs_) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(Deadline(5));
-      v1::ShutdownResponse r;
-      stub->Shutdown(&ctx, v1::ShutdownRequest(), &r);
-    }
+    // Shutdown travels in-band like every control item: each worker passes it on, then
+    // exits once its upstream stream closes.
+    uint64_t bye = NextSeq();
+    if (SendControl(pipe, v1::Control::SHUTDOWN, 0, bye)) pipe.WaitAck(bye);
+    grpc::Status fin = pipe.Finish();
+    if (!fin.ok() && rc == kExitOk) return LostWorker(pipe);
     return rc;
   }
 

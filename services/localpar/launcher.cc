@@ -224,7 +224,10 @@ int Launch(const LaunchOptions& o) {
       return kExitInterrupted;
     }
     for (int k = 0; k < stages; ++k) {
-      if (children[k].exited && worker_died_at == std::chrono::steady_clock::time_point::max()) {
+      // A worker that exits 0 left on the coordinator's in-band SHUTDOWN: not a failure.
+      bool clean = WIFEXITED(children[k].status) && WEXITSTATUS(children[k].status) == 0;
+      if (children[k].exited && !clean &&
+          worker_died_at == std::chrono::steady_clock::time_point::max()) {
         std::cerr << "\nlocalpar: " << Describe(children[k]) << "\n";
         worker_died_at = std::chrono::steady_clock::now();
       }

@@ -2,7 +2,9 @@
 // validation of everything that arrives from outside.
 #include "services/worker/worker.h"
 
+#include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -100,6 +102,7 @@ class WorkerService::Session {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("stage ", w_.stage_index_ + 1, " (downstream) was lost"));
     }
+    if (shutdown_after_) w_.RequestShutdown();
     return grpc::Status::OK;
   }
 
@@ -331,6 +334,7 @@ class WorkerService::Session {
         eval_ = HeadStats();
       }
     }
+    if (c.kind() == v1::Control::SHUTDOWN) shutdown_after_ = true;
     if (last_) {
       v1::UpItem up;
       v1::Ack* ack = up.mutable_ack();
@@ -353,6 +357,7 @@ class WorkerService::Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> down_;
   std::thread compute_, sender_, down_reader_;
   std::atomic<bool> downstream_failed_{false};
+  bool shutdown_after_ = false;  // a SHUTDOWN control item passed through
   bool last_ = false;
   bool wants_gradients_ = false;
   UpdateRule rule_;
@@ -596,13 +601,29 @@ void WorkerService::WaitForShutdown() {
   shutdown_cv_.wait(lock, [&] { return shutdown_; });
 }
 
+namespace {
+
+// Self-pipe: a handler (not sigwait) because libraries such as OpenBLAS start threads before
+// main, with signals unblocked, so any thread may be the one that receives SIGTERM.
+int g_signal_pipe[2] = {-1, -1};
+void OnTerminate(int sig) {
+  char c = static_cast<char>(sig);
+  (void)!write(g_signal_pipe[1], &c, 1);
+}
+
+}  // namespace
+
 int RunWorker(const WorkerOptions& options) {
-  // Signals go to one thread that turns them into a drain and shutdown.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Activation messages are large and short-lived, allocated on gRPC threads and freed on
+  // ours. With glibc's adaptive mmap threshold they end up cached in per-thread arenas and
+  // resident memory creeps up; a fixed threshold returns them to the system on free.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  mallopt(M_ARENA_MAX, 4);
+  if (pipe(g_signal_pipe) != 0) return 1;
+  struct sigaction sa = {};
+  sa.sa_handler = OnTerminate;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
 
   WorkerService service(options);
   grpc::EnableDefaultHealthCheckService(true);
@@ -624,14 +645,17 @@ int RunWorker(const WorkerOptions& options) {
   }
   std::cerr << "localpar_worker: serving on port " << port << "\n";
   std::thread signals([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    if (sig != 0) service.RequestShutdown();
+    char c = 0;
+    if (read(g_signal_pipe[0], &c, 1) == 1 && c != 0) {
+      std::cerr << "localpar_worker: signal " << int{c} << ": draining and shutting down\n";
+      service.RequestShutdown();
+    }
   });
   service.WaitForShutdown();
   // Streams in flight get a grace period to finish their batches.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  pthread_kill(signals.native_handle(), SIGTERM);
+  char zero = 0;
+  (void)!write(g_signal_pipe[1], &zero, 1);  // wake the signal thread if no signal came
   signals.join();
   return 0;
 }

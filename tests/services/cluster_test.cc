@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -96,18 +97,16 @@ INSTANTIATE_TEST_SUITE_P(Rules, ClusterMatchesReference,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
 
-// A job with enough compute per stage that overlap in time is visible.
-std::string PipelineJob(int epochs, int train_examples) {
+// A job with enough compute per stage that overlap in time is visible. Activation messages
+// are batch x width x 4 bytes.
+std::string PipelineJob(int epochs, int train_examples, int width = 256, int batch = 64) {
   std::ostringstream j;
-  j << R"(name: "pipe" rule: GREEDY batch_size: 64 seed: 3
-epochs: )"
-    << epochs << "\ndata { synthetic { train_examples: " << train_examples
-    << R"( test_examples: 64 shape: [256] classes: 10 seed: 1 } }
-stages { layers { linear { out_features: 256 } } layers { relu {} } }
-stages { layers { linear { out_features: 256 } } layers { relu {} } }
-stages { layers { linear { out_features: 256 } } layers { relu {} } }
-stages { layers { linear { out_features: 256 } } layers { relu {} } }
-)";
+  j << "name: \"pipe\" rule: GREEDY seed: 3 batch_size: " << batch << " epochs: " << epochs
+    << "\ndata { synthetic { train_examples: " << train_examples << " test_examples: " << batch
+    << " shape: [" << width << "] classes: 10 seed: 1 } }\n";
+  for (int k = 0; k < 4; ++k) {
+    j << "stages { layers { linear { out_features: " << width << " } } layers { relu {} } }\n";
+  }
   return j.str();
 }
 
@@ -159,9 +158,10 @@ TEST(Pipeline, StageComputesALaterBatchWhileTheNextStageComputesAnEarlierOne) {
 
 TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
   TempDir dir;
-  std::string job = dir.Write("job.textproto", PipelineJob(4, 64 * 30));
+  // 1 MiB activation messages, 30 batches an epoch, the last stage 20 ms slower per batch.
+  std::string job = dir.Write("job.textproto", PipelineJob(4, 256 * 30, 1024, 256));
   auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet", "--queue_capacity=2",
-                       "--slow_stage=3", "--slow_ms=10", "--out=" + dir.path()},
+                       "--slow_stage=3", "--slow_ms=20", "--out=" + dir.path()},
                       120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::string report = ReadFile(dir.path() + "/report.json");
@@ -172,9 +172,9 @@ TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
   ASSERT_EQ(depth.size(), 4u);
   for (int k = 0; k < 4; ++k) {
     EXPECT_LE(depth[k], cap[k]) << "stage " << k;
-    // Three more epochs through a pipeline throttled by its last stage: no growth beyond
-    // allocator noise (unbounded buffering would hold up to 90 batches, ~5.9 MB per link).
-    EXPECT_LT(rss_end[k] - rss_first[k], 2e6) << "stage " << k;
+    // Three more epochs through a pipeline throttled by its last stage. Unbounded buffering
+    // would hold up to 90 more 1 MiB batches per link; allocator noise is a few MB.
+    EXPECT_LT(rss_end[k] - rss_first[k], 20e6) << "stage " << k;
   }
   // The upstream queues filled up: backpressure, not unbounded buffering.
   EXPECT_EQ(depth[0], cap[0]);
@@ -195,8 +195,14 @@ TEST(AsyncOverlap, TrainsAndKeepsTheMeasuredDelayWithinItsBound) {
     EXPECT_LE(max_delay[k], 2) << "stage " << k;
     EXPECT_GT(mean_delay[k], 0) << "stage " << k << ": gradients were applied late at least once";
   }
+  // It learns: every stage's training loss falls from epoch 1 to epoch 6, and the last
+  // stage beats chance (0.2) by a wide margin. (Asynchronous runs are not reproducible, so
+  // no exact figures.)
+  std::vector<double> loss = JsonNumbers(report, "loss");  // per epoch: 4 train, 4 test
   std::vector<double> acc = JsonNumbers(report, "accuracy");
-  EXPECT_GT(acc.back(), 0.6) << "last stage, chance is 0.2";
+  ASSERT_EQ(loss.size(), 6u * 8);
+  for (int k = 0; k < 4; ++k) EXPECT_LT(loss[5 * 8 + k], loss[k]) << "stage " << k;
+  EXPECT_GE(acc.back(), 0.4);
 }
 
 TEST(Cluster, FashionMlpGreedyOnFourWorkersReachesTheReferenceAccuracy) {
@@ -231,6 +237,26 @@ TEST(Launcher, MissingDataSetNamesTheDebianPackage) {
   auto r = RunProcess({testing::BinDir() + "/localpar", "run", job}, 30);
   EXPECT_EQ(r.exit_code, 4) << r.output;
   EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+}
+
+TEST(Worker, APortInUseIsAClearStartupError) {
+  TempDir dir;
+  std::string port_file = dir.path() + "/port";
+  pid_t first = testing::StartProcess(
+      {testing::BinDir() + "/localpar_worker", "--port_file=" + port_file}, dir.path() + "/a");
+  int port = 0;
+  for (int i = 0; i < 500 && port == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::ifstream(port_file) >> port;
+  }
+  ASSERT_GT(port, 0);
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar_worker", "--listen=127.0.0.1:" + std::to_string(port)}, 30);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << r.output;
+  kill(first, SIGTERM);
+  EXPECT_EQ(testing::WaitProcess(first, 10), 0) << "SIGTERM is a clean shutdown";
 }
 
 // Starts a long run, waits until all four workers are up, then does something to it.

@@ -35,6 +35,7 @@ class WorkerProcess {
     stub_ = v1::Worker::NewStub(MakeChannel("127.0.0.1:" + std::to_string(port_)));
   }
   ~WorkerProcess() {
+    stub_.reset();
     kill(pid_, SIGTERM);
     testing::WaitProcess(pid_, 10);
   }
