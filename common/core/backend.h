@@ -29,6 +29,8 @@ class Backend {
   virtual void CopyWithin(void* dst, const void* src, size_t bytes) = 0;
   // Waits until all work queued on this backend has finished.
   virtual void Synchronize() = 0;
+  // Device memory this backend currently holds (0 for host memory).
+  virtual int64_t DeviceBytesInUse() const { return 0; }
 
   // Op kernels: see backend_ops.inc for each kernel's contract.
 #define LP_OP(ret, name, args) virtual ret name args = 0;

@@ -48,6 +48,8 @@ void* CudaBackend::Allocate(size_t bytes) {
   void* p = nullptr;
   LP_CUDA_CHECK(cudaSetDevice(device_));
   LP_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 4 : bytes));
+  sizes_[p] = bytes;
+  bytes_in_use_ += static_cast<int64_t>(bytes);
   return p;
 }
 
@@ -55,6 +57,11 @@ void CudaBackend::Free(void* ptr) {
   // Memory may still be in use by queued kernels; finish them first.
   LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
   LP_CUDA_CHECK(cudaFree(ptr));
+  auto it = sizes_.find(ptr);
+  if (it != sizes_.end()) {
+    bytes_in_use_ -= static_cast<int64_t>(it->second);
+    sizes_.erase(it);
+  }
 }
 
 void CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {

@@ -1,6 +1,8 @@
 // The CUDA backend: cuBLAS for GEMM, our kernels for the rest, one stream per backend.
 #pragma once
 
+#include <unordered_map>
+
 #include "common/core/backend.h"
 
 namespace localpar {
@@ -23,6 +25,7 @@ class CudaBackend final : public Backend {
   void CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   void CopyWithin(void* dst, const void* src, size_t bytes) override;
   void Synchronize() override;
+  int64_t DeviceBytesInUse() const override { return bytes_in_use_; }
 
 #define LP_OP(ret, name, args) ret name args override;
 #include "common/core/backend_ops.inc"
@@ -36,6 +39,8 @@ class CudaBackend final : public Backend {
   int device_;
   void* stream_ = nullptr;
   void* cublas_ = nullptr;
+  int64_t bytes_in_use_ = 0;
+  std::unordered_map<void*, size_t> sizes_;  // allocation sizes, for bytes_in_use_
 };
 
 }  // namespace localpar

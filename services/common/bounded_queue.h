@@ -47,6 +47,10 @@ class BoundedQueue {
   }
 
   size_t capacity() const { return capacity_; }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return items_.size();
+  }
   size_t max_depth() const {
     std::lock_guard<std::mutex> lock(mu_);
     return max_depth_;

@@ -17,6 +17,7 @@
 #include "common/job/tensor_codec.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
+#include "services/common/metrics.h"
 
 namespace localpar {
 namespace {
@@ -117,8 +118,8 @@ class Pipeline {
 
 class Coordinator {
  public:
-  Coordinator(const CoordinatorOptions& o, v1::Job job, DataSplit data)
-      : o_(o), job_(std::move(job)), data_(std::move(data)) {}
+  Coordinator(const CoordinatorOptions& o, v1::Job job, DataSplit data, CoordinatorMetrics* metrics)
+      : o_(o), job_(std::move(job)), data_(std::move(data)), metrics_(metrics) {}
 
   int Run() {
     const int stages = job_.stages_size();
@@ -219,6 +220,7 @@ class Coordinator {
     int64_t step = 0;
     for (int epoch = 0; epoch < job_.epochs() && step < total_steps_; ++epoch) {
       epoch_ = epoch + 1;
+      if (metrics_) metrics_->SetEpoch(epoch + 1);
       std::vector<int64_t> order = EpochOrder(n, job_.seed(), epoch);
       for (int64_t b = 0; b < n && step < total_steps_; b += batch) {
         train.Gather(order, b, std::min(batch, n - b));
@@ -230,6 +232,10 @@ class Coordinator {
         }
         ++step;
         sent_examples_ += train.rows();
+        if (metrics_) {
+          metrics_->AddIngested(train.rows());
+          metrics_->SetProgress(static_cast<double>(step) / static_cast<double>(total_steps_));
+        }
         report_.train_examples += train.rows();
       }
       if (!SendControl(pipe, v1::Control::END_OF_EPOCH, epoch + 1, NextSeq())) return false;
@@ -409,6 +415,7 @@ class Coordinator {
   CoordinatorOptions o_;
   v1::Job job_;
   DataSplit data_;
+  CoordinatorMetrics* metrics_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int64_t total_steps_ = 0;
   uint64_t seq_ = 0;
@@ -462,7 +469,23 @@ int RunCoordinator(const CoordinatorOptions& o) {
     std::cerr << "localpar: " << data.status().message() << "\n";
     return kExitBadData;
   }
-  Coordinator c(o, *std::move(job), *std::move(data));
+  std::unique_ptr<MetricsServer> metrics_server;
+  std::unique_ptr<CoordinatorMetrics> metrics;
+  if (!o.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> ms = MetricsServer::Start(o.metrics_listen);
+    if (!ms.ok()) {
+      std::cerr << "localpar: " << ms.status().message() << "\n";
+      return kExitUsage;
+    }
+    metrics_server = *std::move(ms);
+    metrics = std::make_unique<CoordinatorMetrics>(metrics_server->registry(), job->name());
+    if (!o.metrics_port_file.empty()) {
+      std::string tmp = o.metrics_port_file + ".tmp";
+      std::ofstream(tmp) << metrics_server->port() << "\n";
+      std::rename(tmp.c_str(), o.metrics_port_file.c_str());
+    }
+  }
+  Coordinator c(o, *std::move(job), *std::move(data), metrics.get());
   return c.Run();
 }
 

@@ -19,6 +19,8 @@ struct CoordinatorOptions {
   v1::ConfigureRequest::NonFinite non_finite = v1::ConfigureRequest::REJECT;
   int overlap_max_delay = 0;  // asynchronous OVERLAP when > 0
   int configure_timeout_s = 30;
+  std::string metrics_listen = "127.0.0.1:0";  // Prometheus /metrics; empty: none
+  std::string metrics_port_file;               // written with the metrics port
   // Overrides applied to the job file (0 / empty: keep the job's).
   std::string rule;
   int epochs = 0;

@@ -22,6 +22,9 @@ ABSL_FLAG(std::string, rule, "", "Override the job's update rule");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0: keep)");
 ABSL_FLAG(int64_t, max_steps, 0, "Override the job's max_steps (0: keep)");
 ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Address for the Prometheus /metrics endpoint (port 0: pick a free port; empty: off)");
+ABSL_FLAG(std::string, metrics_port_file, "", "Write the metrics port to this file");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -48,6 +51,8 @@ int main(int argc, char** argv) {
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   if (o.job_path.empty() || o.workers.empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
     return localpar::kExitUsage;

@@ -110,6 +110,19 @@ void PrintLogTail(const std::string& path) {
   for (const std::string& l : lines) std::cerr << "    " << l << "\n";
 }
 
+// Prometheus file_sd format: a list of target groups with labels.
+void WriteTargets(const std::string& path, const std::vector<int>& workers, int coordinator) {
+  std::vector<std::string> w;
+  for (int p : workers) {
+    if (p > 0) w.push_back(absl::StrCat("\"127.0.0.1:", p, "\""));
+  }
+  std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << "[{\"targets\": [" << absl::StrJoin(w, ", ")
+                     << "], \"labels\": {\"component\": \"worker\"}},\n {\"targets\": [\"127.0.0.1:"
+                     << coordinator << "\"], \"labels\": {\"component\": \"coordinator\"}}]\n";
+  std::filesystem::rename(tmp, path);
+}
+
 }  // namespace
 
 int Launch(const LaunchOptions& o) {
@@ -165,14 +178,16 @@ int Launch(const LaunchOptions& o) {
 
   // Each worker binds port 0 and reports the port it got: no races for free ports.
   std::vector<std::string> addresses(stages);
+  std::vector<int> metrics_ports(stages, 0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (int k = 0; k < stages; ++k) {
     std::string path = absl::StrCat(run_dir, "/worker", k, ".port");
     while (addresses[k].empty()) {
       std::ifstream in(path);
-      int port = 0;
-      if (in >> port && port > 0) {
+      int port = 0, metrics_port = 0;
+      if (in >> port >> metrics_port && port > 0) {
         addresses[k] = absl::StrCat("127.0.0.1:", port);
+        metrics_ports[k] = metrics_port;
         break;
       }
       Reap(children);
@@ -202,11 +217,14 @@ int Launch(const LaunchOptions& o) {
   if (co.epochs > 0) argv.push_back(absl::StrCat("--epochs=", co.epochs));
   if (co.max_steps > 0) argv.push_back(absl::StrCat("--max_steps=", co.max_steps));
   if (co.seed >= 0) argv.push_back(absl::StrCat("--seed=", co.seed));
+  const std::string coord_port_file = run_dir + "/coordinator.metrics_port";
+  argv.push_back("--metrics_port_file=" + coord_port_file);
   Child coordinator;
   coordinator.name = "coordinator";
   coordinator.pid = Spawn(argv, "");
   children.push_back(coordinator);
 
+  bool targets_written = o.metrics_targets.empty();
   int rc = kExitOk;
   auto worker_died_at = std::chrono::steady_clock::time_point::max();
   while (true) {
@@ -215,6 +233,14 @@ int Launch(const LaunchOptions& o) {
     if (coord.exited) {
       rc = WIFEXITED(coord.status) ? WEXITSTATUS(coord.status) : kExitFailure;
       break;
+    }
+    if (!targets_written) {
+      std::ifstream in(coord_port_file);
+      int coord_port = 0;
+      if (in >> coord_port && coord_port > 0) {
+        WriteTargets(o.metrics_targets, metrics_ports, coord_port);
+        targets_written = true;
+      }
     }
     if (g_interrupted) {
       std::cerr << "\nlocalpar: interrupted; stopping the coordinator and " << stages

@@ -17,6 +17,9 @@ struct LaunchOptions {
   // Testing: slow one stage down by this many milliseconds per training batch.
   int slow_stage = -1;
   int slow_ms = 0;
+  // When set, the metrics endpoints of every process are written here as a Prometheus
+  // file_sd target list once they are up.
+  std::string metrics_targets;
 };
 
 // Returns the coordinator's exit code (see ExitCode), or kExitInterrupted after Ctrl-C.

@@ -40,6 +40,8 @@ ABSL_FLAG(int, overlap_max_delay, 0,
 ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction");
 ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
 ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
+ABSL_FLAG(std::string, metrics_targets, "",
+          "run: write every process's /metrics endpoint to this file (Prometheus file_sd JSON)");
 
 namespace {
 
@@ -110,6 +112,7 @@ int Main(const std::vector<char*>& args) {
     lo.queue_capacity = absl::GetFlag(FLAGS_queue_capacity);
     lo.slow_stage = absl::GetFlag(FLAGS_slow_stage);
     lo.slow_ms = absl::GetFlag(FLAGS_slow_ms);
+    lo.metrics_targets = absl::GetFlag(FLAGS_metrics_targets);
     lo.bin_dir = BinDir();
     if (lo.queue_capacity < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
     return localpar::Launch(lo);

@@ -12,6 +12,8 @@ ABSL_FLAG(std::string, device, "cpu", "cpu, cuda, or auto (cuda when a GPU is pr
 ABSL_FLAG(int, threads, 1,
           "CPU GEMM threads (the reference trainer must use the same count for bitwise equality)");
 ABSL_FLAG(int, queue_capacity, 4, "Items buffered in each direction; a full queue slows upstream");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Address for the Prometheus /metrics endpoint (port 0: pick a free port; empty: off)");
 ABSL_FLAG(int, debug_delay_ms, 0, "Testing only: sleep this long after each training batch");
 
 int main(int argc, char** argv) {
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.queue_capacity = absl::GetFlag(FLAGS_queue_capacity);
   options.debug_delay_ms = absl::GetFlag(FLAGS_debug_delay_ms);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (options.threads < 1 || options.queue_capacity < 1) {
     std::cerr << "localpar_worker: --threads and --queue_capacity must be >= 1\n";
     return 2;

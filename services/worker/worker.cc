@@ -44,6 +44,8 @@ uint64_t SeqOf(const v1::DownItem& item) {
   return item.has_batch() ? item.batch().seq() : item.control().seq();
 }
 
+double SecondsSince(int64_t start_ns) { return (MonotonicNanos() - start_ns) * 1e-9; }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -80,6 +82,7 @@ class WorkerService::Session {
     compute_ = std::thread([this] { ComputeLoop(); });
     v1::DownItem item;
     while (up_->Read(&item)) {
+      if (w_.metrics_) w_.metrics_->AddBytes(false, static_cast<int64_t>(item.ByteSizeLong()));
       absl::Status s = w_.CheckItem(item);
       if (!s.ok()) {
         if (s.code() == absl::StatusCode::kCancelled) continue;  // SKIP policy: counted, dropped
@@ -113,11 +116,15 @@ class WorkerService::Session {
   }
 
   void SendDown(v1::DownItem item) {
-    if (!last_) outbound_.Push(std::move(item));
+    if (last_) return;
+    int64_t start = MonotonicNanos();
+    outbound_.Push(std::move(item));
+    send_wait_ += SecondsSince(start);
   }
 
   void SenderLoop() {
     while (std::optional<v1::DownItem> item = outbound_.Pop()) {
+      if (w_.metrics_) w_.metrics_->AddBytes(true, static_cast<int64_t>(item->ByteSizeLong()));
       if (!down_->Write(*item)) {
         downstream_failed_ = true;
         break;
@@ -152,7 +159,9 @@ class WorkerService::Session {
   }
 
   void ComputeLoop() {
+    int64_t wait_start = MonotonicNanos();
     while (std::optional<v1::DownItem> item = inbound_.Pop()) {
+      receive_wait_ = SecondsSince(wait_start);
       std::lock_guard<std::mutex> compute(w_.compute_mu_);
       if (item->has_control()) {
         HandleControl(*item);
@@ -161,6 +170,7 @@ class WorkerService::Session {
       } else {
         Train(*item->mutable_batch());
       }
+      wait_start = MonotonicNanos();
     }
     if (max_delay_ > 0) FlushPending();
   }
@@ -210,6 +220,7 @@ class WorkerService::Session {
     HeadStats hs = w_.stage_->Head(eval_slot_, y, HeadMode::kEval, 1.0f, ctx);
     eval_.Add(hs);
     SendActivations(b, out);
+    if (w_.metrics_) w_.metrics_->AddExamples(false, hs.count);
   }
 
   void Train(v1::Batch& b) {
@@ -227,7 +238,10 @@ class WorkerService::Session {
     DecodeTensorInto(b.labels(), *w_.backend_, &labels);
     ForwardContext ctx{true, StepSeed(w_.trainer_.seed, b.step(), m)};
     const Tensor& y = st.Forward(x, slot, ctx);
+    double forward = SecondsSince(start);
+    send_wait_ = 0;
     SendActivations(b, y);
+    int64_t backward_start = MonotonicNanos();
     HeadStats hs;
     bool update = true;
     switch (rule_) {
@@ -272,11 +286,30 @@ class WorkerService::Session {
         update = m == M - 1;
         break;
     }
+    // The backward phase excludes time spent waiting to hand activations or gradients on.
+    double backward = SecondsSince(backward_start);
+    int64_t update_start = MonotonicNanos();
     if (update) st.Step(lr);
+    double update_seconds = SecondsSince(update_start);
     if (w_.options_.debug_delay_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(w_.options_.debug_delay_ms));
     }
     int64_t end = MonotonicNanos();
+    if (WorkerMetrics* m = w_.metrics_) {
+      m->ObservePhase("receive_wait", receive_wait_);
+      m->ObservePhase("forward", forward);
+      m->ObservePhase("backward", backward);
+      m->ObservePhase("update", update_seconds);
+      m->ObservePhase("send_wait", send_wait_);
+      m->AddExamples(true, x.rows());
+      if (update) m->AddStep();
+      if (hs.count > 0) m->SetTrainHead(hs.mean_loss(), hs.accuracy());
+      m->SetQueue(true, static_cast<int64_t>(inbound_.size()),
+                  static_cast<int64_t>(inbound_.capacity()));
+      m->SetQueue(false, static_cast<int64_t>(outbound_.size()),
+                  static_cast<int64_t>(outbound_.capacity()));
+      if (++batches_ % 16 == 1) m->SetMemory(ResidentBytes(), w_.backend_->DeviceBytesInUse());
+    }
     std::lock_guard<std::mutex> lock(w_.mu_);
     w_.stats_.set_queue_max_depth(std::max<int64_t>(
         w_.stats_.queue_max_depth(), std::max(inbound_.max_depth(), outbound_.max_depth())));
@@ -331,6 +364,7 @@ class WorkerService::Session {
         train_seconds_ = 0;
       } else if (c.kind() == v1::Control::END_OF_EVAL) {
         ToProto(eval_, e.mutable_eval());
+        if (w_.metrics_) w_.metrics_->SetEvalAccuracy(eval_.accuracy());
         eval_ = HeadStats();
       }
     }
@@ -369,10 +403,13 @@ class WorkerService::Session {
   int64_t current_step_ = 0;
   HeadStats eval_;
   double train_seconds_ = 0;
+  double receive_wait_ = 0, send_wait_ = 0;  // of the batch being computed
+  int64_t batches_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------
-WorkerService::WorkerService(const WorkerOptions& options) : options_(options) {}
+WorkerService::WorkerService(const WorkerOptions& options, WorkerMetrics* metrics)
+    : options_(options), metrics_(metrics) {}
 WorkerService::~WorkerService() = default;
 
 grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureRequest* req,
@@ -418,6 +455,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
   num_stages_ = job.stages_size();
   classes_ = JobClasses(job);
   trainer_ = ToTrainerOptions(job, req->total_steps());
+  if (metrics_) metrics_->Configure(job.name(), stage_index_);
   downstream_ = last ? nullptr : v1::Worker::NewStub(MakeChannel(req->downstream()));
   auto rejected = stats_.rejected();  // refusals before this Configure still count
   stats_ = v1::StatsResponse();
@@ -436,6 +474,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
 }
 
 void WorkerService::Reject(const std::string& reason) {
+  if (metrics_) metrics_->AddRejected(reason);
   std::lock_guard<std::mutex> lock(mu_);
   (*stats_.mutable_rejected())[reason] += 1;
 }
@@ -625,7 +664,19 @@ int RunWorker(const WorkerOptions& options) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 
-  WorkerService service(options);
+  std::unique_ptr<MetricsServer> metrics_server;
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> ms =
+        MetricsServer::Start(options.metrics_listen);
+    if (!ms.ok()) {
+      std::cerr << "localpar_worker: " << ms.status().message() << "\n";
+      return 2;
+    }
+    metrics_server = *std::move(ms);
+    metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
+  }
+  WorkerService service(options, metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
@@ -640,10 +691,13 @@ int RunWorker(const WorkerOptions& options) {
   }
   if (!options.port_file.empty()) {
     std::string tmp = options.port_file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
+    // "GRPC_PORT METRICS_PORT" (0 when metrics are off).
+    std::ofstream(tmp) << port << " " << (metrics_server ? metrics_server->port() : 0) << "\n";
     std::filesystem::rename(tmp, options.port_file);
   }
-  std::cerr << "localpar_worker: serving on port " << port << "\n";
+  std::cerr << "localpar_worker: serving on port " << port;
+  if (metrics_server) std::cerr << ", metrics on port " << metrics_server->port();
+  std::cerr << "\n";
   std::thread signals([&] {
     char c = 0;
     if (read(g_signal_pipe[0], &c, 1) == 1 && c != 0) {

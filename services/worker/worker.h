@@ -16,6 +16,7 @@
 #include "common/nn/trainer.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/bounded_queue.h"
+#include "services/common/metrics.h"
 
 namespace localpar {
 
@@ -24,13 +25,15 @@ struct WorkerOptions {
   std::string port_file;  // written with the bound port once serving
   std::string device = "cpu";
   int threads = 1;
-  int queue_capacity = 4;  // items buffered in each direction
-  int debug_delay_ms = 0;  // sleep per training batch (to test backpressure)
+  int queue_capacity = 4;                      // items buffered in each direction
+  int debug_delay_ms = 0;                      // sleep per training batch (to test backpressure)
+  std::string metrics_listen = "127.0.0.1:0";  // Prometheus /metrics; empty: none
 };
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  explicit WorkerService(const WorkerOptions& options);
+  // `metrics` may be null (no metrics endpoint).
+  WorkerService(const WorkerOptions& options, WorkerMetrics* metrics);
   ~WorkerService() override;
 
   grpc::Status Configure(grpc::ServerContext*, const v1::ConfigureRequest*,
@@ -54,6 +57,7 @@ class WorkerService final : public v1::Worker::Service {
   void Reject(const std::string& reason);
 
   WorkerOptions options_;
+  WorkerMetrics* metrics_;
   std::mutex compute_mu_;  // held while a batch is computed (weights are in use)
   std::mutex mu_;          // guards configuration and statistics below
   bool configured_ = false;

@@ -1,0 +1,123 @@
+// Prometheus metrics for the services: one exposer per process on its own port, metric
+// families registered once at start-up, label children kept for the hot path.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace localpar {
+
+// Label names, defined once (low cardinality: never a batch id).
+namespace labels {
+inline constexpr char kJob[] = "job";
+inline constexpr char kStage[] = "stage";
+inline constexpr char kPhase[] = "phase";
+inline constexpr char kDirection[] = "direction";
+inline constexpr char kReason[] = "reason";
+}  // namespace labels
+
+// Owns the registry and serves it as Prometheus text on GET /metrics.
+//
+// prometheus-cpp's own Exposer (civetweb) cannot start in our processes: civetweb creates
+// its threads with a ~100 KB stack, and cuBLASLt's 94 KB of static TLS (the worker links
+// CUDA) leaves too little, so pthread_create fails. This endpoint serves from one
+// ordinary thread; scrapes are rare and small.
+class MetricsServer {
+ public:
+  // `listen` is host:port (IPv4); port 0 picks a free one.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen);
+  ~MetricsServer();
+  int port() const { return port_; }
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  MetricsServer() = default;
+  void Serve();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// A layer worker's metrics. Families are registered when the worker starts; the labelled
+// children are created when it is configured (job and stage known).
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(prometheus::Registry& registry);
+  void Configure(const std::string& job, int stage);
+
+  // Step-time phases: receive_wait, forward, backward, update, send_wait.
+  void ObservePhase(const char* phase, double seconds);
+  void AddExamples(bool train, int64_t n);
+  void AddStep();
+  void SetTrainHead(double loss, double accuracy);
+  void SetEvalAccuracy(double accuracy);
+  void SetQueue(bool inbound, int64_t depth, int64_t capacity);
+  void AddBytes(bool sent, int64_t n);
+  void AddRejected(const std::string& reason);
+  void SetMemory(int64_t resident_bytes, int64_t device_bytes);
+
+ private:
+  prometheus::Family<prometheus::Counter>& examples_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& accuracy_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& queue_capacity_;
+  prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Gauge>& resident_;
+  prometheus::Family<prometheus::Gauge>& device_;
+
+  std::mutex mu_;  // guards the children maps and pointers
+  std::map<std::string, std::string> base_;
+  std::map<std::string, prometheus::Histogram*> phase_;
+  std::map<std::string, prometheus::Counter*> rejected_by_reason_;
+  prometheus::Counter* train_examples_ = nullptr;
+  prometheus::Counter* eval_examples_ = nullptr;
+  prometheus::Counter* step_ = nullptr;
+  prometheus::Gauge* train_loss_ = nullptr;
+  prometheus::Gauge* train_accuracy_ = nullptr;
+  prometheus::Gauge* eval_accuracy_ = nullptr;
+  prometheus::Gauge* depth_in_ = nullptr;
+  prometheus::Gauge* depth_out_ = nullptr;
+  prometheus::Gauge* cap_in_ = nullptr;
+  prometheus::Gauge* cap_out_ = nullptr;
+  prometheus::Counter* sent_ = nullptr;
+  prometheus::Counter* received_ = nullptr;
+  prometheus::Gauge* resident_bytes_ = nullptr;
+  prometheus::Gauge* device_bytes_ = nullptr;
+};
+
+// The coordinator's metrics: epoch, progress and examples ingested.
+class CoordinatorMetrics {
+ public:
+  CoordinatorMetrics(prometheus::Registry& registry, const std::string& job);
+  void SetEpoch(int epoch) { epoch_.Set(epoch); }
+  void SetProgress(double ratio) { progress_.Set(ratio); }
+  void AddIngested(int64_t n) { ingested_.Increment(static_cast<double>(n)); }
+  void AddError() { errors_.Increment(); }
+
+ private:
+  prometheus::Gauge& epoch_;
+  prometheus::Gauge& progress_;
+  prometheus::Counter& ingested_;
+  prometheus::Counter& errors_;
+};
+
+}  // namespace localpar
