@@ -183,6 +183,9 @@ void WorkerMetrics::Configure(const std::string& job, int stage) {
   resident_bytes_ = &resident_.Add(base_);
   device_bytes_ = &device_.Add(base_);
   rejected_by_reason_.clear();
+  for (const char* reason : kRejectReasons) {
+    rejected_by_reason_[reason] = &rejected_.Add(with(labels::kReason, reason));
+  }
 }
 
 void WorkerMetrics::ObservePhase(const char* phase, double seconds) {
