@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 bash deploy/check-format.sh
+npm ci --prefix deploy/validate --no-audit --no-fund --silent  # offline manifest validation
 build_dir="${BUILD_DIR:-build/ci}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCALPAR_WERROR=ON
 cmake --build "$build_dir" -j "$(nproc)"

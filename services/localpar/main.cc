@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job/run.h"
 #include "services/localpar/launcher.h"
+#include "services/localpar/probe.h"
 
 ABSL_FLAG(std::string, device, "cpu",
           "Where to train: cpu, cuda, or auto (cuda when a GPU is present)");
@@ -40,6 +41,7 @@ ABSL_FLAG(int, overlap_max_delay, 0,
 ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction");
 ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
 ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
+ABSL_FLAG(int, timeout_ms, 2000, "probe: deadline for the health check");
 ABSL_FLAG(std::string, metrics_targets, "",
           "run: write every process's /metrics endpoint to this file (Prometheus file_sd JSON)");
 
@@ -58,6 +60,7 @@ Usage:
                                       and a coordinator, over gRPC on loopback
   localpar train JOB_FILE [flags]     train with the in-process reference trainer
   localpar validate JOB_FILE          check a job file and print its effective settings
+  localpar probe HOST:PORT            gRPC health check of a worker (exit 0 when serving)
 
 Job files are text-format localpar.v1.Job messages; examples live in deploy/jobs/.
 Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data set missing or invalid,
@@ -95,6 +98,7 @@ int Main(const std::vector<char*>& args) {
     return Fail(kExitUsage, "expected a command and a job file; see localpar --help");
   }
   std::string command = args[1], path = args[2];
+  if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms));
   if (command != "run" && command != "train" && command != "validate") {
     return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }

@@ -255,8 +255,15 @@ TEST(Worker, APortInUseIsAClearStartupError) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << r.output;
+  // The first worker is still serving, as the standard gRPC health check says.
+  std::string address = "127.0.0.1:" + std::to_string(port);
+  auto probe = RunProcess({testing::BinDir() + "/localpar", "probe", address}, 10);
+  EXPECT_EQ(probe.exit_code, 0) << probe.output;
+  EXPECT_NE(probe.output.find("SERVING"), std::string::npos) << probe.output;
   kill(first, SIGTERM);
   EXPECT_EQ(testing::WaitProcess(first, 10), 0) << "SIGTERM is a clean shutdown";
+  probe = RunProcess({testing::BinDir() + "/localpar", "probe", address, "--timeout_ms=500"}, 10);
+  EXPECT_EQ(probe.exit_code, 1) << probe.output;
 }
 
 // Starts a long run, waits until all four workers are up, then does something to it.

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Validates the deployment files as far as this machine allows (no Docker engine, no
+# Kubernetes cluster): every kustomize overlay renders and passes the Kubernetes and
+# Prometheus Operator schemas offline; the Compose file parses; the dashboards are JSON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -d deploy/validate/node_modules ]; then
+  npm ci --prefix deploy/validate --no-audit --no-fund --silent
+fi
+for overlay in k8s/overlays/*/; do
+  echo "k8s: $overlay"
+  kubectl kustomize "$overlay" | node deploy/validate/validate-k8s.mjs
+done
+docker-compose -f deploy/compose/docker-compose.yml config --quiet
+echo "compose: deploy/compose/docker-compose.yml ok"
+for f in dashboards/*.json; do
+  python3 -m json.tool "$f" >/dev/null
+  grep -q '"uid": "${DS_PROMETHEUS}"' "$f" || { echo "$f: datasource is not templated"; exit 1; }
+  echo "dashboard: $f ok"
+done
