@@ -116,6 +116,18 @@ class Pipeline {
   grpc::Status status_;
 };
 
+class Coordinator;
+
+// The Coordinator gRPC service: a job's status for `localpar status`.
+class StatusService final : public v1::Coordinator::Service {
+ public:
+  explicit StatusService(Coordinator& c) : c_(c) {}
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::JobStatus*) override;
+
+ private:
+  Coordinator& c_;
+};
+
 class Coordinator {
  public:
   Coordinator(const CoordinatorOptions& o, v1::Job job, DataSplit data, CoordinatorMetrics* metrics)
@@ -124,10 +136,31 @@ class Coordinator {
   int Run() {
     const int stages = job_.stages_size();
     total_steps_ = TotalSteps(job_, data_.train.size());
-    for (const std::string& addr : o_.workers)
+    for (const std::string& addr : o_.workers) {
       stubs_.push_back(v1::Worker::NewStub(MakeChannel(addr)));
+    }
+    StatusService status(*this);
+    std::unique_ptr<grpc::Server> status_server;
+    if (!o_.status_listen.empty()) {
+      grpc::ServerBuilder builder;
+      ConfigureServer(builder);
+      int port = 0;
+      builder.AddListeningPort(o_.status_listen, grpc::InsecureServerCredentials(), &port);
+      builder.RegisterService(&status);
+      status_server = builder.BuildAndStart();
+      if (!status_server || port == 0) {
+        std::cerr << "localpar: cannot serve status on " << o_.status_listen << "\n";
+        return kExitUsage;
+      }
+      if (!o_.status_port_file.empty()) {
+        std::string tmp = o_.status_port_file + ".tmp";
+        std::ofstream(tmp) << port << "\n";
+        std::rename(tmp.c_str(), o_.status_port_file.c_str());
+      }
+    }
     if (int rc = ConfigureAll(); rc != kExitOk) return rc;
     auto start = Clock::now();
+    started_ = start;
     Pipeline pipe(*stubs_[0]);
     std::thread progress([&] { ProgressLoop(pipe); });
     bool fed = Feed(pipe);
@@ -231,6 +264,7 @@ class Coordinator {
             return false;
         }
         ++step;
+        fed_steps_ = step;
         sent_examples_ += train.rows();
         if (metrics_) {
           metrics_->AddIngested(train.rows());
@@ -415,7 +449,10 @@ class Coordinator {
   CoordinatorOptions o_;
   v1::Job job_;
   DataSplit data_;
+  friend class StatusService;
   CoordinatorMetrics* metrics_;
+  std::atomic<int64_t> fed_steps_{0};
+  std::atomic<Clock::time_point> started_{Clock::now()};
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int64_t total_steps_ = 0;
   uint64_t seq_ = 0;
@@ -427,6 +464,34 @@ class Coordinator {
   bool done_ = false;
   RunReport report_;
 };
+
+grpc::Status StatusService::Status(grpc::ServerContext*, const v1::StatusRequest*,
+                                   v1::JobStatus* out) {
+  out->set_job(c_.job_.name());
+  out->set_rule(v1::UpdateRule_Name(c_.job_.rule()));
+  out->set_epoch(c_.epoch_);
+  out->set_epochs(c_.job_.epochs());
+  out->set_progress(c_.total_steps_ > 0
+                        ? static_cast<double>(c_.fed_steps_) / static_cast<double>(c_.total_steps_)
+                        : 0.0);
+  out->set_uptime_seconds(std::chrono::duration<double>(Clock::now() - c_.started_.load()).count());
+  std::vector<v1::StatsResponse> stats = c_.PollStats(false, 2);
+  for (size_t k = 0; k < stats.size(); ++k) {
+    v1::StageStatus* s = out->add_stages();
+    s->set_stage(static_cast<int>(k));
+    s->set_address(c_.o_.workers[k]);
+    s->set_reachable(stats[k].stage() >= 0);
+    s->set_examples(stats[k].examples());
+    s->set_steps(stats[k].steps());
+    s->set_loss(FromProto(stats[k].recent()).mean_loss());
+    s->set_queue_depth(stats[k].queue_depth());
+    s->set_queue_capacity(stats[k].queue_capacity());
+    int64_t rejected = 0;
+    for (const auto& [reason, n] : stats[k].rejected()) rejected += n;
+    s->set_rejected(rejected);
+  }
+  return grpc::Status::OK;
+}
 
 }  // namespace
 

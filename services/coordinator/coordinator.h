@@ -21,6 +21,8 @@ struct CoordinatorOptions {
   int configure_timeout_s = 30;
   std::string metrics_listen = "127.0.0.1:0";  // Prometheus /metrics; empty: none
   std::string metrics_port_file;               // written with the metrics port
+  std::string status_listen = "127.0.0.1:0";   // Coordinator gRPC service (localpar status)
+  std::string status_port_file;                // written with its port
   // Overrides applied to the job file (0 / empty: keep the job's).
   std::string rule;
   int epochs = 0;

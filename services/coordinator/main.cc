@@ -25,6 +25,9 @@ ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Address for the Prometheus /metrics endpoint (port 0: pick a free port; empty: off)");
 ABSL_FLAG(std::string, metrics_port_file, "", "Write the metrics port to this file");
+ABSL_FLAG(std::string, status_listen, "127.0.0.1:0",
+          "Address of the Coordinator gRPC service that `localpar status` reads (empty: off)");
+ABSL_FLAG(std::string, status_port_file, "", "Write the status port to this file");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -53,6 +56,8 @@ int main(int argc, char** argv) {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  o.status_listen = absl::GetFlag(FLAGS_status_listen);
+  o.status_port_file = absl::GetFlag(FLAGS_status_port_file);
   if (o.job_path.empty() || o.workers.empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
     return localpar::kExitUsage;

@@ -219,12 +219,15 @@ int Launch(const LaunchOptions& o) {
   if (co.seed >= 0) argv.push_back(absl::StrCat("--seed=", co.seed));
   const std::string coord_port_file = run_dir + "/coordinator.metrics_port";
   argv.push_back("--metrics_port_file=" + coord_port_file);
+  const std::string status_port_file = run_dir + "/coordinator.status_port";
+  argv.push_back("--status_port_file=" + status_port_file);
   Child coordinator;
   coordinator.name = "coordinator";
   coordinator.pid = Spawn(argv, "");
   children.push_back(coordinator);
 
   bool targets_written = o.metrics_targets.empty();
+  bool status_announced = false;
   int rc = kExitOk;
   auto worker_died_at = std::chrono::steady_clock::time_point::max();
   while (true) {
@@ -233,6 +236,15 @@ int Launch(const LaunchOptions& o) {
     if (coord.exited) {
       rc = WIFEXITED(coord.status) ? WEXITSTATUS(coord.status) : kExitFailure;
       break;
+    }
+    if (!status_announced) {
+      std::ifstream in(status_port_file);
+      int status_port = 0;
+      if (in >> status_port && status_port > 0) {
+        std::cerr << "localpar: " << stages
+                  << " workers up; watch with: localpar status 127.0.0.1:" << status_port << "\n";
+        status_announced = true;
+      }
     }
     if (!targets_written) {
       std::ifstream in(coord_port_file);

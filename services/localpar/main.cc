@@ -61,6 +61,8 @@ Usage:
   localpar train JOB_FILE [flags]     train with the in-process reference trainer
   localpar validate JOB_FILE          check a job file and print its effective settings
   localpar probe HOST:PORT            gRPC health check of a worker (exit 0 when serving)
+  localpar status HOST:PORT           a running job's stages: throughput, loss, queues
+                                      (`localpar run` prints the coordinator's address)
 
 Job files are text-format localpar.v1.Job messages; examples live in deploy/jobs/.
 Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data set missing or invalid,
@@ -99,6 +101,7 @@ int Main(const std::vector<char*>& args) {
   }
   std::string command = args[1], path = args[2];
   if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms));
+  if (command == "status") return localpar::Status(path, 1000);
   if (command != "run" && command != "train" && command != "validate") {
     return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }

@@ -3,8 +3,11 @@
 
 #include <chrono>
 #include <iostream>
+#include <thread>
 
+#include "absl/strings/str_format.h"
 #include "proto/health.grpc.pb.h"
+#include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
 
 namespace localpar {
@@ -20,9 +23,38 @@ int Probe(const std::string& address, int timeout_ms) {
     return 1;
   }
   bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-  std::cout << address << ": " << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status())
-            << "\n";
+  std::cout << address << ": "
+            << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
   return serving ? 0 : 1;
+}
+
+int Status(const std::string& address, int sample_ms) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+  auto fetch = [&](v1::JobStatus* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status st = stub->Status(&ctx, v1::StatusRequest(), out);
+    if (!st.ok()) std::cerr << "localpar status: " << address << ": " << st.error_message() << "\n";
+    return st.ok();
+  };
+  v1::JobStatus a, b;
+  if (!fetch(&a)) return 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(sample_ms));
+  if (!fetch(&b)) return 1;
+  double dt = b.uptime_seconds() - a.uptime_seconds();
+  std::cout << absl::StrFormat("%s (%s): epoch %d/%d, %.1f%% fed, up %.0f s\n", b.job(), b.rule(),
+                               b.epoch(), b.epochs(), 100 * b.progress(), b.uptime_seconds());
+  std::cout
+      << "stage  address                 examples/s   loss     queue   refused  checkpoint age\n";
+  for (int k = 0; k < b.stages_size(); ++k) {
+    const v1::StageStatus& s = b.stages(k);
+    int64_t before = k < a.stages_size() ? a.stages(k).examples() : s.examples();
+    double rate = dt > 0 ? (s.examples() - before) / dt : 0;
+    std::cout << absl::StrFormat("%5d  %-22s  %10.0f  %7.4f  %3d/%-3d  %7d  %s%s\n", s.stage(),
+                                 s.address(), rate, s.loss(), s.queue_depth(), s.queue_capacity(),
+                                 s.rejected(), "-", s.reachable() ? "" : "  UNREACHABLE");
+  }
+  return 0;
 }
 
 }  // namespace localpar

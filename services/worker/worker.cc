@@ -311,6 +311,7 @@ class WorkerService::Session {
       if (++batches_ % 16 == 1) m->SetMemory(ResidentBytes(), w_.backend_->DeviceBytesInUse());
     }
     std::lock_guard<std::mutex> lock(w_.mu_);
+    w_.stats_.set_queue_depth(static_cast<int64_t>(inbound_.size()));
     w_.stats_.set_queue_max_depth(std::max<int64_t>(
         w_.stats_.queue_max_depth(), std::max(inbound_.max_depth(), outbound_.max_depth())));
     w_.recent_.Add(hs);

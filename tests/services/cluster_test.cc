@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -283,6 +284,33 @@ struct LongRun {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // training under way
   }
 };
+
+TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
+  LongRun run;
+  ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
+  std::string log;
+  std::smatch m;
+  std::regex announce("localpar status (127\\.0\\.0\\.1:[0-9]+)");
+  for (int i = 0; i < 100 && !std::regex_search(log, m, announce); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    log = ReadFile(run.dir.path() + "/log");
+  }
+  ASSERT_TRUE(std::regex_search(log, m, announce)) << log;
+  auto r = RunProcess({testing::BinDir() + "/localpar", "status", m[1].str()}, 30);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipe (GREEDY): epoch"), std::string::npos) << r.output;
+  // One row per stage with a positive examples/s (the second column after the address).
+  std::regex row("\\n +([0-3]) +127\\.0\\.0\\.1:[0-9]+ +([0-9]+) ");
+  int rows = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), row);
+       it != std::sregex_iterator(); ++it) {
+    ++rows;
+    EXPECT_GT(std::stoi((*it)[2]), 0) << "stage " << (*it)[1] << "\n" << r.output;
+  }
+  EXPECT_EQ(rows, 4) << r.output;
+  kill(run.launcher, SIGINT);
+  testing::WaitProcess(run.launcher, 30);
+}
 
 TEST(Launcher, CtrlCStopsEveryProcess) {
   LongRun run;

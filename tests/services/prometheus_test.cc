@@ -75,10 +75,10 @@ stages { layers { linear { out_features: 64 } } layers { relu {} } }
 stages { layers { linear { out_features: 64 } } layers { relu {} } }
 )");
     targets_ = dir_.path() + "/targets.json";
-    cluster_ = testing::StartProcess({testing::BinDir() + "/localpar", "run", job, "--quiet",
-                                      "--slow_stage=3", "--slow_ms=5",
-                                      "--metrics_targets=" + targets_},
-                                     dir_.path() + "/cluster.log");
+    cluster_ =
+        testing::StartProcess({testing::BinDir() + "/localpar", "run", job, "--quiet",
+                               "--slow_stage=3", "--slow_ms=5", "--metrics_targets=" + targets_},
+                              dir_.path() + "/cluster.log");
     port_ = FreePort();
     std::string config = dir_.Write("prometheus.yml", R"(
 global:
@@ -106,10 +106,10 @@ scrape_configs:
   }
 
   std::string Query(const std::string& promql) {
-    auto r = RunProcess({"/usr/bin/curl", "-s", "--max-time", "5",
-                         "http://127.0.0.1:" + std::to_string(port_) +
-                             "/api/v1/query?query=" + UrlEncode(promql)},
-                        10);
+    auto r = RunProcess(
+        {"/usr/bin/curl", "-s", "--max-time", "5",
+         "http://127.0.0.1:" + std::to_string(port_) + "/api/v1/query?query=" + UrlEncode(promql)},
+        10);
     return r.output;
   }
 
@@ -165,11 +165,11 @@ TEST_F(PrometheusTest, ScrapesThroughputForEveryStageAFallingLossAndEveryDashboa
   EXPECT_LT(late, early) << "the loss did not fall";
 
   // Every metric a dashboard panel names exists in this live scrape.
-  std::string names = RunProcess({"/usr/bin/curl", "-s", "--max-time", "5",
-                                  "http://127.0.0.1:" + std::to_string(port_) +
-                                      "/api/v1/label/__name__/values"},
-                                 10)
-                          .output;
+  std::string names =
+      RunProcess({"/usr/bin/curl", "-s", "--max-time", "5",
+                  "http://127.0.0.1:" + std::to_string(port_) + "/api/v1/label/__name__/values"},
+                 10)
+          .output;
   std::string dashboard = ReadFile(std::string(LOCALPAR_SOURCE_DIR) + "/dashboards/localpar.json");
   std::regex metric("localpar_[a-z_]+");
   std::set<std::string> used;
