@@ -27,6 +27,7 @@ class Optimizer {
   Optimizer(Backend& backend, const OptimizerConfig& config) : b_(backend), config_(config) {}
   void Step(const std::vector<Param*>& params, float lr);
   int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }  // when restoring a checkpoint
 
  private:
   Backend& b_;

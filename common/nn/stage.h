@@ -66,6 +66,7 @@ class Stage {
 
   std::vector<Param*> params();
   int64_t num_parameters();
+  Optimizer& optimizer() { return opt_; }
 
  private:
   struct Slot {

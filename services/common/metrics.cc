@@ -269,6 +269,24 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const std::strin
                   .Name("localpar_item_errors_total")
                   .Help("In-band item errors that reached the coordinator")
                   .Register(r)
-                  .Add({{labels::kJob, job}})) {}
+                  .Add({{labels::kJob, job}})),
+      checkpoints_(BuildCounter()
+                       .Name("localpar_checkpoints_total")
+                       .Help("Checkpoints committed (every stage saved, manifest written)")
+                       .Register(r)
+                       .Add({{labels::kJob, job}})),
+      checkpoint_seconds_(BuildHistogram()
+                              .Name("localpar_checkpoint_duration_seconds")
+                              .Help("From placing a checkpoint marker to its manifest")
+                              .Register(r)
+                              .Add({{labels::kJob, job}},
+                                   prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1,
+                                                                           3, 10, 30, 100})),
+      checkpoint_age_(BuildGauge()
+                          .Name("localpar_checkpoint_age_seconds")
+                          .Help("Time since the last committed checkpoint (since the start "
+                                "before the first): the work a failure would lose")
+                          .Register(r)
+                          .Add({{labels::kJob, job}})) {}
 
 }  // namespace localpar

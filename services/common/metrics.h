@@ -119,12 +119,21 @@ class CoordinatorMetrics {
   void SetProgress(double ratio) { progress_.Set(ratio); }
   void AddIngested(int64_t n) { ingested_.Increment(static_cast<double>(n)); }
   void AddError() { errors_.Increment(); }
+  void CheckpointCommitted(double seconds) {
+    checkpoints_.Increment();
+    checkpoint_seconds_.Observe(seconds);
+    checkpoint_age_.Set(0);
+  }
+  void SetCheckpointAge(double seconds) { checkpoint_age_.Set(seconds); }
 
  private:
   prometheus::Gauge& epoch_;
   prometheus::Gauge& progress_;
   prometheus::Counter& ingested_;
   prometheus::Counter& errors_;
+  prometheus::Counter& checkpoints_;
+  prometheus::Histogram& checkpoint_seconds_;
+  prometheus::Gauge& checkpoint_age_;
 };
 
 }  // namespace localpar

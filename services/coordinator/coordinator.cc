@@ -6,13 +6,18 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/checkpoint.h"
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
 #include "proto/localpar.grpc.pb.h"
@@ -47,7 +52,10 @@ HeadStats FromProto(const v1::HeadStatistics& s) {
 // in-band errors coming back up the pipeline.
 class Pipeline {
  public:
-  explicit Pipeline(v1::Worker::Stub& first) {
+  // `on_item` sees every acknowledgement and error, on the reader thread, before waiters
+  // are woken (so a checkpoint commits before a later DRAIN's ack is visible).
+  Pipeline(v1::Worker::Stub& first, std::function<void(const v1::UpItem&)> on_item)
+      : on_item_(std::move(on_item)) {
     ctx_.set_wait_for_ready(true);
     stream_ = first.Stream(&ctx_);
     reader_ = std::thread([this] { ReadLoop(); });
@@ -87,6 +95,7 @@ class Pipeline {
   void ReadLoop() {
     v1::UpItem up;
     while (stream_->Read(&up)) {
+      if (on_item_) on_item_(up);
       if (up.has_ack()) {
         std::lock_guard<std::mutex> lock(mu_);
         acked_.insert(up.ack().seq());
@@ -104,6 +113,7 @@ class Pipeline {
     cv_.notify_all();
   }
 
+  std::function<void(const v1::UpItem&)> on_item_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> stream_;
   std::thread reader_;
@@ -123,6 +133,8 @@ class StatusService final : public v1::Coordinator::Service {
  public:
   explicit StatusService(Coordinator& c) : c_(c) {}
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::JobStatus*) override;
+  grpc::Status Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest*,
+                          v1::CheckpointResponse*) override;
 
  private:
   Coordinator& c_;
@@ -133,7 +145,11 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& o, v1::Job job, DataSplit data, CoordinatorMetrics* metrics)
       : o_(o), job_(std::move(job)), data_(std::move(data)), metrics_(metrics) {}
 
+  const std::string& job_name() const { return job_.name(); }
+  uint64_t seed() const { return job_.seed(); }
+
   int Run() {
+    if (resume_) next_checkpoint_id_ = resume_->manifest.id() + 1;
     const int stages = job_.stages_size();
     total_steps_ = TotalSteps(job_, data_.train.size());
     for (const std::string& addr : o_.workers) {
@@ -161,7 +177,7 @@ class Coordinator {
     if (int rc = ConfigureAll(); rc != kExitOk) return rc;
     auto start = Clock::now();
     started_ = start;
-    Pipeline pipe(*stubs_[0]);
+    Pipeline pipe(*stubs_[0], [this](const v1::UpItem& up) { OnPipelineItem(up); });
     std::thread progress([&] { ProgressLoop(pipe); });
     bool fed = Feed(pipe);
     uint64_t drain = NextSeq();
@@ -181,6 +197,10 @@ class Coordinator {
     if (SendControl(pipe, v1::Control::SHUTDOWN, 0, bye)) pipe.WaitAck(bye);
     grpc::Status fin = pipe.Finish();
     if (!fin.ok() && rc == kExitOk) return LostWorker(pipe);
+    if (stopped_early_) {
+      std::cerr << "localpar: stopped after step " << report_.steps << " at checkpoint "
+                << last_committed_ << "; continue with --resume\n";
+    }
     return rc;
   }
 
@@ -196,6 +216,7 @@ class Coordinator {
       req.set_total_steps(total_steps_);
       req.set_non_finite(o_.non_finite);
       req.set_overlap_max_delay(o_.overlap_max_delay);
+      if (resume_) req.set_restore_path(resume_->dir);
       grpc::ClientContext ctx;
       ctx.set_wait_for_ready(true);
       ctx.set_deadline(Deadline(o_.configure_timeout_s));
@@ -204,6 +225,10 @@ class Coordinator {
       if (!st.ok()) {
         std::cerr << "localpar: configuring stage " << k << " at " << o_.workers[k]
                   << " failed: " << st.error_message() << "\n";
+        if (st.error_code() == grpc::StatusCode::DATA_LOSS ||
+            st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+          return kExitFailure;  // a checkpoint file the worker could not restore
+        }
         return st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadJob
                                                                      : kExitWorkerLost;
       }
@@ -250,12 +275,17 @@ class Coordinator {
     BatchAssembler train(data_.train, batch), test(data_.test, job_.eval_batch_size());
     std::vector<int64_t> test_order(static_cast<size_t>(data_.test.size()));
     for (int64_t i = 0; i < data_.test.size(); ++i) test_order[i] = i;
-    int64_t step = 0;
-    for (int epoch = 0; epoch < job_.epochs() && step < total_steps_; ++epoch) {
+    // Where to start: the beginning, or a checkpoint's data cursor.
+    int64_t step = resume_ ? resume_->manifest.step() : 0;
+    int first_epoch = resume_ ? resume_->manifest.epoch() : 0;
+    int64_t first_batch = resume_ ? resume_->manifest.batch_in_epoch() : 0;
+    fed_steps_ = step;
+    for (int epoch = first_epoch; epoch < job_.epochs() && step < total_steps_; ++epoch) {
       epoch_ = epoch + 1;
       if (metrics_) metrics_->SetEpoch(epoch + 1);
       std::vector<int64_t> order = EpochOrder(n, job_.seed(), epoch);
-      for (int64_t b = 0; b < n && step < total_steps_; b += batch) {
+      int64_t b0 = epoch == first_epoch ? first_batch * batch : 0;
+      for (int64_t b = b0; b < n && step < total_steps_; b += batch) {
         train.Gather(order, b, std::min(batch, n - b));
         for (int m = 0; m < mbs; ++m) {
           int64_t begin, rows;
@@ -271,6 +301,15 @@ class Coordinator {
           metrics_->SetProgress(static_cast<double>(step) / static_cast<double>(total_steps_));
         }
         report_.train_examples += train.rows();
+        if (CheckpointDue(step) && !StartCheckpoint(pipe, step, epoch, b / batch + 1)) return false;
+        if (o_.stop_after_steps > 0 && step >= o_.stop_after_steps && step < total_steps_) {
+          if (last_started_step_ != step && !StartCheckpoint(pipe, step, epoch, b / batch + 1)) {
+            return false;
+          }
+          stopped_early_ = true;
+          report_.steps = step;
+          return true;
+        }
       }
       if (!SendControl(pipe, v1::Control::END_OF_EPOCH, epoch + 1, NextSeq())) return false;
       for (int64_t b = 0; b < data_.test.size(); b += job_.eval_batch_size()) {
@@ -282,7 +321,95 @@ class Coordinator {
       epochs_sent_ = epoch + 1;
     }
     report_.steps = step;
+    // A final checkpoint, so a finished run can be extended or evaluated later.
+    if (!o_.checkpoint_dir.empty() && last_started_step_ != step) {
+      int epoch = std::min(job_.epochs(), epochs_sent_.load());
+      if (!StartCheckpoint(pipe, step, epoch, 0)) return false;
+    }
     return true;
+  }
+
+  bool CheckpointDue(int64_t step) {
+    if (o_.checkpoint_dir.empty()) return false;
+    if (checkpoint_requested_.exchange(false)) return true;
+    if (o_.checkpoint_every_steps > 0 && step % o_.checkpoint_every_steps == 0) return true;
+    return o_.checkpoint_every_seconds > 0 &&
+           Clock::now() - last_checkpoint_start_ >=
+               std::chrono::duration<double>(o_.checkpoint_every_seconds);
+  }
+
+  // Places a CHECKPOINT marker after training step `step`; it commits when acknowledged.
+  // (epoch, batch_in_epoch) is the data cursor of the next batch.
+  bool StartCheckpoint(Pipeline& pipe, int64_t step, int epoch, int64_t batch_in_epoch) {
+    uint64_t id = next_checkpoint_id_++;
+    std::string dir = o_.checkpoint_dir + "/" + CheckpointDirName(id);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      std::cerr << "localpar: checkpoint " << dir << ": " << ec.message() << "\n";
+      return true;  // training goes on; this checkpoint is skipped
+    }
+    const int64_t per_epoch = (data_.train.size() + job_.batch_size() - 1) / job_.batch_size();
+    if (batch_in_epoch >= per_epoch) {
+      ++epoch;
+      batch_in_epoch = 0;
+    }
+    v1::CheckpointManifest m;
+    m.set_id(id);
+    m.set_job(job_.name());
+    m.set_rule(v1::UpdateRule_Name(job_.rule()));
+    m.set_step(step);
+    m.set_epoch(epoch);
+    m.set_batch_in_epoch(batch_in_epoch);
+    m.set_seed(job_.seed());
+    for (int k = 0; k < job_.stages_size(); ++k)
+      m.add_stage_files(absl::StrCat("stage-", k, ".ckpt"));
+    uint64_t seq = NextSeq();
+    {
+      std::lock_guard<std::mutex> lock(checkpoint_mu_);
+      pending_checkpoints_[seq] = PendingCheckpoint{dir, m, Clock::now()};
+    }
+    last_checkpoint_start_ = Clock::now();
+    last_started_step_ = step;
+    v1::DownItem item;
+    v1::Control* c = item.mutable_control();
+    c->set_seq(seq);
+    c->set_kind(v1::Control::CHECKPOINT);
+    c->set_path(std::filesystem::absolute(dir).string());
+    return pipe.Send(item);
+  }
+
+  // Reader thread: commits a checkpoint when its marker comes back acknowledged (every
+  // stage saved), or gives it up when a stage reports an error for it.
+  void OnPipelineItem(const v1::UpItem& up) {
+    uint64_t seq = up.has_ack() ? up.ack().seq() : up.has_error() ? up.error().seq() : 0;
+    std::unique_lock<std::mutex> lock(checkpoint_mu_);
+    auto it = pending_checkpoints_.find(seq);
+    if (it == pending_checkpoints_.end()) {
+      if (up.has_error() && metrics_) metrics_->AddError();
+      return;
+    }
+    PendingCheckpoint p = it->second;
+    pending_checkpoints_.erase(it);
+    lock.unlock();
+    if (up.has_error()) {
+      std::cerr << "\nlocalpar: checkpoint " << p.dir << " failed at stage " << up.error().stage()
+                << ": " << up.error().message() << "\n";
+      return;
+    }
+    p.manifest.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count());
+    absl::Status st = WriteManifest(p.dir, p.manifest);
+    if (!st.ok()) {
+      std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: " << st.message() << "\n";
+      return;
+    }
+    double seconds = std::chrono::duration<double>(Clock::now() - p.started).count();
+    last_committed_ = p.dir;
+    last_commit_ = Clock::now();
+    if (metrics_) metrics_->CheckpointCommitted(seconds);
+    PruneCheckpoints(o_.checkpoint_dir, o_.keep_checkpoints);
   }
 
   std::vector<v1::StatsResponse> PollStats(bool intervals, int deadline_s) {
@@ -328,6 +455,10 @@ class Coordinator {
         if (done_) break;
       }
       print_epochs();
+      if (metrics_) {
+        metrics_->SetCheckpointAge(
+            std::chrono::duration<double>(Clock::now() - last_commit_).count());
+      }
       if (!o_.progress) continue;
       std::vector<v1::StatsResponse> s = PollStats(false, 1);
       double el = std::chrono::duration<double>(Clock::now() - start).count();
@@ -450,6 +581,25 @@ class Coordinator {
   v1::Job job_;
   DataSplit data_;
   friend class StatusService;
+  struct PendingCheckpoint {
+    std::string dir;
+    v1::CheckpointManifest manifest;
+    Clock::time_point started;
+  };
+
+ public:
+  std::optional<FoundCheckpoint> resume_;  // set before Run() when resuming
+  Clock::time_point last_commit_ = Clock::now();
+  std::atomic<bool> checkpoint_requested_{false};
+
+ private:
+  uint64_t next_checkpoint_id_ = 1;
+  Clock::time_point last_checkpoint_start_ = Clock::now();
+  int64_t last_started_step_ = -1;
+  bool stopped_early_ = false;
+  std::string last_committed_;
+  std::mutex checkpoint_mu_;
+  std::map<uint64_t, PendingCheckpoint> pending_checkpoints_;
   CoordinatorMetrics* metrics_;
   std::atomic<int64_t> fed_steps_{0};
   std::atomic<Clock::time_point> started_{Clock::now()};
@@ -490,6 +640,16 @@ grpc::Status StatusService::Status(grpc::ServerContext*, const v1::StatusRequest
     for (const auto& [reason, n] : stats[k].rejected()) rejected += n;
     s->set_rejected(rejected);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status StatusService::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest*,
+                                       v1::CheckpointResponse* out) {
+  if (c_.o_.checkpoint_dir.empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this run has no --checkpoint_dir");
+  }
+  c_.checkpoint_requested_ = true;
+  out->set_message("a checkpoint follows the next training step, under " + c_.o_.checkpoint_dir);
   return grpc::Status::OK;
 }
 
@@ -551,6 +711,28 @@ int RunCoordinator(const CoordinatorOptions& o) {
     }
   }
   Coordinator c(o, *std::move(job), *std::move(data), metrics.get());
+  if (o.resume) {
+    if (o.checkpoint_dir.empty()) {
+      std::cerr << "localpar: --resume needs --checkpoint_dir\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(o.checkpoint_dir);
+    if (!found.ok()) {
+      std::cerr << "localpar: cannot resume: " << found.status().message() << "\n";
+      return kExitFailure;
+    }
+    for (const std::string& why : found->skipped) {
+      std::cerr << "localpar: skipping a damaged checkpoint: " << why << "\n";
+    }
+    if (found->manifest.job() != c.job_name() || found->manifest.seed() != c.seed()) {
+      std::cerr << "localpar: " << found->dir << " belongs to job " << found->manifest.job()
+                << " (seed " << found->manifest.seed() << "), not this one\n";
+      return kExitFailure;
+    }
+    std::cerr << "localpar: resuming from " << found->dir << " at step " << found->manifest.step()
+              << "\n";
+    c.resume_ = *std::move(found);
+  }
   return c.Run();
 }
 

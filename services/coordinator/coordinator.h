@@ -28,6 +28,13 @@ struct CoordinatorOptions {
   int epochs = 0;
   int64_t max_steps = 0;
   int64_t seed = -1;  // -1: keep
+  // Checkpoints: a directory of ckpt-NNNNNN/ subdirectories, each committed by its MANIFEST.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;
+  double checkpoint_every_seconds = 0;
+  int keep_checkpoints = 3;
+  bool resume = false;           // continue from the newest complete checkpoint
+  int64_t stop_after_steps = 0;  // checkpoint and stop after this many steps (0: run on)
 };
 
 // Exit codes, shared by the coordinator and the launcher.

@@ -28,6 +28,13 @@ ABSL_FLAG(std::string, metrics_port_file, "", "Write the metrics port to this fi
 ABSL_FLAG(std::string, status_listen, "127.0.0.1:0",
           "Address of the Coordinator gRPC service that `localpar status` reads (empty: off)");
 ABSL_FLAG(std::string, status_port_file, "", "Write the status port to this file");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Directory for checkpoints (ckpt-NNNNNN/); empty: none");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0, "Checkpoint every N training steps (0: off)");
+ABSL_FLAG(double, checkpoint_every_seconds, 0, "Checkpoint every T seconds (0: off)");
+ABSL_FLAG(int, keep_checkpoints, 3, "Committed checkpoints to keep");
+ABSL_FLAG(bool, resume, false, "Continue from the newest complete checkpoint in --checkpoint_dir");
+ABSL_FLAG(int64_t, stop_after_steps, 0,
+          "Checkpoint and stop after this many steps (0: run to the end)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -58,6 +65,12 @@ int main(int argc, char** argv) {
   o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   o.status_listen = absl::GetFlag(FLAGS_status_listen);
   o.status_port_file = absl::GetFlag(FLAGS_status_port_file);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  o.checkpoint_every_seconds = absl::GetFlag(FLAGS_checkpoint_every_seconds);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
   if (o.job_path.empty() || o.workers.empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
     return localpar::kExitUsage;

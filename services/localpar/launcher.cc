@@ -217,6 +217,15 @@ int Launch(const LaunchOptions& o) {
   if (co.epochs > 0) argv.push_back(absl::StrCat("--epochs=", co.epochs));
   if (co.max_steps > 0) argv.push_back(absl::StrCat("--max_steps=", co.max_steps));
   if (co.seed >= 0) argv.push_back(absl::StrCat("--seed=", co.seed));
+  if (!co.checkpoint_dir.empty()) {
+    argv.push_back("--checkpoint_dir=" + co.checkpoint_dir);
+    argv.push_back(absl::StrCat("--checkpoint_every_steps=", co.checkpoint_every_steps));
+    argv.push_back(absl::StrCat("--checkpoint_every_seconds=", co.checkpoint_every_seconds));
+    argv.push_back(absl::StrCat("--keep_checkpoints=", co.keep_checkpoints));
+  }
+  if (co.resume) argv.push_back("--resume");
+  if (co.stop_after_steps > 0)
+    argv.push_back(absl::StrCat("--stop_after_steps=", co.stop_after_steps));
   const std::string coord_port_file = run_dir + "/coordinator.metrics_port";
   argv.push_back("--metrics_port_file=" + coord_port_file);
   const std::string status_port_file = run_dir + "/coordinator.status_port";

@@ -42,6 +42,14 @@ ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction"
 ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
 ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
 ABSL_FLAG(int, timeout_ms, 2000, "probe: deadline for the health check");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "run: directory for checkpoints (ckpt-NNNNNN/); empty: none");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0, "run: checkpoint every N training steps (0: off)");
+ABSL_FLAG(double, checkpoint_every_seconds, 0, "run: checkpoint every T seconds (0: off)");
+ABSL_FLAG(int, keep_checkpoints, 3, "run: committed checkpoints to keep");
+ABSL_FLAG(std::string, resume, "",
+          "run: continue from the newest complete checkpoint in this directory");
+ABSL_FLAG(int64_t, stop_after_steps, 0, "run: checkpoint and stop after this many steps");
 ABSL_FLAG(std::string, metrics_targets, "",
           "run: write every process's /metrics endpoint to this file (Prometheus file_sd JSON)");
 
@@ -63,6 +71,7 @@ Usage:
   localpar probe HOST:PORT            gRPC health check of a worker (exit 0 when serving)
   localpar status HOST:PORT           a running job's stages: throughput, loss, queues
                                       (`localpar run` prints the coordinator's address)
+  localpar checkpoint HOST:PORT       checkpoint a running job after its next step
 
 Job files are text-format localpar.v1.Job messages; examples live in deploy/jobs/.
 Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data set missing or invalid,
@@ -92,6 +101,15 @@ localpar::CoordinatorOptions CoordinatorFlags(const std::string& path) {
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  o.checkpoint_every_seconds = absl::GetFlag(FLAGS_checkpoint_every_seconds);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (std::string r = absl::GetFlag(FLAGS_resume); !r.empty()) {
+    o.resume = true;
+    if (o.checkpoint_dir.empty()) o.checkpoint_dir = r;  // keep checkpointing there
+  }
+  o.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
   return o;
 }
 
@@ -102,6 +120,7 @@ int Main(const std::vector<char*>& args) {
   std::string command = args[1], path = args[2];
   if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms));
   if (command == "status") return localpar::Status(path, 1000);
+  if (command == "checkpoint") return localpar::RequestCheckpoint(path);
   if (command != "run" && command != "train" && command != "validate") {
     return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }

@@ -57,4 +57,18 @@ int Status(const std::string& address, int sample_ms) {
   return 0;
 }
 
+int RequestCheckpoint(const std::string& address) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::CheckpointResponse resp;
+  grpc::Status st = stub->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);
+  if (!st.ok()) {
+    std::cerr << "localpar checkpoint: " << address << ": " << st.error_message() << "\n";
+    return 1;
+  }
+  std::cout << resp.message() << "\n";
+  return 0;
+}
+
 }  // namespace localpar

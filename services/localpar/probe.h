@@ -13,4 +13,7 @@ int Probe(const std::string& address, int timeout_ms);
 // refusals for the job whose coordinator serves `address`. Returns 0, or 1 if unreachable.
 int Status(const std::string& address, int sample_ms);
 
+// Asks the coordinator at `address` for a checkpoint after the next training step.
+int RequestCheckpoint(const std::string& address);
+
 }  // namespace localpar

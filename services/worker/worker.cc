@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/job/checkpoint.h"
 #include "common/job/job.h"
 #include "common/job/tensor_codec.h"
 #include "services/common/grpc_util.h"
@@ -353,6 +354,20 @@ class WorkerService::Session {
   void HandleControl(v1::DownItem& item) {
     const v1::Control& c = item.control();
     if (max_delay_ > 0) FlushPending();
+    if (c.kind() == v1::Control::CHECKPOINT) {
+      int64_t steps;
+      {
+        std::lock_guard<std::mutex> lock(w_.mu_);
+        steps = w_.stats_.steps();
+      }
+      std::string file = absl::StrCat(c.path(), "/stage-", w_.stage_index_, ".ckpt");
+      absl::Status s = SaveStageFile(*w_.stage_, w_.stage_index_, steps, file);
+      if (!s.ok()) {
+        // The marker stops here: the checkpoint cannot commit without this stage.
+        WriteUp(ErrorItem(c.seq(), w_.stage_index_, s));
+        return;
+      }
+    }
     if (c.kind() == v1::Control::END_OF_EPOCH || c.kind() == v1::Control::END_OF_EVAL) {
       std::lock_guard<std::mutex> lock(w_.mu_);
       v1::EpochStatistics& e = w_.epochs_[c.epoch()];
@@ -450,6 +465,16 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
   stage_ = Stage::Create(*backend_, mc.stages[req->stage()], in, mc.classes, mc.optimizer,
                          StageSeed(mc.seed, req->stage()), &error);
   if (!stage_) return ToGrpcStatus(absl::InvalidArgumentError(error));
+  int64_t restored_steps = 0;
+  if (!req->restore_path().empty()) {
+    std::string file = absl::StrCat(req->restore_path(), "/stage-", req->stage(), ".ckpt");
+    if (absl::Status s = LoadStageFile(*stage_, file); !s.ok()) {
+      stage_.reset();
+      configured_ = false;
+      return ToGrpcStatus(s);
+    }
+    restored_steps = stage_->optimizer().steps();
+  }
   config_ = *req;
   *config_.mutable_job() = job;
   stage_index_ = req->stage();
@@ -462,6 +487,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
   stats_ = v1::StatsResponse();
   *stats_.mutable_rejected() = rejected;
   stats_.set_stage(stage_index_);
+  stats_.set_steps(restored_steps);
   stats_.set_queue_capacity(options_.queue_capacity);
   recent_ = HeadStats();
   epochs_.clear();
@@ -495,6 +521,10 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
   lock.unlock();
   if (item.has_control()) {
     const v1::Control& c = item.control();
+    if (c.kind() == v1::Control::CHECKPOINT && c.path().empty()) {
+      Reject("unknown_control");
+      return absl::InvalidArgumentError("control.path: a CHECKPOINT needs a directory");
+    }
     if (!v1::Control::Kind_IsValid(c.kind()) || c.kind() == v1::Control::KIND_UNSPECIFIED) {
       Reject("unknown_control");
       return absl::InvalidArgumentError(

@@ -1,0 +1,236 @@
+// Checkpoint files.
+#include "common/job/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job/tensor_codec.h"
+
+namespace localpar {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'P', 'C', 'K', 'P', 'T', '\r', '\n'};
+constexpr size_t kHeader = 8 + 4 + 8 + 4;
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+T Get(const std::string& in, size_t off) {
+  T v;
+  std::memcpy(&v, in.data() + off, sizeof(T));
+  return v;
+}
+
+uint32_t Crc(const std::string& s) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  size_t off = 0;
+  while (off < s.size()) {
+    uInt n = static_cast<uInt>(std::min<size_t>(s.size() - off, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(s.data() + off), n);
+    off += n;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+absl::Status SyncPath(const std::string& path, int flags) {
+  int fd = open(path.c_str(), flags);
+  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync"));
+  int rc = fsync(fd);
+  close(fd);
+  return rc == 0 ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": fsync failed"));
+}
+
+void AddTensors(const std::vector<Param*>& params, Tensor Param::*field,
+                google::protobuf::RepeatedPtrField<v1::NamedTensor>* out) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& t = params[i]->*field;
+    if (!t.defined()) continue;
+    v1::NamedTensor* nt = out->Add();
+    nt->set_name(absl::StrCat(i, ".", params[i]->name));
+    EncodeTensor(t, nt->mutable_tensor());
+  }
+}
+
+}  // namespace
+
+absl::Status WriteChecksummedFile(const std::string& path, const std::string& payload) {
+  std::string data(kMagic, sizeof(kMagic));
+  Put<uint32_t>(&data, kCheckpointFormatVersion);
+  Put<uint64_t>(&data, payload.size());
+  Put<uint32_t>(&data, Crc(payload));
+  data += payload;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+  }
+  if (absl::Status s = SyncPath(tmp, O_RDONLY); !s.ok()) return s;
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(path, ": rename failed: ", ec.message()));
+  return SyncPath(std::filesystem::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+}
+
+absl::StatusOr<std::string> ReadChecksummedFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string data = ss.str();
+  if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": not a localpar checkpoint file"));
+  }
+  uint32_t version = Get<uint32_t>(data, 8);
+  if (version != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": format version ", version, ", this build reads ", kCheckpointFormatVersion));
+  }
+  uint64_t length = Get<uint64_t>(data, 12);
+  if (length != data.size() - kHeader) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated or padded: header says ", length,
+                                            " payload bytes, file has ", data.size() - kHeader));
+  }
+  std::string payload = data.substr(kHeader);
+  if (Crc(payload) != Get<uint32_t>(data, 20)) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (corrupt file)"));
+  }
+  return payload;
+}
+
+v1::StageCheckpoint SnapshotStageState(Stage& stage, int index, int64_t step) {
+  v1::StageCheckpoint c;
+  c.set_stage(index);
+  c.set_step(step);
+  c.set_optimizer_steps(stage.optimizer().steps());
+  std::vector<Param*> params = stage.params();
+  AddTensors(params, &Param::value, c.mutable_params());
+  AddTensors(params, &Param::state1, c.mutable_state1());
+  AddTensors(params, &Param::state2, c.mutable_state2());
+  return c;
+}
+
+absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
+                               const std::string& source) {
+  std::vector<Param*> params = stage.params();
+  if (c.params_size() != static_cast<int>(params.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": has ", c.params_size(),
+                                                   " parameters, the stage has ", params.size()));
+  }
+  auto restore = [&](const google::protobuf::RepeatedPtrField<v1::NamedTensor>& list,
+                     Tensor Param::*field) -> absl::Status {
+    for (const v1::NamedTensor& nt : list) {
+      size_t i = std::strtoul(nt.name().c_str(), nullptr, 10);
+      if (i >= params.size() || nt.name() != absl::StrCat(i, ".", params[i]->name)) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": unknown tensor ", nt.name()));
+      }
+      if (absl::Status s = CheckWireTensor(nt.tensor(), nt.name()); !s.ok()) {
+        return absl::DataLossError(absl::StrCat(source, ": ", s.message()));
+      }
+      Shape want = params[i]->value.shape();
+      if (Shape(nt.tensor().shape().begin(), nt.tensor().shape().end()) != want) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": ", nt.name(), " has shape ",
+                         ShapeString(Shape(nt.tensor().shape().begin(), nt.tensor().shape().end())),
+                         ", the stage has ", ShapeString(want)));
+      }
+      Tensor& t = params[i]->*field;
+      if (!t.defined()) t = Tensor::Zeros(params[i]->value.backend(), want);
+      Tensor decoded;
+      DecodeTensorInto(nt.tensor(), params[i]->value.backend(), &decoded);
+      t.CopyFrom(decoded);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = restore(c.params(), &Param::value); !s.ok()) return s;
+  if (absl::Status s = restore(c.state1(), &Param::state1); !s.ok()) return s;
+  if (absl::Status s = restore(c.state2(), &Param::state2); !s.ok()) return s;
+  stage.optimizer().set_steps(c.optimizer_steps());
+  return absl::OkStatus();
+}
+
+absl::Status SaveStageFile(Stage& stage, int index, int64_t step, const std::string& path) {
+  return WriteChecksummedFile(path, SnapshotStageState(stage, index, step).SerializeAsString());
+}
+
+absl::Status LoadStageFile(Stage& stage, const std::string& path) {
+  absl::StatusOr<std::string> payload = ReadChecksummedFile(path);
+  if (!payload.ok()) return payload.status();
+  v1::StageCheckpoint c;
+  if (!c.ParseFromString(*payload)) {
+    return absl::DataLossError(absl::StrCat(path, ": payload is not a stage checkpoint"));
+  }
+  return RestoreStageState(stage, c, path);
+}
+
+std::string CheckpointDirName(uint64_t id) { return absl::StrFormat("ckpt-%06d", id); }
+
+absl::Status WriteManifest(const std::string& dir, const v1::CheckpointManifest& m) {
+  return WriteChecksummedFile(dir + "/MANIFEST", m.SerializeAsString());
+}
+
+absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root) {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("ckpt-", 0) == 0) dirs.push_back(e.path().string());
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(root, ": ", ec.message()));
+  std::sort(dirs.rbegin(), dirs.rend());  // newest (highest id) first
+  FoundCheckpoint found;
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<std::string> payload = ReadChecksummedFile(dir + "/MANIFEST");
+    v1::CheckpointManifest m;
+    if (!payload.ok() || !m.ParseFromString(*payload)) {
+      found.skipped.push_back(payload.ok() ? dir + "/MANIFEST: unreadable"
+                                           : std::string(payload.status().message()));
+      continue;
+    }
+    std::string bad;
+    for (const std::string& f : m.stage_files()) {
+      absl::StatusOr<std::string> stage = ReadChecksummedFile(dir + "/" + f);
+      if (!stage.ok()) {
+        bad = std::string(stage.status().message());
+        break;
+      }
+    }
+    if (!bad.empty()) {
+      found.skipped.push_back(bad);
+      continue;
+    }
+    found.dir = dir;
+    found.manifest = m;
+    return found;
+  }
+  std::string why = found.skipped.empty() ? "" : absl::StrCat(" (refused: ", found.skipped[0], ")");
+  return absl::NotFoundError(absl::StrCat(root, ": no complete checkpoint", why));
+}
+
+void PruneCheckpoints(const std::string& root, int keep) {
+  std::vector<std::string> committed;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0 && std::filesystem::exists(e.path() / "MANIFEST")) {
+      committed.push_back(e.path().string());
+    }
+  }
+  std::sort(committed.rbegin(), committed.rend());
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < committed.size(); ++i) {
+    std::filesystem::remove_all(committed[i], ec);
+  }
+}
+
+}  // namespace localpar

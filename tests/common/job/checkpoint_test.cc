@@ -1,0 +1,135 @@
+// Checkpoint files: a saved stage restores bit for bit; a corrupt, truncated or
+// version-mismatched file is refused naming the file; the newest complete checkpoint is
+// found past damaged ones; pruning keeps the newest K.
+#include "common/job/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace localpar {
+namespace {
+
+class TempRoot {
+ public:
+  TempRoot() {
+    char t[] = "/tmp/localpar_ckpt.XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempRoot() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+std::unique_ptr<Stage> MakeStage(Backend& b, uint64_t seed) {
+  StageConfig c;
+  LayerConfig lin;
+  lin.kind = LayerConfig::Kind::kLinear;
+  lin.out_features = 5;
+  c.layers = {lin};
+  OptimizerConfig o;  // AdamW: two moments per parameter
+  std::string error;
+  return Stage::Create(b, c, {4}, 3, o, seed, &error);
+}
+
+std::vector<std::vector<float>> State(Stage& s) {
+  std::vector<std::vector<float>> out;
+  for (Param* p : s.params()) {
+    out.push_back(p->value.ToHost());
+    out.push_back(p->state1.defined() ? p->state1.ToHost() : std::vector<float>());
+    out.push_back(p->state2.defined() ? p->state2.ToHost() : std::vector<float>());
+  }
+  return out;
+}
+
+void Flip(const std::string& path, size_t offset_from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  std::streamoff size = f.tellg();
+  f.seekp(size - static_cast<std::streamoff>(offset_from_end));
+  char c;
+  f.seekg(size - static_cast<std::streamoff>(offset_from_end));
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(size - static_cast<std::streamoff>(offset_from_end));
+  f.write(&c, 1);
+}
+
+TEST(Checkpoint, StageRoundTripsBitForBitIncludingOptimizerState) {
+  auto cpu = MakeCpuBackend();
+  TempRoot dir;
+  auto a = MakeStage(*cpu, 1);
+  // Take two optimizer steps so moments and the step count are non-trivial.
+  for (int i = 0; i < 2; ++i) {
+    for (Param* p : a->params()) cpu->Fill(p->grad.f32(), 0.25f * (i + 1), p->grad.numel());
+    a->Step(0.1f);
+  }
+  ASSERT_TRUE(SaveStageFile(*a, 0, 2, dir.path + "/s.ckpt").ok());
+  auto b = MakeStage(*cpu, 99);  // different initial weights
+  ASSERT_NE(State(*a), State(*b));
+  absl::Status st = LoadStageFile(*b, dir.path + "/s.ckpt");
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(State(*a), State(*b));
+  EXPECT_EQ(b->optimizer().steps(), 2);
+}
+
+TEST(Checkpoint, DamagedFilesAreRefusedNamingTheFile) {
+  auto cpu = MakeCpuBackend();
+  TempRoot dir;
+  auto s = MakeStage(*cpu, 1);
+  std::string path = dir.path + "/s.ckpt";
+  ASSERT_TRUE(SaveStageFile(*s, 0, 0, path).ok());
+  std::string good;
+  {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto expect_error = [&](const std::string& bytes, const std::string& text) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    absl::Status st = LoadStageFile(*s, path);
+    ASSERT_FALSE(st.ok()) << text;
+    EXPECT_NE(st.message().find(path), std::string::npos) << st;
+    EXPECT_NE(st.message().find(text), std::string::npos) << st;
+  };
+  std::string flipped = good;
+  flipped[good.size() - 3] ^= 0x01;
+  expect_error(flipped, "checksum mismatch");
+  expect_error(good.substr(0, good.size() - 10), "truncated");
+  std::string version = good;
+  version[8] = 7;
+  expect_error(version, "format version 7");
+  expect_error("hello", "not a localpar checkpoint");
+}
+
+TEST(Checkpoint, FindsTheNewestCompleteCheckpointPastDamagedOnesAndPrunes) {
+  auto cpu = MakeCpuBackend();
+  TempRoot root;
+  auto s = MakeStage(*cpu, 1);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    std::string dir = root.path + "/" + CheckpointDirName(id);
+    std::filesystem::create_directories(dir);
+    ASSERT_TRUE(SaveStageFile(*s, 0, static_cast<int64_t>(id), dir + "/stage-0.ckpt").ok());
+    if (id == 4) continue;  // never committed: no manifest
+    v1::CheckpointManifest m;
+    m.set_id(id);
+    m.set_step(static_cast<int64_t>(10 * id));
+    m.add_stage_files("stage-0.ckpt");
+    ASSERT_TRUE(WriteManifest(dir, m).ok());
+  }
+  Flip(root.path + "/" + CheckpointDirName(3) + "/stage-0.ckpt", 5);  // corrupt the newest
+  absl::StatusOr<FoundCheckpoint> f = FindLatestCheckpoint(root.path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->manifest.id(), 2u);
+  EXPECT_EQ(f->manifest.step(), 20);
+  ASSERT_EQ(f->skipped.size(), 2u);
+  EXPECT_NE(f->skipped[0].find("MANIFEST"), std::string::npos) << f->skipped[0];  // ckpt 4
+  EXPECT_NE(f->skipped[1].find("checksum mismatch"), std::string::npos) << f->skipped[1];
+  PruneCheckpoints(root.path, 1);
+  EXPECT_FALSE(std::filesystem::exists(root.path + "/" + CheckpointDirName(1)));
+  EXPECT_TRUE(std::filesystem::exists(root.path + "/" + CheckpointDirName(3)));
+  EXPECT_TRUE(absl::IsNotFound(FindLatestCheckpoint(root.path + "/none").status()));
+}
+
+}  // namespace
+}  // namespace localpar
