@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 if [ ! -d deploy/validate/node_modules ]; then
   npm ci --prefix deploy/validate --no-audit --no-fund --silent
 fi
+cmp -s dashboards/localpar.json k8s/base/grafana-dashboard.json || {
+  echo "k8s/base/grafana-dashboard.json differs from dashboards/localpar.json (copy it over)"
+  exit 1
+}
 for overlay in k8s/overlays/*/; do
   echo "k8s: $overlay"
   kubectl kustomize "$overlay" | node deploy/validate/validate-k8s.mjs

@@ -711,7 +711,13 @@ int RunCoordinator(const CoordinatorOptions& o) {
     }
   }
   Coordinator c(o, *std::move(job), *std::move(data), metrics.get());
-  if (o.resume) {
+  bool resume = o.resume;
+  if (o.resume_if_present && !o.checkpoint_dir.empty()) {
+    resume = FindLatestCheckpoint(o.checkpoint_dir).ok();
+    if (!resume)
+      std::cerr << "localpar: no checkpoint in " << o.checkpoint_dir << "; starting fresh\n";
+  }
+  if (resume) {
     if (o.checkpoint_dir.empty()) {
       std::cerr << "localpar: --resume needs --checkpoint_dir\n";
       return kExitUsage;

@@ -33,8 +33,9 @@ struct CoordinatorOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
   int keep_checkpoints = 3;
-  bool resume = false;           // continue from the newest complete checkpoint
-  int64_t stop_after_steps = 0;  // checkpoint and stop after this many steps (0: run on)
+  bool resume = false;             // continue from the newest complete checkpoint
+  bool resume_if_present = false;  // resume when one exists, else start fresh (restarts)
+  int64_t stop_after_steps = 0;    // checkpoint and stop after this many steps (0: run on)
 };
 
 // Exit codes, shared by the coordinator and the launcher.

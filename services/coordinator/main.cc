@@ -33,6 +33,9 @@ ABSL_FLAG(int64_t, checkpoint_every_steps, 0, "Checkpoint every N training steps
 ABSL_FLAG(double, checkpoint_every_seconds, 0, "Checkpoint every T seconds (0: off)");
 ABSL_FLAG(int, keep_checkpoints, 3, "Committed checkpoints to keep");
 ABSL_FLAG(bool, resume, false, "Continue from the newest complete checkpoint in --checkpoint_dir");
+ABSL_FLAG(
+    bool, resume_if_present, false,
+    "Resume when --checkpoint_dir holds a complete checkpoint, else start fresh (for restarts)");
 ABSL_FLAG(int64_t, stop_after_steps, 0,
           "Checkpoint and stop after this many steps (0: run to the end)");
 
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
   o.checkpoint_every_seconds = absl::GetFlag(FLAGS_checkpoint_every_seconds);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.resume = absl::GetFlag(FLAGS_resume);
+  o.resume_if_present = absl::GetFlag(FLAGS_resume_if_present);
   o.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
   if (o.job_path.empty() || o.workers.empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
