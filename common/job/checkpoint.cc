@@ -191,6 +191,10 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root) {
   std::sort(dirs.rbegin(), dirs.rend());  // newest (highest id) first
   FoundCheckpoint found;
   for (const std::string& dir : dirs) {
+    if (!std::filesystem::exists(dir + "/MANIFEST")) {
+      ++found.uncommitted;
+      continue;
+    }
     absl::StatusOr<std::string> payload = ReadChecksummedFile(dir + "/MANIFEST");
     v1::CheckpointManifest m;
     if (!payload.ok() || !m.ParseFromString(*payload)) {
@@ -216,6 +220,16 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root) {
   }
   std::string why = found.skipped.empty() ? "" : absl::StrCat(" (refused: ", found.skipped[0], ")");
   return absl::NotFoundError(absl::StrCat(root, ": no complete checkpoint", why));
+}
+
+void RemoveUncommittedCheckpoints(const std::string& root) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0 && !std::filesystem::exists(e.path() / "MANIFEST")) {
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
 }
 
 void PruneCheckpoints(const std::string& root, int keep) {

@@ -35,11 +35,15 @@ absl::Status WriteManifest(const std::string& dir, const v1::CheckpointManifest&
 struct FoundCheckpoint {
   std::string dir;  // the ckpt-NNNNNN directory
   v1::CheckpointManifest manifest;
-  std::vector<std::string> skipped;  // newer checkpoints refused, each with the reason
+  std::vector<std::string> skipped;  // newer checkpoints refused as damaged, with the reason
+  int uncommitted = 0;  // newer directories without a MANIFEST (markers still in flight)
 };
 // The newest checkpoint under `root` whose manifest and every stage file verify.
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root);
 // Removes all but the newest `keep` committed checkpoints.
 void PruneCheckpoints(const std::string& root, int keep);
+// Removes checkpoint directories that never got a MANIFEST. Only safe when no checkpoint
+// is in flight (before training resumes).
+void RemoveUncommittedCheckpoints(const std::string& root);
 
 }  // namespace localpar

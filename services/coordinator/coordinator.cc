@@ -174,29 +174,42 @@ class Coordinator {
         std::rename(tmp.c_str(), o_.status_port_file.c_str());
       }
     }
-    if (int rc = ConfigureAll(); rc != kExitOk) return rc;
     auto start = Clock::now();
     started_ = start;
-    Pipeline pipe(*stubs_[0], [this](const v1::UpItem& up) { OnPipelineItem(up); });
-    std::thread progress([&] { ProgressLoop(pipe); });
-    bool fed = Feed(pipe);
-    uint64_t drain = NextSeq();
-    bool drained = fed && SendControl(pipe, v1::Control::DRAIN, 0, drain) && pipe.WaitAck(drain);
+    std::thread progress([&] { ProgressLoop(); });
+    // Train; when the pipeline breaks and checkpoints exist, wait for every stage to come
+    // back (the launcher or Kubernetes restarts them), roll all of them back to the last
+    // committed checkpoint and replay from its data cursor.
+    std::unique_ptr<Pipeline> pipe;
+    bool drained = false;
+    int rc = kExitOk;
+    for (int attempt = 0;; ++attempt) {
+      rc = ConfigureAll();
+      if (rc != kExitOk) break;
+      pipe = std::make_unique<Pipeline>(*stubs_[0],
+                                        [this](const v1::UpItem& up) { OnPipelineItem(up); });
+      bool fed = Feed(*pipe);
+      uint64_t drain = NextSeq();
+      drained = fed && SendControl(*pipe, v1::Control::DRAIN, 0, drain) && pipe->WaitAck(drain);
+      if (drained) break;
+      rc = Recover(*pipe, attempt);
+      if (rc != kExitOk) break;
+    }
     {
       std::lock_guard<std::mutex> lock(progress_mu_);
       done_ = true;
     }
     progress_cv_.notify_all();
     progress.join();
-    if (!drained) return LostWorker(pipe);
+    if (!drained) return rc;
     report_.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    int rc = Collect(stages);
+    rc = Collect(stages);
     // Shutdown travels in-band like every control item: each worker passes it on, then
     // exits once its upstream stream closes.
     uint64_t bye = NextSeq();
-    if (SendControl(pipe, v1::Control::SHUTDOWN, 0, bye)) pipe.WaitAck(bye);
-    grpc::Status fin = pipe.Finish();
-    if (!fin.ok() && rc == kExitOk) return LostWorker(pipe);
+    if (SendControl(*pipe, v1::Control::SHUTDOWN, 0, bye)) pipe->WaitAck(bye);
+    grpc::Status fin = pipe->Finish();
+    if (!fin.ok() && rc == kExitOk) return LostWorker(*pipe);
     if (stopped_early_) {
       std::cerr << "localpar: stopped after step " << report_.steps << " at checkpoint "
                 << last_committed_ << "; continue with --resume\n";
@@ -206,6 +219,70 @@ class Coordinator {
 
  private:
   uint64_t NextSeq() { return ++seq_; }
+
+  // Which stages answer a Stats call now ("" when all do).
+  std::string Unreachable(int deadline_s) {
+    std::vector<v1::StatsResponse> s = PollStats(false, deadline_s);
+    std::string lost;
+    for (size_t k = 0; k < s.size(); ++k) {
+      if (s[k].stage() < 0) {
+        absl::StrAppend(&lost, lost.empty() ? "" : ", ", "stage ", k, " (", o_.workers[k], ")");
+      }
+    }
+    return lost;
+  }
+
+  int Recover(Pipeline& pipe, int attempt) {
+    grpc::Status st = pipe.Finish();
+    std::string lost = Unreachable(2);
+    std::string last = last_committed_.empty() ? "none" : last_committed_;
+    if (o_.checkpoint_dir.empty() || attempt >= o_.max_recoveries) {
+      std::cerr << "\nlocalpar: the pipeline broke ("
+                << (lost.empty() ? "every stage still answers" : "lost " + lost) << "; "
+                << st.error_message() << ")"
+                << (o_.checkpoint_dir.empty()
+                        ? "; no --checkpoint_dir to recover from"
+                        : "; giving up after " + std::to_string(attempt) + " recoveries")
+                << "; last checkpoint: " << last << "\n";
+      return kExitWorkerLost;
+    }
+    std::cerr << "\nlocalpar: the pipeline broke ("
+              << (lost.empty() ? "a stream failed" : "lost " + lost) << "); waiting up to "
+              << o_.recovery_timeout_s << " s for every stage\n";
+    // Exponential backoff up to 2 s between probes, within the deadline.
+    auto deadline = Clock::now() + std::chrono::seconds(o_.recovery_timeout_s);
+    std::chrono::milliseconds backoff(100);
+    while (!(lost = Unreachable(1)).empty()) {
+      if (Clock::now() > deadline) {
+        std::cerr << "localpar: " << lost << " did not come back within " << o_.recovery_timeout_s
+                  << " s; last checkpoint: " << last << "\n";
+        return kExitWorkerLost;
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+    }
+    {
+      std::lock_guard<std::mutex> lock(checkpoint_mu_);
+      pending_checkpoints_.clear();  // markers in flight died with the pipeline
+    }
+    absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(o_.checkpoint_dir);
+    RemoveUncommittedCheckpoints(o_.checkpoint_dir);
+    if (found.ok()) {
+      for (const std::string& why : found->skipped) {
+        std::cerr << "localpar: skipping a damaged checkpoint: " << why << "\n";
+      }
+      std::cerr << "localpar: rolling every stage back to " << found->dir << " (step "
+                << found->manifest.step() << ") and replaying\n";
+      next_checkpoint_id_ = std::max(next_checkpoint_id_, found->manifest.id() + 1);
+      resume_ = *std::move(found);
+    } else {
+      std::cerr << "localpar: no committed checkpoint yet; restarting from step 0\n";
+      resume_.reset();
+    }
+    last_started_step_ = -1;
+    ++recoveries_;
+    return kExitOk;
+  }
 
   int ConfigureAll() {
     for (int k = 0; k < static_cast<int>(stubs_.size()); ++k) {
@@ -217,11 +294,21 @@ class Coordinator {
       req.set_non_finite(o_.non_finite);
       req.set_overlap_max_delay(o_.overlap_max_delay);
       if (resume_) req.set_restore_path(resume_->dir);
-      grpc::ClientContext ctx;
-      ctx.set_wait_for_ready(true);
-      ctx.set_deadline(Deadline(o_.configure_timeout_s));
       v1::ConfigureResponse resp;
-      grpc::Status st = stubs_[k]->Configure(&ctx, req, &resp);
+      grpc::Status st;
+      // A worker refuses while its previous upstream stream is still winding down.
+      auto until = Clock::now() + std::chrono::seconds(o_.configure_timeout_s);
+      do {
+        grpc::ClientContext ctx;
+        ctx.set_wait_for_ready(true);
+        ctx.set_deadline(Deadline(o_.configure_timeout_s));
+        st = stubs_[k]->Configure(&ctx, req, &resp);
+        if (st.error_code() != grpc::StatusCode::FAILED_PRECONDITION ||
+            st.error_message().find("stream is open") == std::string::npos) {
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      } while (Clock::now() < until);
       if (!st.ok()) {
         std::cerr << "localpar: configuring stage " << k << " at " << o_.workers[k]
                   << " failed: " << st.error_message() << "\n";
@@ -232,6 +319,7 @@ class Coordinator {
         return st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadJob
                                                                      : kExitWorkerLost;
       }
+      if (k == 0) report_.parameters = 0;
       report_.parameters += resp.parameters();
       if (k == 0) report_.backend = resp.backend();
     }
@@ -382,6 +470,14 @@ class Coordinator {
   // Reader thread: commits a checkpoint when its marker comes back acknowledged (every
   // stage saved), or gives it up when a stage reports an error for it.
   void OnPipelineItem(const v1::UpItem& up) {
+    if (up.has_ack() && up.ack().kind() == v1::Control::END_OF_EVAL) {
+      // Every stage has scored this epoch: keep the figures (a later recovery reconfigures
+      // the workers, which forgets them).
+      std::vector<v1::StatsResponse> stats = PollStats(false, 5);
+      std::lock_guard<std::mutex> lock(checkpoint_mu_);
+      epoch_stats_[up.ack().epoch()] = std::move(stats);
+      return;
+    }
     uint64_t seq = up.has_ack() ? up.ack().seq() : up.has_error() ? up.error().seq() : 0;
     std::unique_lock<std::mutex> lock(checkpoint_mu_);
     auto it = pending_checkpoints_.find(seq);
@@ -426,14 +522,20 @@ class Coordinator {
 
   // Wakes every interval (or at once when training ends) to print finished epochs and a
   // progress line built from the workers' statistics.
-  void ProgressLoop(Pipeline& pipe) {
+  void ProgressLoop() {
     const bool tty = isatty(STDERR_FILENO);
     auto start = Clock::now();
     int printed_epochs = 0;
     auto print_epochs = [&] {
-      while (printed_epochs < epochs_sent_.load() && pipe.AckedEval(printed_epochs + 1)) {
+      while (true) {
+        std::vector<v1::StatsResponse> s;
+        {
+          std::lock_guard<std::mutex> lock(checkpoint_mu_);
+          auto it = epoch_stats_.find(printed_epochs + 1);
+          if (it == epoch_stats_.end()) break;
+          s = it->second;
+        }
         ++printed_epochs;
-        std::vector<v1::StatsResponse> s = PollStats(false, 2);
         std::string accs;
         for (const auto& st : s) {
           for (const auto& e : st.epochs()) {
@@ -506,8 +608,18 @@ class Coordinator {
       er.epoch = e;
       er.train.resize(stages);
       er.test.resize(stages);
+      // Prefer the figures kept when the epoch's evaluation finished (they survive a
+      // recovery); fall back to the workers' current statistics.
+      std::vector<v1::StatsResponse> source = stats;
+      {
+        std::lock_guard<std::mutex> lock(checkpoint_mu_);
+        auto it = epoch_stats_.find(e);
+        if (it != epoch_stats_.end() && static_cast<int>(it->second.size()) == stages) {
+          source = it->second;
+        }
+      }
       for (int k = 0; k < stages; ++k) {
-        for (const auto& es : stats[k].epochs()) {
+        for (const auto& es : source[k].epochs()) {
           if (es.epoch() != e) continue;
           er.train[k] = FromProto(es.train());
           er.test[k] = FromProto(es.eval());
@@ -600,6 +712,8 @@ class Coordinator {
   std::string last_committed_;
   std::mutex checkpoint_mu_;
   std::map<uint64_t, PendingCheckpoint> pending_checkpoints_;
+  std::map<int, std::vector<v1::StatsResponse>> epoch_stats_;  // by epoch, at END_OF_EVAL
+  int recoveries_ = 0;
   CoordinatorMetrics* metrics_;
   std::atomic<int64_t> fed_steps_{0};
   std::atomic<Clock::time_point> started_{Clock::now()};
@@ -730,6 +844,11 @@ int RunCoordinator(const CoordinatorOptions& o) {
     for (const std::string& why : found->skipped) {
       std::cerr << "localpar: skipping a damaged checkpoint: " << why << "\n";
     }
+    if (found->uncommitted > 0) {
+      std::cerr << "localpar: discarding " << found->uncommitted
+                << " newer checkpoint(s) that never committed\n";
+    }
+    RemoveUncommittedCheckpoints(o.checkpoint_dir);
     if (found->manifest.job() != c.job_name() || found->manifest.seed() != c.seed()) {
       std::cerr << "localpar: " << found->dir << " belongs to job " << found->manifest.job()
                 << " (seed " << found->manifest.seed() << "), not this one\n";

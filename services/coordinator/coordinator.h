@@ -36,6 +36,8 @@ struct CoordinatorOptions {
   bool resume = false;             // continue from the newest complete checkpoint
   bool resume_if_present = false;  // resume when one exists, else start fresh (restarts)
   int64_t stop_after_steps = 0;    // checkpoint and stop after this many steps (0: run on)
+  int max_recoveries = 10;         // pipeline breaks survived (with checkpoints) before giving up
+  int recovery_timeout_s = 60;     // how long to wait for a lost stage to come back
 };
 
 // Exit codes, shared by the coordinator and the launcher.

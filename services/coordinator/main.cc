@@ -36,6 +36,10 @@ ABSL_FLAG(bool, resume, false, "Continue from the newest complete checkpoint in 
 ABSL_FLAG(
     bool, resume_if_present, false,
     "Resume when --checkpoint_dir holds a complete checkpoint, else start fresh (for restarts)");
+ABSL_FLAG(int, recovery_timeout_s, 60,
+          "How long to wait for a lost stage to come back before giving up");
+ABSL_FLAG(int, max_recoveries, 10,
+          "Pipeline breaks to recover from (with checkpoints) before giving up");
 ABSL_FLAG(int64_t, stop_after_steps, 0,
           "Checkpoint and stop after this many steps (0: run to the end)");
 
@@ -75,6 +79,8 @@ int main(int argc, char** argv) {
   o.resume = absl::GetFlag(FLAGS_resume);
   o.resume_if_present = absl::GetFlag(FLAGS_resume_if_present);
   o.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
+  o.recovery_timeout_s = absl::GetFlag(FLAGS_recovery_timeout_s);
+  o.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
   if (o.job_path.empty() || o.workers.empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
     return localpar::kExitUsage;

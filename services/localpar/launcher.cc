@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -162,6 +163,7 @@ int Launch(const LaunchOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
 
   std::vector<Child> children;
+  std::vector<std::vector<std::string>> worker_argv(stages);
   for (int k = 0; k < stages; ++k) {
     std::vector<std::string> argv = {worker_bin,
                                      "--listen=127.0.0.1:0",
@@ -170,6 +172,7 @@ int Launch(const LaunchOptions& o) {
                                      absl::StrCat("--threads=", o.threads),
                                      absl::StrCat("--queue_capacity=", o.queue_capacity)};
     if (k == o.slow_stage) argv.push_back(absl::StrCat("--debug_delay_ms=", o.slow_ms));
+    worker_argv[k] = argv;
     Child c;
     c.name = absl::StrCat("worker for stage ", k);
     c.pid = Spawn(argv, absl::StrCat(run_dir, "/worker", k, ".log"));
@@ -239,9 +242,24 @@ int Launch(const LaunchOptions& o) {
   bool status_announced = false;
   int rc = kExitOk;
   auto worker_died_at = std::chrono::steady_clock::time_point::max();
+  std::vector<int> restarts(stages + 1, 0);
+  constexpr int kMaxRestarts = 5;
   while (true) {
     Reap(children);
     Child& coord = children.back();
+    // A coordinator killed by a signal is restarted to resume from its last checkpoint.
+    if (coord.exited && WIFSIGNALED(coord.status) && !co.checkpoint_dir.empty() &&
+        restarts[stages] < kMaxRestarts && !g_interrupted) {
+      std::cerr << "\nlocalpar: " << Describe(coord) << "; restarting it to resume from "
+                << co.checkpoint_dir << "\n";
+      if (std::find(argv.begin(), argv.end(), "--resume_if_present") == argv.end()) {
+        argv.push_back("--resume_if_present");
+      }
+      ++restarts[stages];
+      coord.pid = Spawn(argv, "");
+      coord.exited = false;
+      continue;
+    }
     if (coord.exited) {
       rc = WIFEXITED(coord.status) ? WEXITSTATUS(coord.status) : kExitFailure;
       break;
@@ -273,6 +291,20 @@ int Launch(const LaunchOptions& o) {
     for (int k = 0; k < stages; ++k) {
       // A worker that exits 0 left on the coordinator's in-band SHUTDOWN: not a failure.
       bool clean = WIFEXITED(children[k].status) && WEXITSTATUS(children[k].status) == 0;
+      // A crashed worker comes back on the same address; the coordinator rolls the
+      // pipeline back to its last checkpoint (or gives up if it has none).
+      if (children[k].exited && !clean && restarts[k] < kMaxRestarts) {
+        std::cerr << "\nlocalpar: " << Describe(children[k]) << "; restarting it\n";
+        std::vector<std::string> again = worker_argv[k];
+        for (std::string& a : again) {
+          if (a.rfind("--listen=", 0) == 0) a = "--listen=" + addresses[k];
+        }
+        ++restarts[k];
+        children[k].pid = Spawn(again, absl::StrCat(run_dir, "/worker", k, ".log.", restarts[k]));
+        children[k].exited = false;
+        children[k].status = 0;
+        continue;
+      }
       if (children[k].exited && !clean &&
           worker_died_at == std::chrono::steady_clock::time_point::max()) {
         std::cerr << "\nlocalpar: " << Describe(children[k]) << "\n";

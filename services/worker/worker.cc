@@ -128,6 +128,7 @@ class WorkerService::Session {
       if (w_.metrics_) w_.metrics_->AddBytes(true, static_cast<int64_t>(item->ByteSizeLong()));
       if (!down_->Write(*item)) {
         downstream_failed_ = true;
+        outbound_.Close();  // unblock the compute thread if it waits to hand on a batch
         break;
       }
     }

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -136,6 +137,109 @@ TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
 INSTANTIATE_TEST_SUITE_P(Rules, ResumeMatchesUninterrupted,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
+
+// Long enough (12 epochs, a slowed last stage) to be interrupted mid-run.
+struct RecoveryRun {
+  TempDir dir;
+  std::string job, ckpt, bin = testing::BinDir() + "/localpar";
+  RecoveryRun() {
+    std::string text = SmallJob("GREEDY", 1);
+    text.replace(text.find("epochs: 2"), 9, "epochs: 12");
+    job = dir.Write("job.textproto", text);
+    ckpt = dir.path() + "/ckpt";
+  }
+  v1::ModelWeights Uninterrupted() {
+    auto r = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return *ReadWeightsFile(dir.path() + "/full/weights.pb");
+  }
+  // Starts the run, waits `delay_ms`, kills child `index` of the launcher (workers 0..3 in
+  // stage order, then the coordinator), and waits for the run to end.
+  testing::ProcessResult KillAndFinish(int index, int delay_ms) {
+    pid_t launcher = testing::StartProcess(
+        {bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt, "--checkpoint_every_steps=3",
+         "--slow_stage=3", "--slow_ms=15", "--out=" + dir.path() + "/run"},
+        dir.path() + "/log");
+    std::vector<pid_t> children;
+    for (int i = 0; i < 500 && children.size() < 5; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      children = testing::ChildrenOf(launcher);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    EXPECT_EQ(children.size(), 5u);
+    if (children.size() == 5u) kill(children[index], SIGKILL);
+    testing::ProcessResult r;
+    r.exit_code = testing::WaitProcess(launcher, 180);
+    r.output = ReadFile(dir.path() + "/log");
+    return r;
+  }
+};
+
+TEST(Recovery, AWorkerKilledAtARandomMomentIsRestartedAndTheRunEndsBitwiseEqual) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  std::random_device rd;
+  int stage = static_cast<int>(rd() % 4), delay = 300 + static_cast<int>(rd() % 900);
+  auto r = run.KillAndFinish(stage, delay);
+  ASSERT_EQ(r.exit_code, 0) << "killed stage " << stage << " after " << delay << " ms\n"
+                            << r.output;
+  EXPECT_NE(r.output.find("restarting it"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rolling every stage back to"), std::string::npos) << r.output;
+  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(run.dir.path() + "/run/weights.pb");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectBitwiseEqual(*got, want);
+}
+
+TEST(Recovery, AKilledCoordinatorIsRestartedFromTheLastManifestBitwiseEqual) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  auto r = run.KillAndFinish(4, 600);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("coordinator was killed by signal 9; restarting it"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(run.dir.path() + "/run/weights.pb");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectBitwiseEqual(*got, want);
+}
+
+TEST(Recovery, AWorkerThatNeverReturnsStopsTheJobNamingTheStageAndCheckpoint) {
+  RecoveryRun run;
+  // Workers started here, not by the launcher: nobody restarts the one we kill.
+  std::vector<pid_t> workers;
+  std::vector<std::string> addresses;
+  for (int k = 0; k < 4; ++k) {
+    std::string pf = run.dir.path() + "/w" + std::to_string(k);
+    workers.push_back(
+        testing::StartProcess({testing::BinDir() + "/localpar_worker", "--port_file=" + pf,
+                               k == 3 ? "--debug_delay_ms=15" : "--debug_delay_ms=0"},
+                              pf + ".log"));
+    int port = 0;
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::ifstream(pf) >> port;
+    }
+    addresses.push_back("127.0.0.1:" + std::to_string(port));
+  }
+  std::string list = addresses[0] + "," + addresses[1] + "," + addresses[2] + "," + addresses[3];
+  pid_t coordinator =
+      testing::StartProcess({testing::BinDir() + "/localpar_coordinator", "--job=" + run.job,
+                             "--workers=" + list, "--quiet", "--checkpoint_dir=" + run.ckpt,
+                             "--checkpoint_every_steps=3", "--recovery_timeout_s=2"},
+                            run.dir.path() + "/coordinator.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  kill(workers[1], SIGKILL);
+  EXPECT_EQ(testing::WaitProcess(coordinator, 60), 5);
+  std::string log = ReadFile(run.dir.path() + "/coordinator.log");
+  EXPECT_NE(log.find("stage 1 (" + addresses[1] + ") did not come back within 2 s"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("last checkpoint: " + run.ckpt + "/ckpt-"), std::string::npos) << log;
+  for (pid_t w : workers) {
+    kill(w, SIGKILL);
+    testing::WaitProcess(w, 10);
+  }
+}
 
 // A job with enough compute per stage that overlap in time is visible. Activation messages
 // are batch x width x 4 bytes.
