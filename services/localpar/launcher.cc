@@ -273,6 +273,15 @@ int Launch(const LaunchOptions& o) {
         status_announced = true;
       }
     }
+    for (int k = 0; k < stages; ++k) {
+      if (metrics_ports[k] != -1) continue;
+      std::ifstream in(absl::StrCat(run_dir, "/worker", k, ".port"));
+      int port = 0, metrics_port = 0;
+      if (in >> port >> metrics_port && port > 0) {
+        metrics_ports[k] = metrics_port;
+        targets_written = o.metrics_targets.empty();
+      }
+    }
     if (!targets_written) {
       std::ifstream in(coord_port_file);
       int coord_port = 0;
@@ -300,6 +309,8 @@ int Launch(const LaunchOptions& o) {
           if (a.rfind("--listen=", 0) == 0) a = "--listen=" + addresses[k];
         }
         ++restarts[k];
+        std::filesystem::remove(absl::StrCat(run_dir, "/worker", k, ".port"));
+        metrics_ports[k] = -1;  // re-read from the new port file, then republish targets
         children[k].pid = Spawn(again, absl::StrCat(run_dir, "/worker", k, ".log.", restarts[k]));
         children[k].exited = false;
         children[k].status = 0;
