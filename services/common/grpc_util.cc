@@ -5,6 +5,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace localpar {
 
@@ -19,7 +25,78 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+namespace {
+
+absl::StatusOr<std::string> ReadAll(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": empty"));
+  return ss.str();
+}
+
+}  // namespace
+
+absl::Status LoadSecurity(const std::string& cert, const std::string& key, const std::string& ca,
+                          bool mutual_tls, const std::string& token_file, SecurityOptions* out) {
+  out->mutual_tls = mutual_tls;
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (mutual_tls && (cert.empty() || ca.empty())) {
+    return absl::InvalidArgumentError("--mtls needs --tls_cert, --tls_key and --tls_ca");
+  }
+  for (auto [path, what, dst] :
+       {std::tuple{cert, "--tls_cert", &out->cert_pem}, std::tuple{key, "--tls_key", &out->key_pem},
+        std::tuple{ca, "--tls_ca", &out->ca_pem}}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> text = ReadAll(path, what);
+    if (!text.ok()) return text.status();
+    if (text->find("-----BEGIN") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": not a PEM file"));
+    }
+    *dst = *text;
+  }
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadAll(token_file, "--auth_token_file");
+    if (!token.ok()) return token.status();
+    std::string t = *token;
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+    if (t.empty()) return absl::InvalidArgumentError("--auth_token_file " + token_file + ": empty");
+    out->token = t;
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const SecurityOptions& s) {
+  if (s.cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions opts(
+      s.mutual_tls ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  opts.pem_root_certs = s.ca_pem;
+  opts.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
+  return grpc::SslServerCredentials(opts);
+}
+
+void AddToken(grpc::ClientContext& ctx, const SecurityOptions& s) {
+  if (!s.token.empty()) ctx.AddMetadata("authorization", "Bearer " + s.token);
+}
+
+grpc::Status CheckToken(const grpc::ServerContext& ctx, const SecurityOptions& s) {
+  if (s.token.empty()) return grpc::Status::OK;
+  auto it = ctx.client_metadata().find("authorization");
+  std::string want = "Bearer " + s.token;
+  if (it == ctx.client_metadata().end() ||
+      std::string(it->second.data(), it->second.size()) != want) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this control RPC needs a valid bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const SecurityOptions& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -27,7 +104,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (security.tls()) {
+    grpc::SslCredentialsOptions opts;
+    opts.pem_root_certs = security.ca_pem;
+    if (!security.cert_pem.empty()) {
+      opts.pem_cert_chain = security.cert_pem;
+      opts.pem_private_key = security.key_pem;
+    }
+    creds = grpc::SslCredentials(opts);
+  }
+  return grpc::CreateCustomChannel(address, creds, args);
 }
 
 void ConfigureServer(grpc::ServerBuilder& builder) {

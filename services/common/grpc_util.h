@@ -14,11 +14,32 @@ namespace localpar {
 // Large enough for any activation batch we send in one message (both ends must agree).
 inline constexpr int kMaxMessageBytes = 1 << 30;
 
+// Transport security and control-RPC authentication, shared by every process.
+struct SecurityOptions {
+  std::string cert_pem;     // certificate (server side; client side too for mutual TLS)
+  std::string key_pem;      // its private key
+  std::string ca_pem;       // CA bundle that verifies peers
+  bool mutual_tls = false;  // servers demand (and verify) client certificates
+  std::string token;        // when set, control RPCs need "authorization: Bearer <token>"
+  bool tls() const { return !cert_pem.empty() || !ca_pem.empty(); }
+};
+
+// Reads PEM files and the token file; errors name the file. `token_file` may be empty.
+absl::Status LoadSecurity(const std::string& cert, const std::string& key, const std::string& ca,
+                          bool mutual_tls, const std::string& token_file, SecurityOptions* out);
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const SecurityOptions& s);
+// Adds the bearer token (if any) to an outgoing call.
+void AddToken(grpc::ClientContext& ctx, const SecurityOptions& s);
+// OK when no token is configured or the call carries the right one; else UNAUTHENTICATED.
+grpc::Status CheckToken(const grpc::ServerContext& ctx, const SecurityOptions& s);
+
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-// A channel with keep-alives and raised message limits.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A channel with keep-alives and raised message limits; TLS (and a client certificate for
+// mutual TLS) when `security` says so.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const SecurityOptions& security = {});
 // Applies the same limits and keep-alive policy to a server under construction.
 void ConfigureServer(grpc::ServerBuilder& builder);
 

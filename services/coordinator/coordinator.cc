@@ -54,9 +54,11 @@ class Pipeline {
  public:
   // `on_item` sees every acknowledgement and error, on the reader thread, before waiters
   // are woken (so a checkpoint commits before a later DRAIN's ack is visible).
-  Pipeline(v1::Worker::Stub& first, std::function<void(const v1::UpItem&)> on_item)
+  Pipeline(v1::Worker::Stub& first, const SecurityOptions& security,
+           std::function<void(const v1::UpItem&)> on_item)
       : on_item_(std::move(on_item)) {
     ctx_.set_wait_for_ready(true);
+    AddToken(ctx_, security);
     stream_ = first.Stream(&ctx_);
     reader_ = std::thread([this] { ReadLoop(); });
   }
@@ -153,7 +155,7 @@ class Coordinator {
     const int stages = job_.stages_size();
     total_steps_ = TotalSteps(job_, data_.train.size());
     for (const std::string& addr : o_.workers) {
-      stubs_.push_back(v1::Worker::NewStub(MakeChannel(addr)));
+      stubs_.push_back(v1::Worker::NewStub(MakeChannel(addr, o_.security)));
     }
     StatusService status(*this);
     std::unique_ptr<grpc::Server> status_server;
@@ -161,7 +163,7 @@ class Coordinator {
       grpc::ServerBuilder builder;
       ConfigureServer(builder);
       int port = 0;
-      builder.AddListeningPort(o_.status_listen, grpc::InsecureServerCredentials(), &port);
+      builder.AddListeningPort(o_.status_listen, ServerCredentials(o_.security), &port);
       builder.RegisterService(&status);
       status_server = builder.BuildAndStart();
       if (!status_server || port == 0) {
@@ -186,7 +188,7 @@ class Coordinator {
     for (int attempt = 0;; ++attempt) {
       rc = ConfigureAll();
       if (rc != kExitOk) break;
-      pipe = std::make_unique<Pipeline>(*stubs_[0],
+      pipe = std::make_unique<Pipeline>(*stubs_[0], o_.security,
                                         [this](const v1::UpItem& up) { OnPipelineItem(up); });
       bool fed = Feed(*pipe);
       uint64_t drain = NextSeq();
@@ -302,6 +304,7 @@ class Coordinator {
         grpc::ClientContext ctx;
         ctx.set_wait_for_ready(true);
         ctx.set_deadline(Deadline(o_.configure_timeout_s));
+        AddToken(ctx, o_.security);
         st = stubs_[k]->Configure(&ctx, req, &resp);
         if (st.error_code() != grpc::StatusCode::FAILED_PRECONDITION ||
             st.error_message().find("stream is open") == std::string::npos) {
@@ -592,6 +595,7 @@ class Coordinator {
       }
       grpc::ClientContext ctx;
       ctx.set_deadline(Deadline(30));
+      AddToken(ctx, o_.security);
       grpc::Status st = stubs_[k]->GetWeights(&ctx, v1::WeightsRequest(), weights.add_stages());
       if (!st.ok()) {
         std::cerr << "localpar: stage " << k << ": GetWeights failed: " << st.error_message()
@@ -757,8 +761,9 @@ grpc::Status StatusService::Status(grpc::ServerContext*, const v1::StatusRequest
   return grpc::Status::OK;
 }
 
-grpc::Status StatusService::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest*,
+grpc::Status StatusService::Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest*,
                                        v1::CheckpointResponse* out) {
+  if (grpc::Status auth = CheckToken(*ctx, c_.o_.security); !auth.ok()) return auth;
   if (c_.o_.checkpoint_dir.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this run has no --checkpoint_dir");
   }

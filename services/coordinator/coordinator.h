@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/localpar.pb.h"
+#include "services/common/grpc_util.h"
 
 namespace localpar {
 
@@ -36,6 +37,7 @@ struct CoordinatorOptions {
   bool resume = false;             // continue from the newest complete checkpoint
   bool resume_if_present = false;  // resume when one exists, else start fresh (restarts)
   int64_t stop_after_steps = 0;    // checkpoint and stop after this many steps (0: run on)
+  SecurityOptions security;        // TLS to the workers, the status service, tokens
   int max_recoveries = 10;         // pipeline breaks survived (with checkpoints) before giving up
   int recovery_timeout_s = 60;     // how long to wait for a lost stage to come back
 };

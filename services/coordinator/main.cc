@@ -36,6 +36,13 @@ ABSL_FLAG(bool, resume, false, "Continue from the newest complete checkpoint in 
 ABSL_FLAG(
     bool, resume_if_present, false,
     "Resume when --checkpoint_dir holds a complete checkpoint, else start fresh (for restarts)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate: serve TLS (and present it as a client for mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to");
+ABSL_FLAG(bool, mtls, false, "Mutual TLS: servers require and verify client certificates");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token that control RPCs require");
 ABSL_FLAG(int, recovery_timeout_s, 60,
           "How long to wait for a lost stage to come back before giving up");
 ABSL_FLAG(int, max_recoveries, 10,
@@ -83,6 +90,13 @@ int main(int argc, char** argv) {
   o.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
   if (o.job_path.empty() || o.workers.empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
+    return localpar::kExitUsage;
+  }
+  if (absl::Status s = localpar::LoadSecurity(
+          absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
+          absl::GetFlag(FLAGS_mtls), absl::GetFlag(FLAGS_auth_token_file), &o.security);
+      !s.ok()) {
+    std::cerr << "localpar_coordinator: " << s.message() << "\n";
     return localpar::kExitUsage;
   }
   return localpar::RunCoordinator(o);

@@ -172,6 +172,7 @@ int Launch(const LaunchOptions& o) {
                                      absl::StrCat("--threads=", o.threads),
                                      absl::StrCat("--queue_capacity=", o.queue_capacity)};
     if (k == o.slow_stage) argv.push_back(absl::StrCat("--debug_delay_ms=", o.slow_ms));
+    argv.insert(argv.end(), o.security_flags.begin(), o.security_flags.end());
     worker_argv[k] = argv;
     Child c;
     c.name = absl::StrCat("worker for stage ", k);
@@ -229,6 +230,7 @@ int Launch(const LaunchOptions& o) {
   if (co.resume) argv.push_back("--resume");
   if (co.stop_after_steps > 0)
     argv.push_back(absl::StrCat("--stop_after_steps=", co.stop_after_steps));
+  argv.insert(argv.end(), o.security_flags.begin(), o.security_flags.end());
   const std::string coord_port_file = run_dir + "/coordinator.metrics_port";
   argv.push_back("--metrics_port_file=" + coord_port_file);
   const std::string status_port_file = run_dir + "/coordinator.status_port";

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "services/coordinator/coordinator.h"
 
@@ -20,6 +21,8 @@ struct LaunchOptions {
   // When set, the metrics endpoints of every process are written here as a Prometheus
   // file_sd target list once they are up.
   std::string metrics_targets;
+  // Security flags forwarded verbatim to every worker and the coordinator.
+  std::vector<std::string> security_flags;
 };
 
 // Returns the coordinator's exit code (see ExitCode), or kExitInterrupted after Ctrl-C.

@@ -41,6 +41,13 @@ ABSL_FLAG(int, overlap_max_delay, 0,
 ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction");
 ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
 ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate: serve TLS (and present it as a client for mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to");
+ABSL_FLAG(bool, mtls, false, "Mutual TLS: servers require and verify client certificates");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token that control RPCs require");
 ABSL_FLAG(int, timeout_ms, 2000, "probe: deadline for the health check");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: directory for checkpoints (ckpt-NNNNNN/); empty: none");
@@ -118,9 +125,17 @@ int Main(const std::vector<char*>& args) {
     return Fail(kExitUsage, "expected a command and a job file; see localpar --help");
   }
   std::string command = args[1], path = args[2];
-  if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms));
-  if (command == "status") return localpar::Status(path, 1000);
-  if (command == "checkpoint") return localpar::RequestCheckpoint(path);
+  localpar::SecurityOptions security;
+  if (absl::Status s = localpar::LoadSecurity(
+          absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
+          absl::GetFlag(FLAGS_mtls), absl::GetFlag(FLAGS_auth_token_file), &security);
+      !s.ok()) {
+    std::cerr << "localpar: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms), security);
+  if (command == "status") return localpar::Status(path, 1000, security);
+  if (command == "checkpoint") return localpar::RequestCheckpoint(path, security);
   if (command != "run" && command != "train" && command != "validate") {
     return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }
@@ -139,6 +154,14 @@ int Main(const std::vector<char*>& args) {
     lo.slow_stage = absl::GetFlag(FLAGS_slow_stage);
     lo.slow_ms = absl::GetFlag(FLAGS_slow_ms);
     lo.metrics_targets = absl::GetFlag(FLAGS_metrics_targets);
+    auto forward = [&](const char* name, const std::string& value) {
+      if (!value.empty()) lo.security_flags.push_back(absl::StrCat("--", name, "=", value));
+    };
+    forward("tls_cert", absl::GetFlag(FLAGS_tls_cert));
+    forward("tls_key", absl::GetFlag(FLAGS_tls_key));
+    forward("tls_ca", absl::GetFlag(FLAGS_tls_ca));
+    forward("auth_token_file", absl::GetFlag(FLAGS_auth_token_file));
+    if (absl::GetFlag(FLAGS_mtls)) lo.security_flags.push_back("--mtls");
     lo.bin_dir = BinDir();
     if (lo.queue_capacity < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
     return localpar::Launch(lo);

@@ -12,8 +12,8 @@
 
 namespace localpar {
 
-int Probe(const std::string& address, int timeout_ms) {
-  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+int Probe(const std::string& address, int timeout_ms, const SecurityOptions& security) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address, security));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   grpc::health::v1::HealthCheckResponse resp;
@@ -28,8 +28,8 @@ int Probe(const std::string& address, int timeout_ms) {
   return serving ? 0 : 1;
 }
 
-int Status(const std::string& address, int sample_ms) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+int Status(const std::string& address, int sample_ms, const SecurityOptions& security) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address, security));
   auto fetch = [&](v1::JobStatus* out) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -57,9 +57,10 @@ int Status(const std::string& address, int sample_ms) {
   return 0;
 }
 
-int RequestCheckpoint(const std::string& address) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+int RequestCheckpoint(const std::string& address, const SecurityOptions& security) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address, security));
   grpc::ClientContext ctx;
+  AddToken(ctx, security);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::CheckpointResponse resp;
   grpc::Status st = stub->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);

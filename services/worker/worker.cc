@@ -76,6 +76,7 @@ class WorkerService::Session {
   grpc::Status Run() {
     if (!last_) {
       down_ctx_.set_wait_for_ready(true);
+      AddToken(down_ctx_, w_.options_.security);
       down_ = w_.downstream_->Stream(&down_ctx_);
       sender_ = std::thread([this] { SenderLoop(); });
       down_reader_ = std::thread([this] { DownReaderLoop(); });
@@ -429,8 +430,9 @@ WorkerService::WorkerService(const WorkerOptions& options, WorkerMetrics* metric
     : options_(options), metrics_(metrics) {}
 WorkerService::~WorkerService() = default;
 
-grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureRequest* req,
+grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::ConfigureRequest* req,
                                       v1::ConfigureResponse* resp) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
   std::lock_guard<std::mutex> lock(mu_);
   if (streaming_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -483,7 +485,8 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const v1::ConfigureR
   classes_ = JobClasses(job);
   trainer_ = ToTrainerOptions(job, req->total_steps());
   if (metrics_) metrics_->Configure(job.name(), stage_index_);
-  downstream_ = last ? nullptr : v1::Worker::NewStub(MakeChannel(req->downstream()));
+  downstream_ =
+      last ? nullptr : v1::Worker::NewStub(MakeChannel(req->downstream(), options_.security));
   auto rejected = stats_.rejected();  // refusals before this Configure still count
   stats_ = v1::StatsResponse();
   *stats_.mutable_rejected() = rejected;
@@ -602,6 +605,8 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
 
 grpc::Status WorkerService::Stream(grpc::ServerContext* ctx,
                                    grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up) {
+  // Feeding a stage is as privileged as configuring it.
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (streaming_) {
@@ -646,8 +651,9 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const v1::StatsRequest* 
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::GetWeights(grpc::ServerContext*, const v1::WeightsRequest*,
+grpc::Status WorkerService::GetWeights(grpc::ServerContext* ctx, const v1::WeightsRequest*,
                                        v1::StageWeights* resp) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
   std::lock_guard<std::mutex> compute(compute_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   if (!configured_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not configured");
@@ -655,8 +661,9 @@ grpc::Status WorkerService::GetWeights(grpc::ServerContext*, const v1::WeightsRe
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
+grpc::Status WorkerService::Shutdown(grpc::ServerContext* ctx, const v1::ShutdownRequest*,
                                      v1::ShutdownResponse*) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
   RequestShutdown();
   return grpc::Status::OK;
 }
@@ -713,7 +720,7 @@ int RunWorker(const WorkerOptions& options) {
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, ServerCredentials(options.security), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

@@ -16,6 +16,7 @@
 #include "common/nn/trainer.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/bounded_queue.h"
+#include "services/common/grpc_util.h"
 #include "services/common/metrics.h"
 
 namespace localpar {
@@ -28,6 +29,7 @@ struct WorkerOptions {
   int queue_capacity = 4;                      // items buffered in each direction
   int debug_delay_ms = 0;                      // sleep per training batch (to test backpressure)
   std::string metrics_listen = "127.0.0.1:0";  // Prometheus /metrics; empty: none
+  SecurityOptions security;                    // TLS, mutual TLS, control-RPC token
 };
 
 class WorkerService final : public v1::Worker::Service {
