@@ -3,6 +3,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -67,16 +68,27 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     if (dim <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": dimension ", i, " is ", dim));
     }
-    total *= dim;
-    if (total > kMaxBytes) {
+    // Compare before multiplying: two 32-bit extents can overflow 64 bits.
+    if (dim > kMaxBytes / total) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": header claims more than ", kMaxBytes, " bytes"));
     }
+    total *= dim;
     out.dims.push_back(dim);
   }
-  out.data.resize(static_cast<size_t>(total));
-  got = ReadFully(f.get(), out.data.data(), total);
-  if (got < 0) return absl::DataLossError(absl::StrCat(path, ": corrupt gzip stream"));
+  // Grow the buffer as data actually arrives (a header alone cannot make us allocate
+  // gigabytes), in chunks of at most 16 MiB.
+  constexpr int64_t kChunk = int64_t{16} << 20;
+  got = 0;
+  while (got < total) {
+    int64_t want = std::min(kChunk, total - got);
+    out.data.resize(static_cast<size_t>(got + want));
+    int64_t n = ReadFully(f.get(), out.data.data() + got, want);
+    if (n < 0) return absl::DataLossError(absl::StrCat(path, ": corrupt gzip stream"));
+    got += n;
+    if (n < want) break;
+  }
+  out.data.resize(static_cast<size_t>(got));
   if (got != total) {
     return absl::DataLossError(
         absl::StrCat(path, ": truncated: header promises ", total, " bytes, file has ", got));

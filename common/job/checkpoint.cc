@@ -128,8 +128,10 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
     return absl::InvalidArgumentError(absl::StrCat(source, ": has ", c.params_size(),
                                                    " parameters, the stage has ", params.size()));
   }
-  auto restore = [&](const google::protobuf::RepeatedPtrField<v1::NamedTensor>& list,
-                     Tensor Param::*field) -> absl::Status {
+  // Check every tensor first and apply only if all pass: a bad file never leaves the stage
+  // half restored.
+  using List = google::protobuf::RepeatedPtrField<v1::NamedTensor>;
+  auto check = [&](const List& list) -> absl::Status {
     for (const v1::NamedTensor& nt : list) {
       size_t i = std::strtoul(nt.name().c_str(), nullptr, 10);
       if (i >= params.size() || nt.name() != absl::StrCat(i, ".", params[i]->name)) {
@@ -138,24 +140,35 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
       if (absl::Status s = CheckWireTensor(nt.tensor(), nt.name()); !s.ok()) {
         return absl::DataLossError(absl::StrCat(source, ": ", s.message()));
       }
-      Shape want = params[i]->value.shape();
-      if (Shape(nt.tensor().shape().begin(), nt.tensor().shape().end()) != want) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(source, ": ", nt.name(), " has shape ",
-                         ShapeString(Shape(nt.tensor().shape().begin(), nt.tensor().shape().end())),
-                         ", the stage has ", ShapeString(want)));
+      if (nt.tensor().dtype() != v1::F32) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", nt.name(), " is not F32"));
       }
-      Tensor& t = params[i]->*field;
-      if (!t.defined()) t = Tensor::Zeros(params[i]->value.backend(), want);
-      Tensor decoded;
-      DecodeTensorInto(nt.tensor(), params[i]->value.backend(), &decoded);
-      t.CopyFrom(decoded);
+      Shape want = params[i]->value.shape();
+      Shape got(nt.tensor().shape().begin(), nt.tensor().shape().end());
+      if (got != want) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", nt.name(), " has shape ",
+                                                       ShapeString(got), ", the stage has ",
+                                                       ShapeString(want)));
+      }
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = restore(c.params(), &Param::value); !s.ok()) return s;
-  if (absl::Status s = restore(c.state1(), &Param::state1); !s.ok()) return s;
-  if (absl::Status s = restore(c.state2(), &Param::state2); !s.ok()) return s;
+  for (const List* list : {&c.params(), &c.state1(), &c.state2()}) {
+    if (absl::Status s = check(*list); !s.ok()) return s;
+  }
+  auto apply = [&](const List& list, Tensor Param::*field) {
+    for (const v1::NamedTensor& nt : list) {
+      Param* p = params[std::strtoul(nt.name().c_str(), nullptr, 10)];
+      Tensor& t = p->*field;
+      if (!t.defined()) t = Tensor::Zeros(p->value.backend(), p->value.shape());
+      Tensor decoded;
+      DecodeTensorInto(nt.tensor(), p->value.backend(), &decoded);
+      t.CopyFrom(decoded);
+    }
+  };
+  apply(c.params(), &Param::value);
+  apply(c.state1(), &Param::state1);
+  apply(c.state2(), &Param::state2);
   stage.optimizer().set_steps(c.optimizer_steps());
   return absl::OkStatus();
 }

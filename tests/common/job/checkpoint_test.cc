@@ -102,6 +102,20 @@ TEST(Checkpoint, DamagedFilesAreRefusedNamingTheFile) {
   expect_error("hello", "not a localpar checkpoint");
 }
 
+TEST(Checkpoint, AnInconsistentSnapshotIsRefusedWithoutTouchingTheStage) {
+  auto cpu = MakeCpuBackend();
+  auto a = MakeStage(*cpu, 1), b = MakeStage(*cpu, 2);
+  v1::StageCheckpoint c = SnapshotStageState(*a, 0, 0);
+  auto before = State(*b);
+  // The second parameter (the bias) claims int32 data of the right shape (found by fuzzing).
+  v1::Tensor* bias = c.mutable_params(1)->mutable_tensor();
+  bias->set_dtype(v1::I32);
+  absl::Status st = RestoreStageState(*b, c, "snapshot");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("is not F32"), std::string::npos) << st;
+  EXPECT_EQ(State(*b), before) << "nothing was applied, not even the first (valid) tensor";
+}
+
 TEST(Checkpoint, FindsTheNewestCompleteCheckpointPastDamagedOnesAndPrunes) {
   auto cpu = MakeCpuBackend();
   TempRoot root;
