@@ -77,10 +77,6 @@ class Pipeline {
     cv_.wait(lock, [&] { return broken_ || acked_.count(seq) > 0; });
     return acked_.count(seq) > 0;
   }
-  bool AckedEval(int epoch) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return evals_acked_.count(epoch) > 0;
-  }
 
   // Closes the stream (once); returns the final status.
   grpc::Status Finish() {
@@ -90,8 +86,6 @@ class Pipeline {
     }
     return status_;
   }
-  bool broken() const { return broken_; }
-  int64_t errors() const { return errors_; }
 
  private:
   void ReadLoop() {
@@ -101,10 +95,8 @@ class Pipeline {
       if (up.has_ack()) {
         std::lock_guard<std::mutex> lock(mu_);
         acked_.insert(up.ack().seq());
-        if (up.ack().kind() == v1::Control::END_OF_EVAL) evals_acked_.insert(up.ack().epoch());
         cv_.notify_all();
       } else if (up.has_error()) {
-        ++errors_;
         std::cerr << "\nlocalpar: stage " << up.error().stage() << " refused item "
                   << up.error().seq() << ": " << up.error().message() << "\n";
       }
@@ -122,9 +114,7 @@ class Pipeline {
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<uint64_t> acked_;
-  std::set<int> evals_acked_;
   std::atomic<bool> broken_{false};
-  std::atomic<int64_t> errors_{0};
   grpc::Status status_;
 };
 
@@ -386,7 +376,6 @@ class Coordinator {
         }
         ++step;
         fed_steps_ = step;
-        sent_examples_ += train.rows();
         if (metrics_) {
           metrics_->AddIngested(train.rows());
           metrics_->SetProgress(static_cast<double>(step) / static_cast<double>(total_steps_));
@@ -726,7 +715,6 @@ class Coordinator {
   uint64_t seq_ = 0;
   std::atomic<int> epoch_{0};
   std::atomic<int> epochs_sent_{0};
-  std::atomic<int64_t> sent_examples_{0};
   std::mutex progress_mu_;
   std::condition_variable progress_cv_;
   bool done_ = false;
