@@ -76,6 +76,13 @@ void ExpectBitwiseEqual(const v1::ModelWeights& a, const v1::ModelWeights& b) {
   EXPECT_GT(tensors, 10);
 }
 
+// Reads a run's weights.pb and compares it with `want`, bit for bit.
+void ExpectWeightsFileEquals(const std::string& path, const v1::ModelWeights& want) {
+  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectBitwiseEqual(*got, want);
+}
+
 class ClusterMatchesReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ClusterMatchesReference, FourWorkersEndWithBitwiseIdenticalWeights) {
@@ -87,9 +94,7 @@ TEST_P(ClusterMatchesReference, FourWorkersEndWithBitwiseIdenticalWeights) {
       {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
       120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(dir.path() + "/cluster/weights.pb");
-  ASSERT_TRUE(got.ok()) << got.status();
-  ExpectBitwiseEqual(*got, want);
+  ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
   // The two reports agree on every stage's test accuracy too.
   EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "accuracy"),
             JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "accuracy"));
@@ -128,10 +133,9 @@ TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
   EXPECT_NE(second.output.find("resuming from " + ckpt + "/ckpt-000002 at step 4"),
             std::string::npos)
       << second.output;
-  absl::StatusOr<v1::ModelWeights> a = ReadWeightsFile(dir.path() + "/full/weights.pb");
-  absl::StatusOr<v1::ModelWeights> b = ReadWeightsFile(dir.path() + "/resumed/weights.pb");
-  ASSERT_TRUE(a.ok() && b.ok());
-  ExpectBitwiseEqual(*b, *a);
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/full/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectWeightsFileEquals(dir.path() + "/resumed/weights.pb", *want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Rules, ResumeMatchesUninterrupted,
@@ -185,9 +189,7 @@ TEST(Recovery, AWorkerKilledAtARandomMomentIsRestartedAndTheRunEndsBitwiseEqual)
                             << r.output;
   EXPECT_NE(r.output.find("restarting it"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rolling every stage back to"), std::string::npos) << r.output;
-  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(run.dir.path() + "/run/weights.pb");
-  ASSERT_TRUE(got.ok()) << got.status();
-  ExpectBitwiseEqual(*got, want);
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
 }
 
 TEST(Recovery, AKilledCoordinatorIsRestartedFromTheLastManifestBitwiseEqual) {
@@ -198,9 +200,7 @@ TEST(Recovery, AKilledCoordinatorIsRestartedFromTheLastManifestBitwiseEqual) {
   EXPECT_NE(r.output.find("coordinator was killed by signal 9; restarting it"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
-  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(run.dir.path() + "/run/weights.pb");
-  ASSERT_TRUE(got.ok()) << got.status();
-  ExpectBitwiseEqual(*got, want);
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
 }
 
 TEST(Recovery, AWorkerThatNeverReturnsStopsTheJobNamingTheStageAndCheckpoint) {
