@@ -34,6 +34,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(StreamOf(this));
+  if (scratch_) cudaFree(scratch_);
   cublasDestroy(CublasOf(this));
   cudaStreamDestroy(StreamOf(this));
 }
@@ -77,6 +78,15 @@ void CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
 
 void CudaBackend::CopyWithin(void* dst, const void* src, size_t bytes) {
   LP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, StreamOf(this)));
+}
+
+void* CudaBackend::Scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    if (scratch_) Free(scratch_);
+    scratch_ = Allocate(bytes);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
 }
 
 void CudaBackend::Synchronize() { LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this))); }

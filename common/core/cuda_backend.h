@@ -34,12 +34,17 @@ class CudaBackend final : public Backend {
   // Opaque handles (cudaStream_t, cublasHandle_t) for the .cu files.
   void* stream() const { return stream_; }
   void* cublas() const { return cublas_; }
+  // A device buffer of at least `bytes` for one kernel sequence's temporaries; reused (and
+  // grown when needed) by later calls, so no per-step allocation.
+  void* Scratch(size_t bytes);
 
  private:
   int device_;
   void* stream_ = nullptr;
   void* cublas_ = nullptr;
   int64_t bytes_in_use_ = 0;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
   std::unordered_map<void*, size_t> sizes_;  // allocation sizes, for bytes_in_use_
 };
 

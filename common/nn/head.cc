@@ -13,6 +13,8 @@ const char* HeadKindName(HeadConfig::Kind kind) {
       return "mlp";
     case HeadConfig::Kind::kConvPoolLinear:
       return "conv_pool_linear";
+    case HeadConfig::Kind::kLanguageModel:
+      return "language_model";
   }
   return "?";
 }
@@ -59,6 +61,15 @@ bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
       layers->push_back(layer(K::kGlobalAvgPool));
       break;
     }
+    case HeadConfig::Kind::kLanguageModel:
+      if (in.size() != 2) {
+        *error = "head language_model needs a sequence-shaped stage output [positions, dim], got " +
+                 ShapeString(in);
+        return false;
+      }
+      layers->push_back(layer(K::kLayerNorm));
+      layers->push_back(layer(K::kDense, classes));  // one prediction per position
+      return true;
   }
   layers->push_back(layer(K::kLinear, classes));
   return true;

@@ -14,6 +14,7 @@ struct HeadConfig {
     kPoolLinear,      // global average pooling (for images), then linear
     kMlp,             // linear(hidden), relu, linear
     kConvPoolLinear,  // conv 3x3 (channels), relu, global average pooling, linear
+    kLanguageModel,   // sequences [positions, dim]: layer norm, then per-position logits
   };
   Kind kind = Kind::kLinear;
   int64_t hidden = 256;

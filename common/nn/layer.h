@@ -17,6 +17,9 @@ struct Param {
   Tensor grad;
   Tensor state1;  // momentum / Adam first moment
   Tensor state2;  // Adam second moment
+  // False for state that forward passes update but no optimizer touches (batch norm's
+  // running statistics): no gradient, still saved in checkpoints and weights files.
+  bool trainable = true;
 };
 
 // What one layer's forward pass saves for its backward pass, for one in-flight batch.
@@ -25,6 +28,7 @@ struct LayerCache {
   Tensor aux0, aux1;
   std::vector<LayerCache> sub;  // composite layers (residual blocks)
   std::vector<Tensor> sub_grads;
+  std::vector<Tensor> saved;  // layers that keep more than two tensors (attention)
 };
 
 struct ForwardContext {
@@ -46,6 +50,10 @@ struct LayerConfig {
     kFlatten,
     kEmbedding,
     kResidual,
+    kBatchNorm,            // per channel (last dimension) over the batch and positions
+    kDense,                // linear over the last dimension only (per position)
+    kPositionalEncoding,   // adds fixed sinusoids to [positions, dim]
+    kCausalSelfAttention,  // multi-head, causal, with input and output projections
   };
   Kind kind = Kind::kLinear;
   int64_t out_features = 0;  // linear: output features; conv2d: output channels
@@ -57,6 +65,8 @@ struct LayerConfig {
   float eps = 1e-5f;
   int64_t vocab = 0;  // embedding
   int64_t dim = 0;
+  int64_t heads = 1;         // attention
+  float momentum = 0.1f;     // batch norm running statistics
   std::vector<LayerConfig> body;  // residual
 };
 

@@ -26,23 +26,30 @@ int64_t PooledExtent(int64_t in, int64_t k, int64_t stride, int64_t pad) {
 // ---------------------------------------------------------------------------------------
 class Linear final : public Layer {
  public:
-  Linear(Backend& b, int64_t in, int64_t out, uint64_t seed) : b_(b), in_(in), out_(out) {
-    out_shape_ = {out};
-    float bound = 1.0f / std::sqrt(static_cast<float>(in));
-    w_ = MakeParam(b, "weight", UniformInit(b, {in, out}, bound, HashCombine(seed, 1)));
+  // tokenwise: maps the last dimension only ([..., in] -> [..., out]); otherwise the whole
+  // example is flattened ([...] -> [out]).
+  Linear(Backend& b, const Shape& in_shape, int64_t out, bool tokenwise, uint64_t seed)
+      : b_(b), out_(out), tokenwise_(tokenwise) {
+    in_ = tokenwise ? in_shape.back() : NumElements(in_shape);
+    out_shape_ = tokenwise ? in_shape : Shape{out};
+    out_shape_.back() = out;
+    float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+    w_ = MakeParam(b, "weight", UniformInit(b, {in_, out}, bound, HashCombine(seed, 1)));
     bias_ = MakeParam(b, "bias", UniformInit(b, {out}, bound, HashCombine(seed, 2)));
   }
-  const char* kind() const override { return "linear"; }
+  const char* kind() const override { return tokenwise_ ? "dense" : "linear"; }
 
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
-    int64_t n = x.rows();
-    c.out.Ensure(b_, {n, out_});
+    int64_t n = x.numel() / in_;
+    Shape s{x.rows()};
+    s.insert(s.end(), out_shape_.begin(), out_shape_.end());
+    c.out.Ensure(b_, s);
     b_.Gemm(false, false, n, out_, in_, 1.0f, x.f32(), w_.value.f32(), 0.0f, c.out.f32());
     b_.AddRowVector(c.out.f32(), bias_.value.f32(), n, out_);
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
-    int64_t n = x.rows();
+    int64_t n = x.numel() / in_;
     b_.Gemm(true, false, in_, out_, n, 1.0f, x.f32(), dy.f32(), 1.0f, w_.grad.f32());
     b_.SumRows(dy.f32(), bias_.grad.f32(), n, out_);
     if (dx) {
@@ -54,7 +61,8 @@ class Linear final : public Layer {
 
  private:
   Backend& b_;
-  int64_t in_, out_;
+  int64_t in_ = 0, out_;
+  bool tokenwise_;
   Param w_, bias_;
 };
 
@@ -126,6 +134,180 @@ class LayerNorm final : public Layer {
   int64_t cols_;
   float eps_;
   Param gamma_, beta_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Batch norm over the last dimension (channels for NHWC images). Training normalises with
+// the batch's statistics and updates the running ones; evaluation uses the running ones.
+class BatchNorm final : public Layer {
+ public:
+  BatchNorm(Backend& b, const Shape& in, float eps, float momentum)
+      : b_(b), cols_(in.back()), eps_(eps), momentum_(momentum) {
+    out_shape_ = in;
+    gamma_ = MakeParam(b, "gamma", ConstantInit(b, {cols_}, 1.0f));
+    beta_ = MakeParam(b, "beta", ConstantInit(b, {cols_}, 0.0f));
+    for (Param* p : {&running_mean_, &running_var_}) p->trainable = false;
+    running_mean_.name = "running_mean";
+    running_mean_.value = ConstantInit(b, {cols_}, 0.0f);
+    running_var_.name = "running_var";
+    running_var_.value = ConstantInit(b, {cols_}, 1.0f);
+  }
+  const char* kind() const override { return "batch_norm"; }
+  void Forward(const Tensor& x, LayerCache& c, const ForwardContext& ctx) override {
+    int64_t rows = x.numel() / cols_;
+    c.out.Ensure(b_, x.shape());
+    c.aux0.Ensure(b_, {cols_});
+    c.aux1.Ensure(b_, {cols_});
+    b_.BatchNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(),
+                        c.aux0.f32(), c.aux1.f32(), running_mean_.value.f32(),
+                        running_var_.value.f32(), rows, cols_, eps_, momentum_, ctx.train);
+  }
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    int64_t rows = x.numel() / cols_;
+    if (dx) dx->Ensure(b_, x.shape());
+    b_.BatchNormBackward(dy.f32(), x.f32(), gamma_.value.f32(), c.aux0.f32(), c.aux1.f32(),
+                         dx ? dx->f32() : nullptr, gamma_.grad.f32(), beta_.grad.f32(), rows,
+                         cols_);
+  }
+  std::vector<Param*> params() override {
+    return {&gamma_, &beta_, &running_mean_, &running_var_};
+  }
+
+ private:
+  Backend& b_;
+  int64_t cols_;
+  float eps_, momentum_;
+  Param gamma_, beta_, running_mean_, running_var_;
+};
+
+// ---------------------------------------------------------------------------------------
+// x + PE for x of shape [positions, dim], with the fixed sinusoids of "Attention Is All
+// You Need": PE[t, 2i] = sin(t / 10000^(2i/dim)), PE[t, 2i+1] = cos(same).
+class PositionalEncoding final : public Layer {
+ public:
+  PositionalEncoding(Backend& b, const Shape& in) : b_(b) {
+    out_shape_ = in;
+    int64_t t = in[0], d = in[1];
+    std::vector<float> pe(static_cast<size_t>(t * d));
+    for (int64_t p = 0; p < t; ++p) {
+      for (int64_t i = 0; i < d; ++i) {
+        double freq = std::pow(10000.0, -static_cast<double>(i - i % 2) / static_cast<double>(d));
+        double a = static_cast<double>(p) * freq;
+        pe[p * d + i] = static_cast<float>(i % 2 == 0 ? std::sin(a) : std::cos(a));
+      }
+    }
+    table_ = Tensor::FromHost(b, {t * d}, pe);
+  }
+  const char* kind() const override { return "positional_encoding"; }
+  void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
+    c.out.Ensure(b_, x.shape());
+    c.out.CopyFrom(x);
+    b_.AddRowVector(c.out.f32(), table_.f32(), x.rows(), table_.numel());
+  }
+  void Backward(const Tensor&, const Tensor& dy, LayerCache&, Tensor* dx) override {
+    if (dx) *dx = dy;
+  }
+
+ private:
+  Backend& b_;
+  Tensor table_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Causal multi-head self-attention on [positions, dim]: qkv = x W + b, per head
+// softmax(q k^T / sqrt(d_head)) v over earlier positions only, then an output projection.
+class CausalSelfAttention final : public Layer {
+ public:
+  CausalSelfAttention(Backend& b, const Shape& in, int64_t heads, uint64_t seed)
+      : b_(b), t_(in[0]), d_(in[1]), h_(heads), dh_(in[1] / heads) {
+    out_shape_ = in;
+    float bound = 1.0f / std::sqrt(static_cast<float>(d_));
+    wqkv_ = MakeParam(b, "qkv_weight", UniformInit(b, {d_, 3 * d_}, bound, HashCombine(seed, 1)));
+    bqkv_ = MakeParam(b, "qkv_bias", ConstantInit(b, {3 * d_}, 0.0f));
+    wo_ = MakeParam(b, "out_weight", UniformInit(b, {d_, d_}, bound, HashCombine(seed, 2)));
+    bo_ = MakeParam(b, "out_bias", ConstantInit(b, {d_}, 0.0f));
+  }
+  const char* kind() const override { return "causal_self_attention"; }
+
+  // Saved per batch: saved[0] q|k|v by head [3, n, h, t, dh]; saved[1] attention
+  // probabilities [n*h, t, t]; saved[2] the heads' outputs merged back to [n, t, d].
+  void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
+    int64_t n = x.rows(), rows = n * t_, mats = n * h_, hd = t_ * dh_;
+    c.saved.resize(3);
+    Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
+    qkv_.Ensure(b_, {rows, 3 * d_});
+    b_.Gemm(false, false, rows, 3 * d_, d_, 1.0f, x.f32(), wqkv_.value.f32(), 0.0f, qkv_.f32());
+    b_.AddRowVector(qkv_.f32(), bqkv_.value.f32(), rows, 3 * d_);
+    heads.Ensure(b_, {3, n, h_, t_, dh_});
+    b_.SplitHeads(qkv_.f32(), heads.f32(), n, t_, 3, h_, dh_);
+    const float* q = heads.f32();
+    const float* k = q + mats * hd;
+    const float* v = k + mats * hd;
+    scores_.Ensure(b_, {mats, t_, t_});
+    b_.GemmBatched(false, true, t_, t_, dh_, 1.0f, q, hd, k, hd, 0.0f, scores_.f32(), t_ * t_,
+                   mats);
+    probs.Ensure(b_, {mats, t_, t_});
+    b_.CausalSoftmaxForward(scores_.f32(), probs.f32(), mats, t_, Scale());
+    ctx_.Ensure(b_, {n, h_, t_, dh_});
+    b_.GemmBatched(false, false, t_, dh_, t_, 1.0f, probs.f32(), t_ * t_, v, hd, 0.0f, ctx_.f32(),
+                   hd, mats);
+    merged.Ensure(b_, {n, t_, d_});
+    b_.MergeHeads(ctx_.f32(), merged.f32(), n, t_, 1, h_, dh_);
+    c.out.Ensure(b_, {n, t_, d_});
+    b_.Gemm(false, false, rows, d_, d_, 1.0f, merged.f32(), wo_.value.f32(), 0.0f, c.out.f32());
+    b_.AddRowVector(c.out.f32(), bo_.value.f32(), rows, d_);
+  }
+
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    int64_t n = x.rows(), rows = n * t_, mats = n * h_, hd = t_ * dh_;
+    const Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
+    const float* q = heads.f32();
+    const float* k = q + mats * hd;
+    const float* v = k + mats * hd;
+    // Output projection.
+    b_.Gemm(true, false, d_, d_, rows, 1.0f, merged.f32(), dy.f32(), 1.0f, wo_.grad.f32());
+    b_.SumRows(dy.f32(), bo_.grad.f32(), rows, d_);
+    qkv_.Ensure(b_, {rows, d_});  // scratch: d(merged)
+    b_.Gemm(false, true, rows, d_, d_, 1.0f, dy.f32(), wo_.value.f32(), 0.0f, qkv_.f32());
+    ctx_.Ensure(b_, {n, h_, t_, dh_});  // d(per-head outputs)
+    b_.SplitHeads(qkv_.f32(), ctx_.f32(), n, t_, 1, h_, dh_);
+    // Through probs @ v.
+    dheads_.Ensure(b_, {3, n, h_, t_, dh_});
+    float* dq = dheads_.f32();
+    float* dk = dq + mats * hd;
+    float* dv = dk + mats * hd;
+    scores_.Ensure(b_, {mats, t_, t_});  // d(probs)
+    b_.GemmBatched(false, true, t_, t_, dh_, 1.0f, ctx_.f32(), hd, v, hd, 0.0f, scores_.f32(),
+                   t_ * t_, mats);
+    b_.GemmBatched(true, false, t_, dh_, t_, 1.0f, probs.f32(), t_ * t_, ctx_.f32(), hd, 0.0f, dv,
+                   hd, mats);
+    // Through the softmax, then q k^T.
+    dscores_.Ensure(b_, {mats, t_, t_});
+    b_.CausalSoftmaxBackward(probs.f32(), scores_.f32(), dscores_.f32(), mats, t_, Scale());
+    b_.GemmBatched(false, false, t_, dh_, t_, 1.0f, dscores_.f32(), t_ * t_, k, hd, 0.0f, dq, hd,
+                   mats);
+    b_.GemmBatched(true, false, t_, dh_, t_, 1.0f, dscores_.f32(), t_ * t_, q, hd, 0.0f, dk, hd,
+                   mats);
+    // Input projection.
+    qkv_.Ensure(b_, {rows, 3 * d_});
+    b_.MergeHeads(dheads_.f32(), qkv_.f32(), n, t_, 3, h_, dh_);
+    b_.Gemm(true, false, d_, 3 * d_, rows, 1.0f, x.f32(), qkv_.f32(), 1.0f, wqkv_.grad.f32());
+    b_.SumRows(qkv_.f32(), bqkv_.grad.f32(), rows, 3 * d_);
+    if (dx) {
+      dx->Ensure(b_, x.shape());
+      b_.Gemm(false, true, rows, d_, 3 * d_, 1.0f, qkv_.f32(), wqkv_.value.f32(), 0.0f,
+              dx->f32());
+    }
+  }
+  std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &wo_, &bo_}; }
+
+ private:
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dh_)); }
+  Backend& b_;
+  int64_t t_, d_, h_, dh_;
+  Param wqkv_, bqkv_, wo_, bo_;
+  // Scratch shared by every batch (one layer's forward and backward never overlap).
+  Tensor qkv_, scores_, dscores_, ctx_, dheads_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -304,7 +486,7 @@ class Flatten final : public Layer {
 class Embedding final : public Layer {
  public:
   Embedding(Backend& b, const Shape& in, int64_t vocab, int64_t dim, uint64_t seed)
-      : b_(b), dim_(dim) {
+      : b_(b), vocab_(vocab), dim_(dim) {
     out_shape_ = in;
     out_shape_.push_back(dim);
     table_ = MakeParam(b, "table", UniformInit(b, {vocab, dim}, 1.0f, HashCombine(seed, 1)));
@@ -314,17 +496,17 @@ class Embedding final : public Layer {
     Shape s = x.shape();
     s.push_back(dim_);
     c.out.Ensure(b_, s);
-    b_.EmbeddingForward(x.i32(), table_.value.f32(), c.out.f32(), x.numel(), dim_);
+    b_.EmbeddingForward(x.f32(), table_.value.f32(), c.out.f32(), x.numel(), dim_, vocab_);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor*) override {
     // Token ids have no gradient.
-    b_.EmbeddingBackward(x.i32(), dy.f32(), table_.grad.f32(), x.numel(), dim_);
+    b_.EmbeddingBackward(x.f32(), dy.f32(), table_.grad.f32(), x.numel(), dim_, vocab_);
   }
   std::vector<Param*> params() override { return {&table_}; }
 
  private:
   Backend& b_;
-  int64_t dim_;
+  int64_t vocab_, dim_;
   Param table_;
 };
 
@@ -402,6 +584,14 @@ const char* LayerKindName(LayerConfig::Kind kind) {
       return "embedding";
     case K::kResidual:
       return "residual";
+    case K::kBatchNorm:
+      return "batch_norm";
+    case K::kDense:
+      return "dense";
+    case K::kPositionalEncoding:
+      return "positional_encoding";
+    case K::kCausalSelfAttention:
+      return "causal_self_attention";
   }
   return "?";
 }
@@ -475,6 +665,36 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
       *out = in;
       out->push_back(cfg.dim);
       return true;
+    case K::kBatchNorm:
+      if (in.empty()) return fail("needs at least one dimension");
+      if (!(cfg.eps > 0.0f)) return fail("eps must be > 0");
+      if (!(cfg.momentum >= 0.0f && cfg.momentum <= 1.0f)) {
+        return fail("momentum must be in [0, 1]");
+      }
+      *out = in;
+      return true;
+    case K::kDense:
+      if (in.empty()) return fail("needs at least one dimension");
+      if (cfg.out_features <= 0) return fail("out_features must be > 0");
+      if (cfg.in_features > 0 && cfg.in_features != in.back()) {
+        return fail("in_features " + std::to_string(cfg.in_features) +
+                    " does not match the last dimension of its input " + ShapeString(in));
+      }
+      *out = in;
+      out->back() = cfg.out_features;
+      return true;
+    case K::kPositionalEncoding:
+    case K::kCausalSelfAttention:
+      if (in.size() != 2) {
+        return fail("needs a sequence input [positions, dim], got " + ShapeString(in));
+      }
+      if (cfg.kind == K::kCausalSelfAttention &&
+          (cfg.heads <= 0 || in[1] % cfg.heads != 0)) {
+        return fail("heads (" + std::to_string(cfg.heads) + ") must divide dim " +
+                    std::to_string(in[1]));
+      }
+      *out = in;
+      return true;
     case K::kResidual: {
       Shape cur = in;
       for (size_t i = 0; i < cfg.body.size(); ++i) {
@@ -503,7 +723,14 @@ std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& cfg, const Shape
   using K = LayerConfig::Kind;
   switch (cfg.kind) {
     case K::kLinear:
-      return std::make_unique<Linear>(b, NumElements(in), cfg.out_features, seed);
+    case K::kDense:
+      return std::make_unique<Linear>(b, in, cfg.out_features, cfg.kind == K::kDense, seed);
+    case K::kBatchNorm:
+      return std::make_unique<BatchNorm>(b, in, cfg.eps, cfg.momentum);
+    case K::kPositionalEncoding:
+      return std::make_unique<PositionalEncoding>(b, in);
+    case K::kCausalSelfAttention:
+      return std::make_unique<CausalSelfAttention>(b, in, cfg.heads, seed);
     case K::kRelu:
       return std::make_unique<Relu>(b, in);
     case K::kGelu:

@@ -12,6 +12,7 @@ void Optimizer::Step(const std::vector<Param*>& params, float lr) {
   float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(config_.beta1), steps_));
   float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(config_.beta2), steps_));
   for (Param* p : params) {
+    if (!p->trainable) continue;
     int64_t n = p->value.numel();
     if (!p->state1.defined()) p->state1 = Tensor::Zeros(b_, p->value.shape());
     if (adam) {

@@ -1,6 +1,7 @@
 // Stage: forward, head loss, backward and update for one block of layers.
 #include "common/nn/stage.h"
 
+#include "common/core/check.h"
 #include "common/core/rng.h"
 
 namespace localpar {
@@ -73,7 +74,10 @@ HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float
     in = &s.head_caches[i].out;
   }
   const Tensor& logits = *in;
-  int64_t rows = logits.rows(), classes = logits.row_size();
+  // One prediction per row of the last dimension: per example, or per position.
+  int64_t classes = logits.shape().back(), rows = logits.numel() / classes;
+  LP_CHECK_MSG(labels.numel() == rows, "%lld labels for %lld predictions",
+               static_cast<long long>(labels.numel()), static_cast<long long>(rows));
   s.row_loss.Ensure(b_, {rows});
   s.row_correct.Ensure(b_, {rows});
   bool train = mode != HeadMode::kEval;

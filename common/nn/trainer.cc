@@ -76,7 +76,7 @@ std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labe
 void ReferenceTrainer::Greedy(const Tensor& x, const Tensor& labels, float lr,
                               std::vector<HeadStats>* out) {
   ForwardContext ctx{true, StepSeed(options_.seed, step_, 0)};
-  float scale = 1.0f / static_cast<float>(x.rows());
+  float scale = LossScale(x.rows(), labels.numel() / x.rows());
   const Tensor* in = &x;
   for (int k = 0; k < model_.num_stages(); ++k) {
     Stage& st = model_.stage(k);
@@ -94,7 +94,7 @@ void ReferenceTrainer::Greedy(const Tensor& x, const Tensor& labels, float lr,
 void ReferenceTrainer::Overlap(const Tensor& x, const Tensor& labels, float lr,
                                std::vector<HeadStats>* out) {
   ForwardContext ctx{true, StepSeed(options_.seed, step_, 0)};
-  float scale = 1.0f / static_cast<float>(x.rows());
+  float scale = LossScale(x.rows(), labels.numel() / x.rows());
   int n = model_.num_stages();
   const Tensor* in = &x;
   for (int k = 0; k < n; ++k) in = &model_.stage(k).Forward(*in, 0, ctx);
@@ -112,7 +112,7 @@ void ReferenceTrainer::Overlap(const Tensor& x, const Tensor& labels, float lr,
 void ReferenceTrainer::Backprop(const Tensor& x, const Tensor& labels, float lr,
                                 std::vector<HeadStats>* out) {
   int n = model_.num_stages();
-  float scale = 1.0f / static_cast<float>(x.rows());
+  float scale = LossScale(x.rows(), labels.numel() / x.rows());
   for (int m = 0; m < options_.micro_batches; ++m) {
     int64_t begin, count;
     MicroBatchRange(x.rows(), options_.micro_batches, m, &begin, &count);

@@ -33,6 +33,13 @@ struct TrainerOptions {
 // first rows % parts micro-batches get one extra row.
 void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* count);
 
+// The factor that turns summed per-prediction loss gradients into the gradient of the
+// batch's mean loss: 1 / (examples * labels per example).
+inline float LossScale(int64_t batch_rows, int64_t labels_per_example) {
+  int64_t n = batch_rows * labels_per_example;
+  return 1.0f / static_cast<float>(n > 0 ? n : 1);
+}
+
 // The seed the layers see at a given step and micro-batch.
 uint64_t StepSeed(uint64_t seed, int64_t step, int micro_batch);
 

@@ -4,18 +4,35 @@
 #include "common/core/cpu_backend.h"
 
 namespace localpar {
+namespace {
 
-void CpuBackend::EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t n,
-                                  int64_t dim) {
+// The row an id selects, or -1 when the id is not an integer in [0, vocab).
+int64_t RowOf(float id, int64_t vocab) {
+  if (!(id >= 0.0f && id < static_cast<float>(vocab))) return -1;
+  int64_t r = static_cast<int64_t>(id);
+  return static_cast<float>(r) == id ? r : -1;
+}
+
+}  // namespace
+
+void CpuBackend::EmbeddingForward(const float* ids, const float* table, float* out, int64_t n,
+                                  int64_t dim, int64_t vocab) {
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(out + i * dim, table + static_cast<int64_t>(ids[i]) * dim, sizeof(float) * dim);
+    int64_t r = RowOf(ids[i], vocab);
+    if (r < 0) {
+      std::memset(out + i * dim, 0, sizeof(float) * dim);
+    } else {
+      std::memcpy(out + i * dim, table + r * dim, sizeof(float) * dim);
+    }
   }
 }
 
-void CpuBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable, int64_t n,
-                                   int64_t dim) {
+void CpuBackend::EmbeddingBackward(const float* ids, const float* dout, float* dtable, int64_t n,
+                                   int64_t dim, int64_t vocab) {
   for (int64_t i = 0; i < n; ++i) {
-    float* row = dtable + static_cast<int64_t>(ids[i]) * dim;
+    int64_t r = RowOf(ids[i], vocab);
+    if (r < 0) continue;
+    float* row = dtable + r * dim;
     const float* g = dout + i * dim;
     for (int64_t d = 0; d < dim; ++d) row[d] += g[d];
   }

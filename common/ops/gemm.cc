@@ -50,4 +50,14 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 #endif
 }
 
+void CpuBackend::GemmBatched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t stride_a, const float* b,
+                             int64_t stride_b, float beta, float* c, int64_t stride_c,
+                             int64_t batch) {
+  for (int64_t i = 0; i < batch; ++i) {
+    Gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, b + i * stride_b, beta,
+         c + i * stride_c);
+  }
+}
+
 }  // namespace localpar

@@ -66,6 +66,22 @@ std::vector<LayerCase> Cases() {
   LayerConfig res_mlp = Cfg(K::kResidual);
   res_mlp.body = {Cfg(K::kLayerNorm), Cfg(K::kLinear, 8), Cfg(K::kGelu), Cfg(K::kLinear, 6)};
   cases.push_back({"residual_prenorm_mlp", res_mlp, {3, 6}});
+  cases.push_back({"batch_norm_image", Cfg(K::kBatchNorm), {3, 2, 2, 4}, 1e-2f});
+  cases.push_back({"batch_norm_features", Cfg(K::kBatchNorm), {5, 3}, 1e-2f});
+  cases.push_back({"dense_per_position", Cfg(K::kDense, 5), {2, 3, 4}});
+  cases.push_back({"positional_encoding", Cfg(K::kPositionalEncoding), {2, 5, 6}});
+  LayerConfig attn = Cfg(K::kCausalSelfAttention);
+  attn.heads = 2;
+  cases.push_back({"causal_self_attention", attn, {2, 5, 8}});
+  LayerConfig attn1 = Cfg(K::kCausalSelfAttention);
+  cases.push_back({"causal_self_attention_one_head", attn1, {1, 4, 6}});
+  LayerConfig block = Cfg(K::kResidual);
+  block.body = {Cfg(K::kLayerNorm), attn};
+  cases.push_back({"residual_prenorm_attention", block, {2, 4, 8}});
+  LayerConfig resnet = Cfg(K::kResidual);
+  resnet.body = {Cfg(K::kConv2d, 3, 3, 1, 1), Cfg(K::kBatchNorm), Cfg(K::kGelu),
+                 Cfg(K::kConv2d, 3, 3, 1, 1), Cfg(K::kBatchNorm)};
+  cases.push_back({"residual_conv_bn_block", resnet, {3, 4, 4, 3}});
   return cases;
 }
 
@@ -127,6 +143,7 @@ TEST_P(LayerGradient, BackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(AllClose(analytic_dx, numeric_dx, 2e-3f, 2e-2f)) << "d/dx of " << c.name;
 
   for (Param* p : layer->params()) {
+    if (!p->trainable) continue;  // running statistics: no gradient
     std::vector<float> analytic = p->grad.ToHost();
     std::vector<float> numeric(analytic.size());
     for (size_t i = 0; i < analytic.size(); ++i) {
@@ -164,7 +181,10 @@ TEST_P(LayerGradient, CudaMatchesCpu) {
     Tensor dx;
     layer->Backward(x, dy, cache, &dx);
     Result r{cache.out.ToHost(), dx.ToHost(), {}};
-    for (Param* p : layer->params()) r.grads.push_back(p->grad.ToHost());
+    // Trainable parameters' gradients; running statistics' values.
+    for (Param* p : layer->params()) {
+      r.grads.push_back(p->trainable ? p->grad.ToHost() : p->value.ToHost());
+    }
     return r;
   };
   Result want = run(*cpu), got = run(*gpu);
@@ -190,7 +210,8 @@ TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
     std::string error;
     auto layer = MakeLayer(*be, c, {4}, 11, &error);
     ASSERT_TRUE(layer) << error;
-    Tensor ids = Tensor::FromHostI32(*be, {1, 4}, {2, 0, 2, 4});
+    // Token ids travel as floats, like every activation.
+    Tensor ids = Tensor::FromHost(*be, {1, 4}, std::vector<float>{2, 0, 2, 4});
     LayerCache cache;
     layer->Forward(ids, cache, ForwardContext{});
     std::vector<float> table = layer->params()[0]->value.ToHost();
@@ -207,6 +228,61 @@ TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
     std::vector<float> want = {4, 5, 6, 0, 0, 0, 1 + 7, 2 + 8, 3 + 9, 0, 0, 0, 10, 11, 12};
     EXPECT_EQ(grad, want) << be->Describe();
   }
+}
+
+TEST(Embedding, IdsOutsideTheVocabularyOrNotIntegersLookUpZerosAndLearnNothing) {
+  LayerConfig c = Cfg(K::kEmbedding);
+  c.vocab = 4;
+  c.dim = 2;
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+  for (auto& be : backends) {
+    std::string error;
+    auto layer = MakeLayer(*be, c, {5}, 3, &error);
+    ASSERT_TRUE(layer) << error;
+    Tensor ids = Tensor::FromHost(*be, {1, 5}, std::vector<float>{-1, 4, 1.5f, NAN, 3});
+    LayerCache cache;
+    layer->Forward(ids, cache, ForwardContext{});
+    std::vector<float> table = layer->params()[0]->value.ToHost();
+    std::vector<float> out = cache.out.ToHost();
+    std::vector<float> want = {0, 0, 0, 0, 0, 0, 0, 0, table[6], table[7]};
+    EXPECT_EQ(out, want) << be->Describe();
+    layer->Backward(ids, Tensor::FromHost(*be, {1, 5, 2}, std::vector<float>(10, 1.0f)), cache,
+                    nullptr);
+    std::vector<float> grad = layer->params()[0]->grad.ToHost();
+    EXPECT_EQ(grad, (std::vector<float>{0, 0, 0, 0, 0, 0, 1, 1})) << be->Describe();
+  }
+}
+
+TEST(BatchNorm, EvaluationUsesTheRunningStatisticsTrainingUpdates) {
+  auto cpu = MakeCpuBackend();
+  LayerConfig c = Cfg(K::kBatchNorm);
+  c.momentum = 0.5f;
+  std::string error;
+  auto layer = MakeLayer(*cpu, c, {2}, 1, &error);
+  ASSERT_TRUE(layer) << error;
+  // Column 0: 1, 3 (mean 2, biased var 1, unbiased 2); column 1: 4, 4 (mean 4, var 0).
+  Tensor x = Tensor::FromHost(*cpu, {2, 2}, std::vector<float>{1, 4, 3, 4});
+  LayerCache cache;
+  layer->Forward(x, cache, ForwardContext{true, 0});
+  std::vector<float> y = cache.out.ToHost();
+  EXPECT_NEAR(y[0], -1.0f, 1e-4f);
+  EXPECT_NEAR(y[2], 1.0f, 1e-4f);
+  EXPECT_NEAR(y[1], 0.0f, 1e-4f);
+  std::vector<Param*> p = layer->params();
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_FALSE(p[2]->trainable);
+  // running = 0.5 * initial + 0.5 * batch.
+  EXPECT_EQ(p[2]->value.ToHost(), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_EQ(p[3]->value.ToHost(), (std::vector<float>{1.5f, 0.5f}));
+  // Eval: (x - running_mean) / sqrt(running_var + eps), and the running stats stay put.
+  Tensor z = Tensor::FromHost(*cpu, {1, 2}, std::vector<float>{2.5f, 2.0f});
+  layer->Forward(z, cache, ForwardContext{false, 0});
+  std::vector<float> e = cache.out.ToHost();
+  EXPECT_NEAR(e[0], 1.5f / std::sqrt(1.5f + 1e-5f), 1e-5f);
+  EXPECT_NEAR(e[1], 0.0f, 1e-6f);
+  EXPECT_EQ(p[2]->value.ToHost(), (std::vector<float>{1.0f, 2.0f}));
 }
 
 TEST(Dropout, IsIdentityAtEvalAndMasksGradientsInTraining) {

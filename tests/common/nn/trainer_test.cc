@@ -185,6 +185,74 @@ TEST(Rules, RepeatedRunsAreBitwiseIdentical) {
   }
 }
 
+// A two-stage byte-level transformer LM: token ids in, one prediction per position.
+ModelConfig TinyLanguageModel() {
+  constexpr int kVocab = 7;
+  ModelConfig m;
+  m.input_shape = {4};
+  m.classes = kVocab;
+  m.seed = 5;
+  m.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  LayerConfig emb = L(K::kEmbedding);
+  emb.vocab = kVocab;
+  emb.dim = 8;
+  LayerConfig attn = L(K::kCausalSelfAttention);
+  attn.heads = 2;
+  LayerConfig attn_block = L(K::kResidual);
+  attn_block.body = {L(K::kLayerNorm), attn};
+  LayerConfig mlp_block = L(K::kResidual);
+  mlp_block.body = {L(K::kLayerNorm), L(K::kDense, 16), L(K::kGelu), L(K::kDense, 8)};
+  StageConfig s0, s1;
+  s0.layers = {emb, L(K::kPositionalEncoding), attn_block};
+  s1.layers = {attn_block, mlp_block};
+  s0.head.kind = s1.head.kind = HeadConfig::Kind::kLanguageModel;
+  m.stages = {s0, s1};
+  return m;
+}
+
+TEST(LanguageModel, EveryRulesGradientIsThatOfTheMeanPerTokenLoss) {
+  auto cpu = MakeCpuBackend();
+  // Ids as floats (as they travel); labels: the next token at every position.
+  Tensor x = Tensor::FromHost(*cpu, {3, 4}, std::vector<float>{1, 4, 2, 6, 0, 0, 3, 5, 6, 2, 2, 1});
+  Tensor y = Tensor::FromHostI32(*cpu, {3, 4}, {4, 2, 6, 3, 0, 3, 5, 1, 2, 2, 1, 0});
+  struct Want {
+    UpdateRule rule;
+    int stage;
+    std::initializer_list<int> heads;
+  };
+  for (const Want& w : {Want{UpdateRule::kGreedy, 0, {0}}, Want{UpdateRule::kGreedy, 1, {1}},
+                        Want{UpdateRule::kOverlap, 0, {0, 1}},
+                        Want{UpdateRule::kBackprop, 0, {1}}}) {
+    std::string error;
+    auto model = Model::Create(*cpu, TinyLanguageModel(), &error);
+    ASSERT_TRUE(model) << error;
+    ReferenceTrainer t(*model, Options(w.rule));
+    std::vector<HeadStats> s = t.ComputeGradients(x, y);
+    EXPECT_EQ(s[1].count, 12);  // one prediction per token
+    // The stage's first parameter: the embedding table, or the attention's qkv weight.
+    Param* p = model->stage(w.stage).params()[0];
+    std::vector<float> numeric(static_cast<size_t>(p->value.numel()));
+    const float eps = 1e-2f;
+    auto loss = [&]() {
+      std::vector<HeadStats> e = t.EvalBatch(x, y);
+      double total = 0;
+      for (int k : w.heads) total += e[k].mean_loss();
+      return total;
+    };
+    for (size_t i = 0; i < numeric.size(); ++i) {
+      float orig = p->value.f32()[i];
+      p->value.f32()[i] = orig + eps;
+      double up = loss();
+      p->value.f32()[i] = orig - eps;
+      double down = loss();
+      p->value.f32()[i] = orig;
+      numeric[i] = static_cast<float>((up - down) / (2 * eps));
+    }
+    EXPECT_TRUE(AllClose(p->grad.ToHost(), numeric, 2e-3f, 2e-2f))
+        << UpdateRuleName(w.rule) << " stage " << w.stage;
+  }
+}
+
 class EveryRule : public ::testing::TestWithParam<UpdateRule> {};
 
 TEST_P(EveryRule, LearnsTheBatchAtEveryStage) {
