@@ -138,7 +138,8 @@ void GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t
   for (int64_t i = 0; i < count; ++i) {
     int64_t src = order[begin + i];
     std::memcpy(x + i * per, data.x.data() + src * per, sizeof(float) * per);
-    y[i] = data.y[src];
+    std::memcpy(y + i * data.label_size, data.y.data() + src * data.label_size,
+                sizeof(int32_t) * data.label_size);
   }
 }
 

@@ -78,6 +78,31 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
       if (l.embedding().vocab() <= 0) return Invalid(at + ".embedding.vocab", "must be > 0");
       if (l.embedding().dim() <= 0) return Invalid(at + ".embedding.dim", "must be > 0");
       break;
+    case v1::Layer::kDense:
+      if (l.dense().out_features() <= 0) return Invalid(at + ".dense.out_features", "must be > 0");
+      if (l.dense().in_features() < 0) return Invalid(at + ".dense.in_features", "must be >= 0");
+      break;
+    case v1::Layer::kBatchNorm:
+      if (!(l.batch_norm().eps() >= 0.0f) || !Finite(l.batch_norm().eps())) {
+        return Invalid(at + ".batch_norm.eps", "must be a finite number >= 0");
+      }
+      if (!(l.batch_norm().momentum() >= 0.0f && l.batch_norm().momentum() <= 1.0f)) {
+        return Invalid(at + ".batch_norm.momentum", "must be in [0, 1]");
+      }
+      break;
+    case v1::Layer::kCausalSelfAttention:
+      if (l.causal_self_attention().heads() < 0) {
+        return Invalid(at + ".causal_self_attention.heads", "must be > 0");
+      }
+      break;
+    case v1::Layer::kTransformerBlock:
+      if (l.transformer_block().heads() < 0) {
+        return Invalid(at + ".transformer_block.heads", "must be > 0");
+      }
+      if (l.transformer_block().mlp_hidden() < 0) {
+        return Invalid(at + ".transformer_block.mlp_hidden", "must be > 0");
+      }
+      break;
     case v1::Layer::kResidual:
       if (l.residual().body().empty()) return Invalid(at + ".residual.body", "is empty");
       for (int i = 0; i < l.residual().body_size(); ++i) {
@@ -92,7 +117,11 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
   return absl::OkStatus();
 }
 
-LayerConfig ToLayerConfig(const v1::Layer& l) {
+void AppendLayerConfigs(const v1::Layer& l, Shape* cur, std::vector<LayerConfig>* out);
+
+// The core config of one job layer. A transformer block needs its input's width, so
+// conversion tracks the shape (`cur`) and may emit more than one layer.
+LayerConfig ToLayerConfig(const v1::Layer& l, const Shape& cur) {
   using K = LayerConfig::Kind;
   LayerConfig c;
   switch (l.kind_case()) {
@@ -142,14 +171,65 @@ LayerConfig ToLayerConfig(const v1::Layer& l) {
       c.vocab = l.embedding().vocab();
       c.dim = l.embedding().dim();
       break;
-    case v1::Layer::kResidual:
+    case v1::Layer::kResidual: {
       c.kind = K::kResidual;
-      for (const auto& b : l.residual().body()) c.body.push_back(ToLayerConfig(b));
+      Shape inner = cur;
+      for (const auto& b : l.residual().body()) AppendLayerConfigs(b, &inner, &c.body);
+      break;
+    }
+    case v1::Layer::kDense:
+      c.kind = K::kDense;
+      c.out_features = l.dense().out_features();
+      c.in_features = l.dense().in_features();
+      break;
+    case v1::Layer::kBatchNorm:
+      c.kind = K::kBatchNorm;
+      c.eps = l.batch_norm().eps() > 0 ? l.batch_norm().eps() : 1e-5f;
+      c.momentum = l.batch_norm().momentum() > 0 ? l.batch_norm().momentum() : 0.1f;
+      break;
+    case v1::Layer::kPositionalEncoding:
+      c.kind = K::kPositionalEncoding;
+      break;
+    case v1::Layer::kCausalSelfAttention:
+      c.kind = K::kCausalSelfAttention;
+      c.heads = l.causal_self_attention().heads() > 0 ? l.causal_self_attention().heads() : 1;
+      break;
+    case v1::Layer::kTransformerBlock:  // expanded by AppendLayerConfigs
       break;
     case v1::Layer::KIND_NOT_SET:
       break;
   }
   return c;
+}
+
+void AppendLayerConfigs(const v1::Layer& l, Shape* cur, std::vector<LayerConfig>* out) {
+  using K = LayerConfig::Kind;
+  std::vector<LayerConfig> made;
+  if (l.kind_case() == v1::Layer::kTransformerBlock) {
+    const v1::TransformerBlock& t = l.transformer_block();
+    int64_t dim = cur->empty() ? 0 : cur->back();
+    auto make = [](K kind, int64_t width = 0) {
+      LayerConfig c;
+      c.kind = kind;
+      c.out_features = width;
+      return c;
+    };
+    LayerConfig attention = make(K::kCausalSelfAttention);
+    attention.heads = t.heads() > 0 ? t.heads() : 1;
+    LayerConfig attend = make(K::kResidual), mlp = make(K::kResidual);
+    attend.body = {make(K::kLayerNorm), attention};
+    mlp.body = {make(K::kLayerNorm), make(K::kDense, t.mlp_hidden() > 0 ? t.mlp_hidden() : 4 * dim),
+                make(K::kGelu), make(K::kDense, dim)};
+    made = {attend, mlp};
+  } else {
+    made = {ToLayerConfig(l, *cur)};
+  }
+  for (LayerConfig& c : made) {
+    Shape next;
+    std::string ignored;  // ValidateModel reports shape errors with full context
+    if (InferLayerShape(c, *cur, &next, &ignored)) *cur = next;
+    out->push_back(std::move(c));
+  }
 }
 
 }  // namespace
@@ -188,6 +268,12 @@ void ApplyJobDefaults(v1::Job& job) {
   if (data->source_case() == v1::Data::SOURCE_NOT_SET) data->mutable_fashion_mnist();
   if (data->has_fashion_mnist() && data->fashion_mnist().dir().empty()) {
     data->mutable_fashion_mnist()->set_dir(kDefaultFashionMnistDir);
+  }
+  if (data->has_text()) {
+    v1::TextCorpus* t = data->mutable_text();
+    if (t->paths().empty()) t->add_paths(kDefaultTextCorpusDir);
+    if (t->seq_len() == 0) t->set_seq_len(64);
+    if (t->holdout_fraction() == 0.0f) t->set_holdout_fraction(0.1f);
   }
   if (data->has_synthetic()) {
     v1::Synthetic* s = data->mutable_synthetic();
@@ -250,6 +336,21 @@ absl::Status ValidateJob(const v1::Job& job) {
       return Invalid("data.synthetic.noise", "must be a finite number >= 0");
     }
   }
+  if (d.has_cifar10() && d.cifar10().dir().empty()) {
+    return Invalid("data.cifar10.dir", "required: the directory holding data_batch_1.bin etc.");
+  }
+  if (d.has_text()) {
+    const v1::TextCorpus& t = d.text();
+    for (int i = 0; i < t.paths_size(); ++i) {
+      if (t.paths(i).empty()) return Invalid(absl::StrCat("data.text.paths[", i, "]"), "is empty");
+    }
+    if (t.seq_len() <= 0 || t.seq_len() > 4096) {
+      return Invalid("data.text.seq_len", "must be in 1..4096");
+    }
+    if (!(t.holdout_fraction() > 0.0f && t.holdout_fraction() < 1.0f)) {
+      return Invalid("data.text.holdout_fraction", "must be in (0, 1)");
+    }
+  }
   const v1::Schedule& sc = job.schedule();
   if (!(sc.lr() > 0.0f) || !Finite(sc.lr())) return Invalid("schedule.lr", "must be > 0");
   if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr()))
@@ -284,6 +385,9 @@ absl::Status ValidateJob(const v1::Job& job) {
     }
     if (st.head().hidden() < 0) return Invalid(at + ".head.hidden", "must be > 0");
     if (st.head().channels() < 0) return Invalid(at + ".head.channels", "must be > 0");
+    for (int64_t v : st.input_shape()) {
+      if (v <= 0) return Invalid(at + ".input_shape", "every extent must be > 0");
+    }
   }
   std::string error;
   if (!ValidateModel(ToModelConfig(job), &error)) return absl::InvalidArgumentError(error);
@@ -291,15 +395,24 @@ absl::Status ValidateJob(const v1::Job& job) {
 }
 
 Shape JobInputShape(const v1::Job& job) {
-  if (job.data().has_synthetic()) {
-    const auto& s = job.data().synthetic().shape();
+  const v1::Data& d = job.data();
+  if (d.has_synthetic()) {
+    const auto& s = d.synthetic().shape();
     return Shape(s.begin(), s.end());
   }
+  if (d.has_cifar10()) return {32, 32, 3};
+  if (d.has_text()) return {d.text().seq_len()};
   return {28, 28, 1};
 }
 
 int32_t JobClasses(const v1::Job& job) {
-  return job.data().has_synthetic() ? job.data().synthetic().classes() : 10;
+  if (job.data().has_synthetic()) return job.data().synthetic().classes();
+  if (job.data().has_text()) return 256;  // bytes
+  return 10;
+}
+
+int64_t JobLabelsPerExample(const v1::Job& job) {
+  return job.data().has_text() ? job.data().text().seq_len() : 1;
 }
 
 UpdateRule ToUpdateRule(v1::UpdateRule rule) {
@@ -313,6 +426,31 @@ UpdateRule ToUpdateRule(v1::UpdateRule rule) {
     default:
       return UpdateRule::kGreedy;
   }
+}
+
+absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
+  const int have = job.stages_size();
+  if (stages < 1 || stages > have) {
+    return absl::InvalidArgumentError(absl::StrCat("stages=", stages, ": the job has ", have,
+                                                   " stages, so it regroups into 1..", have));
+  }
+  v1::Job out = job;
+  out.clear_stages();
+  for (int g = 0; g < stages; ++g) {
+    int64_t begin, count;
+    MicroBatchRange(have, stages, g, &begin, &count);
+    v1::Stage* merged = out.add_stages();
+    *merged->mutable_input_shape() = job.stages(static_cast<int>(begin)).input_shape();
+    std::vector<std::string> names;
+    for (int64_t k = begin; k < begin + count; ++k) {
+      const v1::Stage& st = job.stages(static_cast<int>(k));
+      names.push_back(st.name().empty() ? absl::StrCat("stage", k) : st.name());
+      for (const v1::Layer& l : st.layers()) *merged->add_layers() = l;
+      *merged->mutable_head() = st.head();
+    }
+    merged->set_name(absl::StrJoin(names, "+"));
+  }
+  return out;
 }
 
 ModelConfig ToModelConfig(const v1::Job& job) {
@@ -334,10 +472,12 @@ ModelConfig ToModelConfig(const v1::Job& job) {
     m.optimizer.eps = a.eps();
     m.optimizer.weight_decay = a.weight_decay();
   }
+  Shape cur = m.input_shape;
   for (const v1::Stage& st : job.stages()) {
     StageConfig s;
     s.name = st.name();
-    for (const v1::Layer& l : st.layers()) s.layers.push_back(ToLayerConfig(l));
+    s.declared_input.assign(st.input_shape().begin(), st.input_shape().end());
+    for (const v1::Layer& l : st.layers()) AppendLayerConfigs(l, &cur, &s.layers);
     s.head.kind = static_cast<HeadConfig::Kind>(st.head().kind());
     if (st.head().hidden() > 0) s.head.hidden = st.head().hidden();
     if (st.head().channels() > 0) s.head.channels = st.head().channels();

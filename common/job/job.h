@@ -27,6 +27,14 @@ absl::Status ValidateJob(const v1::Job& job);
 // Per-example input shape and class count the job's data source produces.
 Shape JobInputShape(const v1::Job& job);
 int32_t JobClasses(const v1::Job& job);
+// Labels per example: 1 for classification, seq_len for language modelling.
+int64_t JobLabelsPerExample(const v1::Job& job);
+
+// The same network cut into `stages` stages instead: consecutive stages merge into groups
+// as even in size as possible (earlier groups take the extra stage), each keeping the head
+// of its last member. This is how CHUNKED with k chunks, or a different pipeline depth, is
+// made from one job file.
+absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages);
 
 ModelConfig ToModelConfig(const v1::Job& job);
 TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps);

@@ -45,7 +45,7 @@ std::vector<HeadStats> Evaluate(ReferenceTrainer& trainer, Backend& be, const Da
   for (int64_t b = 0; b < data.size(); b += batch) {
     assembler.Gather(order, b, std::min(batch, data.size() - b));
     x.Ensure(be, assembler.x_shape());
-    y.Ensure(be, {assembler.rows()}, DType::kI32);
+    y.Ensure(be, assembler.y_shape(), DType::kI32);
     be.CopyFromHost(x.raw(), assembler.x(), assembler.x_bytes());
     be.CopyFromHost(y.raw(), assembler.y(), assembler.y_bytes());
     std::vector<HeadStats> s = trainer.EvalBatch(x, y);
@@ -74,11 +74,16 @@ int64_t TotalSteps(const v1::Job& job, int64_t train_examples) {
 BatchAssembler::BatchAssembler(const Dataset& data, int64_t max_rows)
     : data_(data),
       x_(static_cast<size_t>(max_rows * data.example_size())),
-      y_(static_cast<size_t>(max_rows)) {}
+      y_(static_cast<size_t>(max_rows * data.label_size)) {}
 
 void BatchAssembler::Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows) {
   rows_ = rows;
   GatherBatch(data_, order, begin, rows, x_.data(), y_.data());
+}
+
+Shape BatchAssembler::y_shape() const {
+  if (data_.label_size == 1) return {rows_};
+  return {rows_, data_.label_size};
 }
 
 Shape BatchAssembler::x_shape() const {
@@ -100,9 +105,18 @@ absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
     o.seed = s.seed();
     o.noise = s.noise();
     split = MakeSynthetic(o);
+  } else if (d.has_text()) {
+    TextCorpusOptions o;
+    o.paths.assign(d.text().paths().begin(), d.text().paths().end());
+    o.seq_len = d.text().seq_len();
+    o.holdout_fraction = d.text().holdout_fraction();
+    absl::StatusOr<DataSplit> t = LoadTextCorpus(o, d.train_limit(), d.test_limit());
+    if (!t.ok()) return t.status();
+    return *std::move(t);  // token ids: never standardised
   } else {
     absl::StatusOr<DataSplit> f =
-        LoadFashionMnist(d.fashion_mnist().dir(), d.train_limit(), d.test_limit());
+        d.has_cifar10() ? LoadCifar10(d.cifar10().dir(), d.train_limit(), d.test_limit())
+                        : LoadFashionMnist(d.fashion_mnist().dir(), d.train_limit(), d.test_limit());
     if (!f.ok()) return f.status();
     split = *std::move(f);
   }
@@ -150,7 +164,7 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
       int64_t n = std::min(batch, n_train - b);
       assembler.Gather(order, b, n);
       x.Ensure(be, assembler.x_shape());
-      y.Ensure(be, {n}, DType::kI32);
+      y.Ensure(be, assembler.y_shape(), DType::kI32);
       be.CopyFromHost(x.raw(), assembler.x(), assembler.x_bytes());
       be.CopyFromHost(y.raw(), assembler.y(), assembler.y_bytes());
       std::vector<HeadStats> s = trainer.TrainStep(x, y);

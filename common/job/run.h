@@ -26,8 +26,10 @@ class BatchAssembler {
   const float* x() const { return x_.data(); }
   const int32_t* y() const { return y_.data(); }
   Shape x_shape() const;
+  // [rows], or [rows, labels per example] for per-position labels.
+  Shape y_shape() const;
   size_t x_bytes() const { return static_cast<size_t>(rows_ * data_.example_size()) * 4; }
-  size_t y_bytes() const { return static_cast<size_t>(rows_) * 4; }
+  size_t y_bytes() const { return static_cast<size_t>(rows_ * data_.label_size) * 4; }
 
  private:
   const Dataset& data_;

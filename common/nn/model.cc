@@ -24,11 +24,17 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
   Shape cur = config.input_shape;
   for (size_t k = 0; k < config.stages.size(); ++k) {
     const StageConfig& st = config.stages[k];
+    std::string source = k == 0 ? "the data" : "the output of " + StageLabel(config, k - 1);
+    if (!st.declared_input.empty() && st.declared_input != cur) {
+      *error = StageLabel(config, k) + ".input_shape " + ShapeString(st.declared_input) +
+               " does not match " + ShapeString(cur) + ", " + source;
+      return false;
+    }
     for (size_t i = 0; i < st.layers.size(); ++i) {
       Shape next;
       std::string e;
       if (!InferLayerShape(st.layers[i], cur, &next, &e)) {
-        std::string from = k == 0 && i == 0 ? "the data" : "the previous layer";
+        std::string from = i == 0 ? source : "the previous layer";
         *error = StageLabel(config, k) + ".layers[" + std::to_string(i) + "] " + e + " (input " +
                  ShapeString(cur) + " from " + from + ")";
         return false;

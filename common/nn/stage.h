@@ -15,6 +15,7 @@ struct StageConfig {
   std::string name;
   std::vector<LayerConfig> layers;
   HeadConfig head;
+  Shape declared_input;  // optional: checked against what arrives (empty: anything)
 };
 
 // Sums of a head's per-example loss and correct predictions over `count` examples.

@@ -344,8 +344,11 @@ class Coordinator {
     int64_t per = NumElements(xs) / std::max<int64_t>(rows, 1);
     SetWireTensor(b->mutable_activations(), v1::F32, xs, a.x() + begin * per,
                   static_cast<size_t>(rows * per) * 4);
-    SetWireTensor(b->mutable_labels(), v1::I32, {rows}, a.y() + begin,
-                  static_cast<size_t>(rows) * 4);
+    Shape ys = a.y_shape();
+    ys[0] = rows;
+    int64_t labels_per = NumElements(ys) / std::max<int64_t>(rows, 1);
+    SetWireTensor(b->mutable_labels(), v1::I32, ys, a.y() + begin * labels_per,
+                  static_cast<size_t>(rows * labels_per) * 4);
     return pipe.Send(item);
   }
 
@@ -776,6 +779,13 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const CoordinatorOptions& o) {
   if (o.epochs > 0) job->set_epochs(o.epochs);
   if (o.max_steps > 0) job->set_max_steps(o.max_steps);
   if (o.seed >= 0) job->set_seed(static_cast<uint64_t>(o.seed));
+  if (o.stages > 0) {
+    absl::StatusOr<v1::Job> regrouped = RegroupStages(*job, o.stages);
+    if (!regrouped.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", regrouped.status().message()));
+    }
+    job = *std::move(regrouped);
+  }
   if (absl::Status s = ValidateJob(*job); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(o.job_path, ": ", s.message()));
   }

@@ -29,6 +29,7 @@ struct CoordinatorOptions {
   int epochs = 0;
   int64_t max_steps = 0;
   int64_t seed = -1;  // -1: keep
+  int stages = 0;     // regroup the job's stages into this many (RegroupStages); 0: keep
   // Checkpoints: a directory of ckpt-NNNNNN/ subdirectories, each committed by its MANIFEST.
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 0;

@@ -22,6 +22,7 @@ ABSL_FLAG(std::string, rule, "", "Override the job's update rule");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0: keep)");
 ABSL_FLAG(int64_t, max_steps, 0, "Override the job's max_steps (0: keep)");
 ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep)");
+ABSL_FLAG(int, stages, 0, "Regroup the job's stages into this many (0: keep)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Address for the Prometheus /metrics endpoint (port 0: pick a free port; empty: off)");
 ABSL_FLAG(std::string, metrics_port_file, "", "Write the metrics port to this file");
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.stages = absl::GetFlag(FLAGS_stages);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   o.status_listen = absl::GetFlag(FLAGS_status_listen);

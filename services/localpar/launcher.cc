@@ -221,6 +221,7 @@ int Launch(const LaunchOptions& o) {
   if (co.epochs > 0) argv.push_back(absl::StrCat("--epochs=", co.epochs));
   if (co.max_steps > 0) argv.push_back(absl::StrCat("--max_steps=", co.max_steps));
   if (co.seed >= 0) argv.push_back(absl::StrCat("--seed=", co.seed));
+  if (co.stages > 0) argv.push_back(absl::StrCat("--stages=", co.stages));
   if (!co.checkpoint_dir.empty()) {
     argv.push_back("--checkpoint_dir=" + co.checkpoint_dir);
     argv.push_back(absl::StrCat("--checkpoint_every_steps=", co.checkpoint_every_steps));

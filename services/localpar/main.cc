@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/job/run.h"
 #include "services/localpar/launcher.h"
 #include "services/localpar/probe.h"
@@ -30,6 +31,9 @@ ABSL_FLAG(std::string, rule, "",
 ABSL_FLAG(int, epochs, 0, "Override the job's epoch count (0: keep the job's)");
 ABSL_FLAG(int, max_steps, 0, "Stop after this many training steps (0: keep the job's)");
 ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep the job's)");
+ABSL_FLAG(int, stages, 0,
+          "Regroup the job's stages into this many, merging consecutive stages (each group keeps "
+          "its last stage's head); 0: keep the job's");
 ABSL_FLAG(bool, quiet, false, "No progress output");
 ABSL_FLAG(bool, trace, false,
           "run: write each stage's per-batch compute intervals to OUT/trace.json");
@@ -75,6 +79,8 @@ Usage:
                                       and a coordinator, over gRPC on loopback
   localpar train JOB_FILE [flags]     train with the in-process reference trainer
   localpar validate JOB_FILE          check a job file and print its effective settings
+  localpar data JOB_FILE              load the job's data and print its figures as JSON
+                                      (examples, classes, the unigram baseline in bits)
   localpar probe HOST:PORT            gRPC health check of a worker (exit 0 when serving)
   localpar status HOST:PORT           a running job's stages: throughput, loss, queues
                                       (`localpar run` prints the coordinator's address)
@@ -108,6 +114,7 @@ localpar::CoordinatorOptions CoordinatorFlags(const std::string& path) {
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.stages = absl::GetFlag(FLAGS_stages);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   o.checkpoint_every_seconds = absl::GetFlag(FLAGS_checkpoint_every_seconds);
@@ -136,7 +143,7 @@ int Main(const std::vector<char*>& args) {
   if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms), security);
   if (command == "status") return localpar::Status(path, 1000, security);
   if (command == "checkpoint") return localpar::RequestCheckpoint(path, security);
-  if (command != "run" && command != "train" && command != "validate") {
+  if (command != "run" && command != "train" && command != "validate" && command != "data") {
     return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }
   if (absl::GetFlag(FLAGS_threads) < 1) return Fail(kExitUsage, "--threads must be >= 1");
@@ -175,6 +182,14 @@ int Main(const std::vector<char*>& args) {
   }
   absl::StatusOr<localpar::DataSplit> data = localpar::LoadJobData(*job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
+  if (command == "data") {
+    std::cout << absl::StrFormat(
+        "{\"train_examples\": %d, \"test_examples\": %d, \"classes\": %d, "
+        "\"labels_per_example\": %d, \"unigram_bits_per_label\": %.6f}\n",
+        data->train.size(), data->test.size(), data->train.classes, data->train.label_size,
+        localpar::UnigramBitsPerLabel(*data));
+    return kExitOk;
+  }
   localpar::RunOptions options;
   options.device = absl::GetFlag(FLAGS_device);
   options.threads = absl::GetFlag(FLAGS_threads);

@@ -233,7 +233,7 @@ class WorkerService::Session {
     const int m = rule_ == UpdateRule::kBackprop ? b.micro_batch() : 0;
     const int M = rule_ == UpdateRule::kBackprop ? std::max(1, b.micro_batches()) : 1;
     const int slot = max_delay_ > 0 ? static_cast<int>(b.step() % (max_delay_ + 1)) : m;
-    const float scale = 1.0f / static_cast<float>(b.batch_rows() > 0 ? b.batch_rows() : 1);
+    const float scale = LossScale(b.batch_rows(), w_.labels_per_example_);
     const float lr = LearningRate(w_.trainer_.schedule, b.step(), w_.trainer_.total_steps);
     Tensor& x = inputs_[slot];
     Tensor& labels = labels_[slot];
@@ -483,6 +483,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   stage_index_ = req->stage();
   num_stages_ = job.stages_size();
   classes_ = JobClasses(job);
+  labels_per_example_ = JobLabelsPerExample(job);
   trainer_ = ToTrainerOptions(job, req->total_steps());
   if (metrics_) metrics_->Configure(job.name(), stage_index_);
   downstream_ =
@@ -561,14 +562,18 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
     Reject("malformed_tensor");
     return s;
   }
-  if (b.labels().dtype() != v1::I32 || b.labels().shape_size() != 1 ||
-      b.labels().shape(0) != shape[0]) {
+  const auto& lshape = b.labels().shape();
+  const int64_t want_labels = shape[0] * labels_per_example_;
+  if (b.labels().dtype() != v1::I32 || lshape.empty() || lshape[0] != shape[0] ||
+      NumElements(Shape(lshape.begin(), lshape.end())) != want_labels) {
     Reject("wrong_labels");
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch.labels: need I32 of shape [", shape[0], "] (one label per example)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch.labels: need I32 with ", labels_per_example_, " label(s) for each of the ",
+        shape[0], " examples, got ", v1::DType_Name(b.labels().dtype()), " [",
+        absl::StrJoin(lshape, ","), "]"));
   }
   const int32_t* labels = reinterpret_cast<const int32_t*>(b.labels().data().data());
-  for (int64_t i = 0; i < shape[0]; ++i) {
+  for (int64_t i = 0; i < want_labels; ++i) {
     if (labels[i] < 0 || labels[i] >= classes_) {
       Reject("label_out_of_range");
       return absl::InvalidArgumentError(

@@ -70,6 +70,7 @@ class WorkerService final : public v1::Worker::Service {
   int stage_index_ = 0;
   int num_stages_ = 0;
   int32_t classes_ = 0;
+  int64_t labels_per_example_ = 1;
   TrainerOptions trainer_;
   std::unique_ptr<v1::Worker::Stub> downstream_;
 
