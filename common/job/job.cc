@@ -446,7 +446,11 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
       const v1::Stage& st = job.stages(static_cast<int>(k));
       names.push_back(st.name().empty() ? absl::StrCat("stage", k) : st.name());
       for (const v1::Layer& l : st.layers()) *merged->add_layers() = l;
-      *merged->mutable_head() = st.head();
+      if (st.has_head()) {
+        *merged->mutable_head() = st.head();
+      } else {
+        merged->clear_head();
+      }
     }
     merged->set_name(absl::StrJoin(names, "+"));
   }

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <regex>
@@ -23,7 +25,8 @@ using testing::ReadFile;
 using testing::RunProcess;
 using testing::TempDir;
 
-// Four stages touching every kind of layer the rules must agree on: conv, pooling, dropout
+// Four stages touching every kind of layer the rules must agree on: conv, batch norm (its
+// running statistics are in the weights compared), pooling, dropout
 // (seeded per step and micro-batch), layer norm, a residual block, several head kinds, a
 // cosine schedule with warm-up, and a partial last batch (200 = 6 x 30 + 20).
 std::string SmallJob(const std::string& rule, int micro_batches) {
@@ -35,7 +38,7 @@ seed: 5
 data { synthetic { train_examples: 200 test_examples: 50 shape: [6, 6, 1] classes: 5 seed: 2 noise: 0.7 } }
 optimizer { adamw { weight_decay: 0.01 } }
 schedule { kind: COSINE lr: 0.01 warmup_steps: 3 }
-stages { layers { conv2d { out_channels: 4 padding: 1 } } layers { relu {} } head { kind: CONV_POOL_LINEAR channels: 3 } }
+stages { layers { conv2d { out_channels: 4 padding: 1 } } layers { batch_norm {} } layers { relu {} } head { kind: CONV_POOL_LINEAR channels: 3 } }
 stages { layers { max_pool { kernel: 2 } } layers { linear { out_features: 16 } } layers { gelu {} } layers { dropout { rate: 0.2 } } }
 stages { layers { linear { out_features: 16 } } layers { layer_norm {} } layers { relu {} } head { kind: MLP hidden: 8 } }
 stages { layers { residual { body { linear { out_features: 16 } } body { relu {} } } } }
@@ -102,6 +105,68 @@ TEST_P(ClusterMatchesReference, FourWorkersEndWithBitwiseIdenticalWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Rules, ClusterMatchesReference,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
+                         [](const auto& info) { return info.param; });
+
+// A byte-level transformer language model on a generated corpus: per-position labels
+// travel with the batches, every stage predicts the next byte, and the cluster still ends
+// bitwise equal to the reference trainer. The 3 job stages are regrouped into 2.
+std::string LanguageModelJob(const std::string& corpus, const std::string& rule) {
+  std::ostringstream j;
+  j << "name: \"lm\"\nrule: " << rule << "\nmicro_batches: " << (rule == "BACKPROP" ? 2 : 1)
+    << "\ndata { text { paths: \"" << corpus << "\" seq_len: 8 holdout_fraction: 0.2 } }\n"
+    << R"(batch_size: 12
+epochs: 1
+seed: 3
+eval_batch_size: 40
+optimizer { adamw {} }
+schedule { lr: 0.003 }
+stages { layers { embedding { vocab: 256 dim: 16 } } layers { positional_encoding {} }
+         layers { transformer_block { heads: 2 } } head { kind: LANGUAGE_MODEL } }
+stages { layers { transformer_block { heads: 4 mlp_hidden: 24 } } head { kind: LANGUAGE_MODEL } }
+stages { layers { transformer_block { heads: 1 } } head { kind: LANGUAGE_MODEL } }
+)";
+  return j.str();
+}
+
+class LanguageModelCluster : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LanguageModelCluster, EndsBitwiseEqualToTheReference) {
+  const std::string rule = GetParam();
+  TempDir dir;
+  std::string corpus;
+  for (int i = 0; corpus.size() < 3000; ++i) {
+    corpus += "fortune " + std::to_string(i * 7919 % 1000) + ": the quick brown fox.\n%\n";
+  }
+  std::string corpus_path = dir.Write("corpus.txt", corpus);
+  std::string job = dir.Write("job.textproto", LanguageModelJob(corpus_path, rule));
+  absl::StatusOr<v1::Job> parsed = LoadJobFile(job);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  absl::StatusOr<v1::Job> two = RegroupStages(*parsed, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  absl::StatusOr<DataSplit> data = LoadJobData(*two);
+  ASSERT_TRUE(data.ok()) << data.status();
+  RunOptions o;
+  o.progress = false;
+  o.out_dir = dir.path() + "/ref";
+  std::ostringstream log;
+  absl::StatusOr<RunReport> ref = RunReference(*two, *data, o, log);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(o.out_dir + "/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet", "--stages=2",
+                       "--out=" + dir.path() + "/cluster"},
+                      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", *want);
+  std::vector<double> losses = JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "loss");
+  EXPECT_EQ(losses, JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "loss"));
+  // Per-token losses, and the model learned something: below the uniform 8 bits per byte.
+  ASSERT_EQ(losses.size(), 4u);  // (train, test) x 2 stages
+  EXPECT_LT(losses.back(), std::log(256.0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, LanguageModelCluster,
+                         ::testing::Values("GREEDY", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
 
 class ResumeMatchesUninterrupted : public ::testing::TestWithParam<std::string> {};
@@ -371,6 +436,41 @@ TEST(Launcher, RefusesAnInvalidJobBeforeStartingAnything) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("stages[0].layers[0].linear.out_features"), std::string::npos)
       << r.output;
+}
+
+TEST(Launcher, AStageThatDoesNotFitTheNextIsRefusedNamingBothStagesAndShapes) {
+  TempDir dir;
+  std::string job = dir.Write("bad.textproto", R"(rule: GREEDY
+data { synthetic { shape: [6, 6, 1] } }
+stages { name: "conv" layers { conv2d { out_channels: 4 padding: 1 } } }
+stages { name: "mlp" layers { linear { in_features: 100 out_features: 8 } } }
+)");
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--out=" + dir.path() + "/o"},
+                      30);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  for (const char* want : {"stages[1] (mlp)", "in_features 100", "[6,6,4]", "stages[0] (conv)"}) {
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << " in " << r.output;
+  }
+  // Nothing started: no worker logs, no report.
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/o/report.json"));
+  EXPECT_EQ(r.output.find("worker"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, AMissingOrEmptyCorpusIsAClearDataError) {
+  TempDir dir;
+  auto job_for = [&](const std::string& path) {
+    return dir.Write("lm.textproto", "rule: GREEDY data { text { paths: \"" + path +
+                                         "\" seq_len: 4 } }\n"
+                                         "stages { layers { embedding { vocab: 256 dim: 4 } } "
+                                         "head { kind: LANGUAGE_MODEL } }\n");
+  };
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job_for(dir.path() + "/none")}, 30);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find(dir.path() + "/none: no such file"), std::string::npos) << r.output;
+  std::string empty = dir.Write("empty.txt", "");
+  r = RunProcess({testing::BinDir() + "/localpar", "run", job_for(empty)}, 30);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("text corpus " + empty + " is empty"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, MissingDataSetNamesTheDebianPackage) {

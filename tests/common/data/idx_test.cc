@@ -14,25 +14,12 @@
 #include <set>
 
 #include "common/data/dataset.h"
+#include "tests/common/test_util.h"
 
 namespace localpar {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("localpar_idx_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string path_string() const { return path_.string(); }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
+using testing::DataDir;
 
 std::vector<uint8_t> IdxBytes(std::vector<uint32_t> dims, const std::vector<uint8_t>& payload,
                               uint8_t type = 0x08) {
@@ -57,7 +44,7 @@ void WriteGz(const std::string& path, const std::vector<uint8_t>& bytes) {
 }
 
 TEST(Idx, ReadsGzipAndPlainFilesAlike) {
-  TempDir dir;
+  DataDir dir;
   std::vector<uint8_t> payload = {1, 2, 3, 4, 5, 6};
   auto bytes = IdxBytes({2, 3}, payload);
   WritePlain(dir.file("a.idx"), bytes);
@@ -77,7 +64,7 @@ struct BadFile {
 };
 
 TEST(Idx, RefusesBadFilesNamingTheFileAndTheProblem) {
-  TempDir dir;
+  DataDir dir;
   std::vector<BadFile> cases = {
       {"truncated.gz", IdxBytes({10, 10}, std::vector<uint8_t>(50)), "truncated"},
       {"magic.gz", {0x1f, 0x00, 0x08, 0x01, 0, 0, 0, 1, 7}, "bad magic"},
@@ -106,7 +93,7 @@ TEST(FashionMnist, MissingDirectoryNamesTheDebianPackage) {
 }
 
 TEST(FashionMnist, LabelCountMismatchIsRefused) {
-  TempDir dir;
+  DataDir dir;
   WriteGz(dir.file("train-images-idx3-ubyte.gz"), IdxBytes({3, 2, 2}, std::vector<uint8_t>(12)));
   WriteGz(dir.file("train-labels-idx1-ubyte.gz"), IdxBytes({2}, {1, 2}));
   absl::StatusOr<DataSplit> d = LoadFashionMnist(dir.path_string());

@@ -79,6 +79,18 @@ TEST(JobFiles, FieldErrorsNameTheFieldAndWhy) {
       {"rule: GREEDY schedule { lr: -1 }\n" + stages, "schedule.lr"},
       {"rule: GREEDY optimizer { sgd { momentum: 1 } }\n" + stages, "optimizer.sgd.momentum"},
       {"rule: GREEDY data { synthetic { classes: 1 } }\n" + stages, "data.synthetic.classes"},
+      {"rule: GREEDY data { text { seq_len: -3 } }\n" + stages, "data.text.seq_len"},
+      {"rule: GREEDY data { text { holdout_fraction: 1.5 } }\n" + stages,
+       "data.text.holdout_fraction"},
+      {"rule: GREEDY data { cifar10 { } }\n" + stages, "data.cifar10.dir: required"},
+      {"rule: GREEDY stages { layers { batch_norm { momentum: 2 } } }\n",
+       "stages[0].layers[0].batch_norm.momentum"},
+      {"rule: GREEDY data { text {} } stages { layers { embedding { vocab: 256 dim: 6 } } "
+       "layers { causal_self_attention { heads: 4 } } }\n",
+       "heads (4) must divide dim 6"},
+      {"rule: GREEDY stages { layers { conv2d { out_channels: 4 } } "
+       "head { kind: LANGUAGE_MODEL } }\n",
+       "language_model needs a sequence-shaped stage output"},
   };
   for (const Case& c : cases) {
     std::string e = Error(c.text);
@@ -96,6 +108,17 @@ stages { name: "b" layers { linear { in_features: 512 out_features: 10 } } }
   EXPECT_NE(e.find("stages[1] (b).layers[0]"), std::string::npos) << e;
   EXPECT_NE(e.find("in_features 512"), std::string::npos) << e;
   EXPECT_NE(e.find("[1024]"), std::string::npos) << e;
+  EXPECT_NE(e.find("the output of stages[0] (a)"), std::string::npos) << e;
+
+  // A declared input shape is checked against the previous stage's output.
+  e = Error(R"(
+rule: GREEDY
+data { synthetic { shape: [8] } }
+stages { name: "a" layers { linear { out_features: 32 } } }
+stages { name: "b" input_shape: [4, 8] layers { linear { out_features: 10 } } }
+)");
+  EXPECT_NE(e.find("stages[1] (b).input_shape [4,8]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[32], the output of stages[0] (a)"), std::string::npos) << e;
 
   e = Error(R"(
 rule: GREEDY
@@ -110,6 +133,69 @@ rule: GREEDY
 stages { layers { flatten {} } head { kind: CONV_POOL_LINEAR } }
 )");
   EXPECT_NE(e.find("stages[0].head"), std::string::npos) << e;
+}
+
+TEST(JobFiles, ATransformerBlockExpandsToTwoPreNormResidualBlocks) {
+  absl::StatusOr<v1::Job> j = ParseJob(R"(
+rule: GREEDY
+data { text { seq_len: 16 } }
+stages {
+  layers { embedding { vocab: 256 dim: 32 } }
+  layers { positional_encoding {} }
+  layers { transformer_block { heads: 4 } }
+  head { kind: LANGUAGE_MODEL }
+}
+)",
+                                       "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  ModelConfig m = ToModelConfig(*j);
+  EXPECT_EQ(m.input_shape, (Shape{16}));
+  EXPECT_EQ(m.classes, 256);
+  EXPECT_EQ(JobLabelsPerExample(*j), 16);
+  using K = LayerConfig::Kind;
+  const std::vector<LayerConfig>& layers = m.stages[0].layers;
+  ASSERT_EQ(layers.size(), 4u);
+  ASSERT_EQ(layers[2].kind, K::kResidual);
+  ASSERT_EQ(layers[2].body.size(), 2u);
+  EXPECT_EQ(layers[2].body[1].kind, K::kCausalSelfAttention);
+  EXPECT_EQ(layers[2].body[1].heads, 4);
+  ASSERT_EQ(layers[3].body.size(), 4u);
+  EXPECT_EQ(layers[3].body[0].kind, K::kLayerNorm);
+  EXPECT_EQ(layers[3].body[1].out_features, 4 * 32);  // default MLP width
+  EXPECT_EQ(layers[3].body[3].out_features, 32);
+  EXPECT_EQ(m.stages[0].head.kind, HeadConfig::Kind::kLanguageModel);
+}
+
+TEST(JobFiles, RegroupingMergesConsecutiveStagesAndKeepsTheLastHead) {
+  absl::StatusOr<v1::Job> j = ParseJob(R"(
+rule: CHUNKED
+data { synthetic { shape: [8] } }
+stages { name: "a" layers { linear { out_features: 8 } } head { kind: MLP hidden: 5 } }
+stages { name: "b" layers { relu {} } }
+stages { name: "c" layers { linear { out_features: 6 } } }
+stages { name: "d" layers { gelu {} } head { kind: MLP hidden: 7 } }
+)",
+                                       "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  absl::StatusOr<v1::Job> three = RegroupStages(*j, 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  ASSERT_EQ(three->stages_size(), 3);
+  EXPECT_EQ(three->stages(0).name(), "a+b");
+  EXPECT_EQ(three->stages(0).layers_size(), 2);
+  EXPECT_EQ(three->stages(0).head().kind(), v1::Head::LINEAR);  // b's head
+  EXPECT_EQ(three->stages(2).name(), "d");
+  EXPECT_EQ(three->stages(2).head().hidden(), 7);
+  EXPECT_TRUE(ValidateJob(*three).ok());
+  absl::StatusOr<v1::Job> one = RegroupStages(*j, 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->stages(0).layers_size(), 4);
+  // The same network: regrouping into 4 gives back the job.
+  absl::StatusOr<v1::Job> same = RegroupStages(*j, 4);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->SerializeAsString(), j->SerializeAsString());
+  absl::StatusOr<v1::Job> bad = RegroupStages(*j, 5);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("regroups into 1..4"), std::string::npos);
 }
 
 TEST(JobFiles, MissingFileIsNotFound) {

@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""Runs a matrix of localpar training runs and writes a results table, CSV files and plots.
+
+The matrix is models x arms x seeds, read from a JSON file (see deploy/experiments/):
+
+  {
+    "name": "paper",
+    "threads": 1,                                   # CPU GEMM threads per process
+    "models": [{"job": "../jobs/fashion_resnet.textproto", "epochs": 2}, ...],
+    "arms": [{"rule": "BACKPROP"}, {"rule": "CHUNKED", "stages": 2}, ...],
+    "seeds": [1]
+  }
+
+Each run is a real local cluster: `localpar run JOB --rule R --stages K --seed S --out DIR`
+(one worker process per stage plus the coordinator, over gRPC on loopback). An arm's
+`stages` regroups the job's stages into that many (CHUNKED with 2 chunks is CHUNKED with
+stages 2); without it the job's own stages are used. Model-level `epochs` and `max_steps`
+override the job's budget.
+
+Outputs under --out: runs/<run>/ (report.json, the run's log, its training curve),
+results.csv (one row per run), stages.csv (every stage head's test figures), curves.csv
+(per-stage training loss against wall time), plots/*.svg (gnuplot) and RESULTS.md.
+With --reuse, runs whose report.json already exists are read back instead of rerun.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+RULES = ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP")
+PROGRESS = re.compile(r"\] (\d+) ex/s loss((?: s\d+ [-+0-9.eEnaif]+)+)")
+
+
+def fail(message):
+    print(f"experiment: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_spec(path):
+    try:
+        with open(path) as f:
+            spec = json.load(f)
+    except OSError as e:
+        fail(f"{path}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        fail(f"{path}:{e.lineno}:{e.colno}: {e.msg}")
+    base = os.path.dirname(os.path.abspath(path))
+    if not isinstance(spec.get("models"), list) or not spec["models"]:
+        fail(f"{path}: models: a non-empty list is required")
+    if not isinstance(spec.get("arms"), list) or not spec["arms"]:
+        fail(f"{path}: arms: a non-empty list is required")
+    for i, m in enumerate(spec["models"]):
+        if not isinstance(m, dict) or not isinstance(m.get("job"), str):
+            fail(f"{path}: models[{i}].job: a job file path is required")
+        m["job"] = os.path.normpath(os.path.join(base, m["job"]))
+        if not os.path.exists(m["job"]):
+            fail(f"{path}: models[{i}].job: {m['job']} does not exist")
+        for key in ("epochs", "max_steps"):
+            if key in m and (not isinstance(m[key], int) or m[key] < 1):
+                fail(f"{path}: models[{i}].{key}: must be a positive integer")
+    for i, a in enumerate(spec["arms"]):
+        if not isinstance(a, dict) or a.get("rule") not in RULES:
+            fail(f"{path}: arms[{i}].rule: must be one of {', '.join(RULES)}")
+        if "stages" in a and (not isinstance(a["stages"], int) or a["stages"] < 1):
+            fail(f"{path}: arms[{i}].stages: must be a positive integer")
+    seeds = spec.get("seeds", [1])
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and s >= 0 for s in seeds):
+        fail(f"{path}: seeds: a non-empty list of integers >= 0")
+    spec["seeds"] = seeds
+    spec.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    spec.setdefault("threads", 1)
+    spec.setdefault("device", "cpu")
+    return spec
+
+
+def model_name(job_path):
+    with open(job_path) as f:
+        m = re.search(r'^\s*name:\s*"([^"]+)"', f.read(), re.M)
+    return m.group(1) if m else os.path.splitext(os.path.basename(job_path))[0]
+
+
+def data_figures(localpar, job):
+    out = subprocess.run([localpar, "data", job], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"{job}: cannot load its data: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def arm_label(arm):
+    return arm["rule"] + (f"/{arm['stages']}" if "stages" in arm else "")
+
+
+def sequential_steps(rule, stages, steps):
+    """Dependent stage computations on the critical path of `steps` updates.
+
+    BACKPROP: every batch goes forward through all stages and back before its update.
+    GREEDY and CHUNKED: stages work on different batches at once, so after the pipeline
+    fills, one stage step per batch. OVERLAP: the same plus the gradient returned one
+    stage back, so one extra stage of latency per batch.
+    """
+    if rule == "BACKPROP":
+        return steps * 2 * stages
+    if rule == "OVERLAP":
+        return 2 * steps + 2 * (stages - 1)
+    return steps + stages - 1
+
+
+def run_one(args, spec, model, arm, seed, run_dir):
+    report_path = os.path.join(run_dir, "report.json")
+    curve_path = os.path.join(run_dir, "curve.csv")
+    if args.reuse and os.path.exists(report_path) and os.path.exists(curve_path):
+        print(f"  reusing {run_dir}", file=sys.stderr)
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = [args.localpar, "run", model["job"], f"--rule={arm['rule']}", f"--seed={seed}",
+           f"--out={run_dir}", f"--threads={spec['threads']}", f"--device={spec['device']}"]
+    if "stages" in arm:
+        cmd.append(f"--stages={arm['stages']}")
+    for key in ("epochs", "max_steps"):
+        if key in model:
+            cmd.append(f"--{key}={model[key]}")
+    start = time.monotonic()
+    curve = []
+    with open(os.path.join(run_dir, "run.log"), "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            m = PROGRESS.search(line)
+            if m:
+                fields = m.group(2).split()
+                losses = {int(fields[i][1:]): float(fields[i + 1])
+                          for i in range(0, len(fields), 2)}
+                curve.append((time.monotonic() - start, losses))
+            if args.verbose or line.startswith("epoch") and "test" in line:
+                print(f"    {line.rstrip()}", file=sys.stderr)
+        code = proc.wait()
+    if code != 0:
+        fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
+    with open(curve_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["seconds", "stage", "train_loss"])
+        for t, losses in curve:
+            for k in sorted(losses):
+                w.writerow([f"{t:.2f}", k, losses[k]])
+
+
+def read_run(run_dir):
+    with open(os.path.join(run_dir, "report.json")) as f:
+        report = json.load(f)
+    curve = []
+    with open(os.path.join(run_dir, "curve.csv")) as f:
+        for row in csv.DictReader(f):
+            curve.append((float(row["seconds"]), int(row["stage"]), float(row["train_loss"])))
+    # Each epoch's mean training loss at its end as well, so short runs still have a curve.
+    elapsed = 0.0
+    for e in report["epochs"]:
+        elapsed += e["seconds"]
+        for k, s in enumerate(e["train"]):
+            curve.append((elapsed, k, s["loss"]))
+    curve.sort()
+    return report, curve
+
+
+def metric_of(stat, text):
+    """The test metric of one head: accuracy, or bits per byte for language models."""
+    return stat["loss"] / math.log(2) if text else stat["accuracy"]
+
+
+def fmt_metric(value, text):
+    return f"{value:.3f}" if text else f"{100 * value:.2f}%"
+
+
+def gnuplot(script, plots_dir):
+    if shutil.which("gnuplot") is None:
+        fail("gnuplot is not installed (Debian package gnuplot-nox)")
+    out = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True,
+                         cwd=plots_dir)
+    if out.returncode != 0:
+        fail(f"gnuplot failed: {out.stderr.strip()}")
+
+
+def quote(s):
+    return '"' + s.replace('"', "'") + '"'
+
+
+def plot_model(name, rows, stage_rows, curves, text, plots_dir):
+    """Three SVG plots for one model; returns their file names."""
+    metric = "held-out bits per byte" if text else "test accuracy (%)"
+    scale = 1 if text else 100
+    files = []
+    # 1. Test metric against wall time, one line per arm (per-epoch evaluations).
+    data = f"{name}_time.dat"
+    with open(os.path.join(plots_dir, data), "w") as f:
+        for r in rows:
+            f.write(f"# {r['arm']} seed {r['seed']}\n0 NaN\n")
+            for t, v in r["timeline"]:
+                f.write(f"{t:.2f} {scale * v:.5f}\n")
+            f.write("\n\n")
+    plots = ", ".join(
+        f"{quote(data)} index {i} using 1:2 with linespoints title {quote(r['arm'] + ' seed ' + str(r['seed']))}"
+        for i, r in enumerate(rows))
+    files.append(f"{name}_metric_vs_time.svg")
+    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
+set output {quote(files[-1])}
+set title {quote(name + ': ' + metric + ' against wall time')}
+set xlabel "wall time (s)"
+set ylabel {quote(metric)}
+set key outside right
+set grid
+plot {plots}
+""", plots_dir)
+    # 2. Every stage head's test metric, one line per arm.
+    data = f"{name}_stages.dat"
+    with open(os.path.join(plots_dir, data), "w") as f:
+        for r in rows:
+            f.write(f"# {r['arm']} seed {r['seed']}\n")
+            for k, v in enumerate(r["stage_metrics"]):
+                f.write(f"{k} {scale * v:.5f}\n")
+            f.write("\n\n")
+    plots = ", ".join(
+        f"{quote(data)} index {i} using 1:2 with linespoints title {quote(r['arm'] + ' seed ' + str(r['seed']))}"
+        for i, r in enumerate(rows))
+    files.append(f"{name}_stage_heads.svg")
+    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
+set output {quote(files[-1])}
+set title {quote(name + ': each stage head, ' + metric)}
+set xlabel "stage"
+set ylabel {quote(metric)}
+set xtics 1
+set key outside right
+set grid
+plot {plots}
+""", plots_dir)
+    # 3. Training curves: the last stage's recent training loss against wall time.
+    data = f"{name}_curves.dat"
+    with open(os.path.join(plots_dir, data), "w") as f:
+        for r in rows:
+            f.write(f"# {r['arm']} seed {r['seed']}\n")
+            last = max((k for _, k, _ in curves[r["id"]]), default=0)
+            for t, k, loss in curves[r["id"]]:
+                if k == last:
+                    f.write(f"{t:.2f} {loss:.5f}\n")
+            f.write("\n\n")
+    plots = ", ".join(
+        f"{quote(data)} index {i} using 1:2 with linespoints pointsize 0.4 title {quote(r['arm'] + ' seed ' + str(r['seed']))}"
+        for i, r in enumerate(rows))
+    files.append(f"{name}_training_curves.svg")
+    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
+set output {quote(files[-1])}
+set title {quote(name + ': last stage training loss (nats), recent batches')}
+set xlabel "wall time (s)"
+set ylabel "training loss"
+set key outside right
+set grid
+plot {plots}
+""", plots_dir)
+    return files
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help="experiment file (JSON)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--localpar", default="build/ci/localpar", help="the localpar binary")
+    p.add_argument("--results", help="also write the Markdown report to this path "
+                   "(plots are copied next to it, under results/)")
+    p.add_argument("--reuse", action="store_true",
+                   help="read back runs that already have a report instead of rerunning them")
+    p.add_argument("--verbose", action="store_true", help="echo every progress line")
+    p.add_argument("--command", default=None,
+                   help="the command line to print in RESULTS.md (default: this one)")
+    args = p.parse_args()
+    if not os.access(args.localpar, os.X_OK):
+        fail(f"{args.localpar}: not an executable; build first or pass --localpar")
+    args.localpar = os.path.abspath(args.localpar)
+    spec = load_spec(args.spec)
+    os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
+
+    models = []
+    for m in spec["models"]:
+        m = dict(m)
+        m["name"] = m.get("label") or model_name(m["job"])
+        m["data"] = data_figures(args.localpar, m["job"])
+        m["text"] = m["data"]["labels_per_example"] > 1
+        models.append(m)
+
+    total = len(models) * len(spec["arms"]) * len(spec["seeds"])
+    done = 0
+    rows, stage_rows, curves = [], [], {}
+    for m in models:
+        for arm in spec["arms"]:
+            for seed in spec["seeds"]:
+                done += 1
+                rid = f"{m['name']}-{arm_label(arm).replace('/', '-')}-seed{seed}"
+                print(f"[{done}/{total}] {rid}", file=sys.stderr)
+                run_dir = os.path.join(args.out, "runs", rid)
+                run_one(args, spec, m, arm, seed, run_dir)
+                report, curve = read_run(run_dir)
+                curves[rid] = curve
+                last = report["epochs"][-1]["test"]
+                text = m["text"]
+                elapsed, timeline = 0.0, []
+                for e in report["epochs"]:
+                    elapsed += e["seconds"]
+                    timeline.append((elapsed, metric_of(e["test"][-1], text)))
+                row = {
+                    "id": rid, "model": m["name"], "arm": arm_label(arm), "rule": arm["rule"],
+                    "stages": report["stages"], "seed": seed,
+                    "metric_name": "bits_per_byte" if text else "accuracy",
+                    "metric": metric_of(last[-1], text),
+                    "stage_metrics": [metric_of(s, text) for s in last],
+                    "wall_seconds": report["wall_seconds"],
+                    "examples_per_second": report["examples_per_second"],
+                    "steps": report["steps"],
+                    "sequential_steps": sequential_steps(arm["rule"], report["stages"],
+                                                         report["steps"]),
+                    "baseline": m["data"]["unigram_bits_per_label"] if text else "",
+                    "timeline": timeline,
+                }
+                rows.append(row)
+                for k, s in enumerate(last):
+                    stage_rows.append({"model": m["name"], "arm": row["arm"], "seed": seed,
+                                       "stage": k, "test_loss": s["loss"],
+                                       "test_accuracy": s["accuracy"],
+                                       "metric": metric_of(s, text)})
+
+    with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
+        cols = ["model", "arm", "rule", "stages", "seed", "metric_name", "metric",
+                "wall_seconds", "examples_per_second", "steps", "sequential_steps", "baseline"]
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(args.out, "stages.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["model", "arm", "seed", "stage", "test_loss",
+                                          "test_accuracy", "metric"])
+        w.writeheader()
+        w.writerows(stage_rows)
+    with open(os.path.join(args.out, "curves.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seconds", "stage", "train_loss"])
+        for rid, c in curves.items():
+            for t, k, loss in c:
+                w.writerow([rid, t, k, loss])
+
+    plots_dir = os.path.join(args.out, "plots")
+    md = []
+    command = args.command or "python3 " + " ".join(sys.argv)
+    md.append(f"# Results: {spec['name']}\n")
+    md.append("Produced by the experiment runner; regenerate with\n")
+    md.append(f"```\n{command}\n```\n")
+    md.append(f"Every run is a real local cluster (`localpar run`: one worker process per "
+              f"stage and a coordinator over gRPC on loopback), device `{spec['device']}`, "
+              f"{spec['threads']} GEMM thread(s) per process. Seeds: "
+              f"{', '.join(map(str, spec['seeds']))}. Wall time includes the per-epoch "
+              f"evaluations. *Sequential steps* counts dependent stage computations on the "
+              f"critical path: BACKPROP 2 x stages per update (forward and backward visit every "
+              f"stage before the next update); GREEDY and CHUNKED one per update once the "
+              f"pipeline is full; OVERLAP two.\n")
+    for m in models:
+        mrows = [r for r in rows if r["model"] == m["name"]]
+        text = m["text"]
+        metric = "held-out bits/byte (lower is better)" if text else "test accuracy"
+        budget = ", ".join(f"{k} {m[k]}" for k in ("epochs", "max_steps") if k in m)
+        md.append(f"\n## {m['name']}\n")
+        md.append(f"Job `{os.path.relpath(m['job'])}`; budget: "
+                  f"{budget or 'as in the job file'}; {m['data']['train_examples']} training / "
+                  f"{m['data']['test_examples']} held-out examples.\n")
+        if text:
+            md.append(f"Unigram baseline (a model that ignores context, fitted on the training "
+                      f"split): **{m['data']['unigram_bits_per_label']:.3f} bits per byte** on the "
+                      f"held-out split.\n")
+        md.append(f"| arm | stages | seed | {metric} (last stage) | vs BACKPROP | each stage's head "
+                  f"| wall s | examples/s | updates | sequential steps |")
+        md.append("|---|---|---|---|---|---|---|---|---|---|")
+        ref = {r["seed"]: r["metric"] for r in mrows if r["rule"] == "BACKPROP"}
+        for r in mrows:
+            delta = ""
+            if r["seed"] in ref and r["rule"] != "BACKPROP":
+                d = r["metric"] - ref[r["seed"]]
+                delta = f"{d:+.3f}" if text else f"{100 * d:+.2f} pt"
+            heads = " / ".join(fmt_metric(v, text) for v in r["stage_metrics"])
+            md.append(f"| {r['arm']} | {r['stages']} | {r['seed']} | "
+                      f"**{fmt_metric(r['metric'], text)}** | {delta} | {heads} | "
+                      f"{r['wall_seconds']:.0f} | {r['examples_per_second']:.0f} | {r['steps']} | "
+                      f"{r['sequential_steps']} |")
+        losses = []
+        for r in mrows:
+            if r["seed"] not in ref or r["rule"] == "BACKPROP":
+                continue
+            d = r["metric"] - ref[r["seed"]]
+            worse = d > 0 if text else d < 0
+            if worse:
+                amount = f"{d:+.3f} bits/byte" if text else f"{100 * d:+.2f} points"
+                losses.append(f"{r['arm']} (seed {r['seed']}): {amount}")
+        md.append("")
+        if losses:
+            md.append("Where local rules lose to BACKPROP here: " + "; ".join(losses) + ".\n")
+        elif ref:
+            md.append("No local rule scored below BACKPROP here.\n")
+        files = plot_model(m["name"], mrows, stage_rows, curves, text, plots_dir)
+        link_dir = "plots" if not args.results else "results"
+        for fname in files:
+            md.append(f"![{fname}]({link_dir}/{fname})\n")
+    text_md = "\n".join(md) + "\n"
+    with open(os.path.join(args.out, "RESULTS.md"), "w") as f:
+        f.write(text_md)
+    if args.results:
+        dest = os.path.join(os.path.dirname(os.path.abspath(args.results)), "results")
+        os.makedirs(dest, exist_ok=True)
+        for fname in os.listdir(plots_dir):
+            if fname.endswith(".svg"):
+                shutil.copy(os.path.join(plots_dir, fname), dest)
+        with open(args.results, "w") as f:
+            f.write(text_md)
+    print(f"experiment: {len(rows)} runs; {os.path.join(args.out, 'RESULTS.md')}",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
