@@ -272,8 +272,9 @@ def main():
     p.add_argument("spec", help="experiment file (JSON)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--localpar", default="build/ci/localpar", help="the localpar binary")
-    p.add_argument("--results", help="also write the Markdown report to this path "
-                   "(plots are copied next to it, under results/)")
+    p.add_argument("--results", help="also write the Markdown report to this path")
+    p.add_argument("--results_plots", help="where --results' plots are copied "
+                   "(default: results/ next to it)")
     p.add_argument("--reuse", action="store_true",
                    help="read back runs that already have a report instead of rerunning them")
     p.add_argument("--verbose", action="store_true", help="echo every progress line")
@@ -285,6 +286,10 @@ def main():
     args.localpar = os.path.abspath(args.localpar)
     spec = load_spec(args.spec)
     os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
+    results_plots = None
+    if args.results:
+        results_plots = os.path.abspath(args.results_plots or os.path.join(
+            os.path.dirname(os.path.abspath(args.results)), "results"))
 
     models = []
     for m in spec["models"]:
@@ -408,14 +413,16 @@ def main():
         elif ref:
             md.append("No local rule scored below BACKPROP here.\n")
         files = plot_model(m["name"], mrows, stage_rows, curves, text, plots_dir)
-        link_dir = "plots" if not args.results else "results"
+        link_dir = "plots"
+        if args.results:
+            link_dir = os.path.relpath(results_plots, os.path.dirname(os.path.abspath(args.results)))
         for fname in files:
             md.append(f"![{fname}]({link_dir}/{fname})\n")
     text_md = "\n".join(md) + "\n"
     with open(os.path.join(args.out, "RESULTS.md"), "w") as f:
         f.write(text_md)
     if args.results:
-        dest = os.path.join(os.path.dirname(os.path.abspath(args.results)), "results")
+        dest = results_plots
         os.makedirs(dest, exist_ok=True)
         for fname in os.listdir(plots_dir):
             if fname.endswith(".svg"):

@@ -8,7 +8,7 @@ packages=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   prometheus curl docker-compose openssl clang-14 libclang-rt-14-dev
-  fortunes gnuplot-nox
+  fortunes gnuplot-nox python3
 )
 
 missing=()

@@ -69,8 +69,8 @@ absl::Status CorpusFiles(const std::string& path, std::vector<std::string>* file
     std::string hint = path == kDefaultTextCorpusDir
                            ? "; it comes in the Debian package fortunes (apt-get install fortunes)"
                            : "";
-    return absl::NotFoundError(absl::StrCat("text corpus ", path, ": no such file or directory",
-                                            hint));
+    return absl::NotFoundError(
+        absl::StrCat("text corpus ", path, ": no such file or directory", hint));
   }
   if (!fs::is_directory(st)) {
     files->push_back(path);
@@ -127,8 +127,8 @@ absl::StatusOr<DataSplit> LoadTextCorpus(const TextCorpusOptions& o, int64_t tra
   }
   std::string where = o.paths.size() == 1 ? o.paths[0] : absl::StrCat(o.paths.size(), " paths");
   if (text.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("text corpus ", where, " is empty (",
-                                                   files.size(), " files, 0 bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("text corpus ", where, " is empty (", files.size(), " files, 0 bytes)"));
   }
   const int64_t t = o.seq_len, windows = (static_cast<int64_t>(text.size()) - 1) / t;
   const int64_t period = std::max<int64_t>(2, std::llround(1.0 / o.holdout_fraction));
@@ -154,8 +154,8 @@ absl::StatusOr<DataSplit> LoadTextCorpus(const TextCorpusOptions& o, int64_t tra
   if (s.train.size() == 0 || s.test.size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "text corpus ", where, ": ", text.size(), " bytes make ", windows, " windows of seq_len ",
-        t, ", too few for both a training and a held-out split (need at least ",
-        kBlock * period, ")"));
+        t, ", too few for both a training and a held-out split (need at least ", kBlock * period,
+        ")"));
   }
   return s;
 }

@@ -115,8 +115,9 @@ absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
     return *std::move(t);  // token ids: never standardised
   } else {
     absl::StatusOr<DataSplit> f =
-        d.has_cifar10() ? LoadCifar10(d.cifar10().dir(), d.train_limit(), d.test_limit())
-                        : LoadFashionMnist(d.fashion_mnist().dir(), d.train_limit(), d.test_limit());
+        d.has_cifar10()
+            ? LoadCifar10(d.cifar10().dir(), d.train_limit(), d.test_limit())
+            : LoadFashionMnist(d.fashion_mnist().dir(), d.train_limit(), d.test_limit());
     if (!f.ok()) return f.status();
     split = *std::move(f);
   }

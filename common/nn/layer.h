@@ -65,8 +65,8 @@ struct LayerConfig {
   float eps = 1e-5f;
   int64_t vocab = 0;  // embedding
   int64_t dim = 0;
-  int64_t heads = 1;         // attention
-  float momentum = 0.1f;     // batch norm running statistics
+  int64_t heads = 1;              // attention
+  float momentum = 0.1f;          // batch norm running statistics
   std::vector<LayerConfig> body;  // residual
 };
 

@@ -158,9 +158,9 @@ class BatchNorm final : public Layer {
     c.out.Ensure(b_, x.shape());
     c.aux0.Ensure(b_, {cols_});
     c.aux1.Ensure(b_, {cols_});
-    b_.BatchNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(),
-                        c.aux0.f32(), c.aux1.f32(), running_mean_.value.f32(),
-                        running_var_.value.f32(), rows, cols_, eps_, momentum_, ctx.train);
+    b_.BatchNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(), c.aux0.f32(),
+                        c.aux1.f32(), running_mean_.value.f32(), running_var_.value.f32(), rows,
+                        cols_, eps_, momentum_, ctx.train);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     int64_t rows = x.numel() / cols_;
@@ -169,9 +169,7 @@ class BatchNorm final : public Layer {
                          dx ? dx->f32() : nullptr, gamma_.grad.f32(), beta_.grad.f32(), rows,
                          cols_);
   }
-  std::vector<Param*> params() override {
-    return {&gamma_, &beta_, &running_mean_, &running_var_};
-  }
+  std::vector<Param*> params() override { return {&gamma_, &beta_, &running_mean_, &running_var_}; }
 
  private:
   Backend& b_;
@@ -295,8 +293,7 @@ class CausalSelfAttention final : public Layer {
     b_.SumRows(qkv_.f32(), bqkv_.grad.f32(), rows, 3 * d_);
     if (dx) {
       dx->Ensure(b_, x.shape());
-      b_.Gemm(false, true, rows, d_, 3 * d_, 1.0f, qkv_.f32(), wqkv_.value.f32(), 0.0f,
-              dx->f32());
+      b_.Gemm(false, true, rows, d_, 3 * d_, 1.0f, qkv_.f32(), wqkv_.value.f32(), 0.0f, dx->f32());
     }
   }
   std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &wo_, &bo_}; }
@@ -688,8 +685,7 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
       if (in.size() != 2) {
         return fail("needs a sequence input [positions, dim], got " + ShapeString(in));
       }
-      if (cfg.kind == K::kCausalSelfAttention &&
-          (cfg.heads <= 0 || in[1] % cfg.heads != 0)) {
+      if (cfg.kind == K::kCausalSelfAttention && (cfg.heads <= 0 || in[1] % cfg.heads != 0)) {
         return fail("heads (" + std::to_string(cfg.heads) + ") must divide dim " +
                     std::to_string(in[1]));
       }

@@ -9,8 +9,8 @@ namespace {
 
 // Copies between [b, t, parts, heads, d] and [parts, b, heads, t, d]; `split` picks the
 // direction.
-void PermuteHeads(const float* src, float* dst, int64_t b, int64_t t, int64_t parts,
-                  int64_t heads, int64_t d, bool split) {
+void PermuteHeads(const float* src, float* dst, int64_t b, int64_t t, int64_t parts, int64_t heads,
+                  int64_t d, bool split) {
   for (int64_t ib = 0; ib < b; ++ib) {
     for (int64_t it = 0; it < t; ++it) {
       for (int64_t p = 0; p < parts; ++p) {

@@ -51,8 +51,8 @@ __global__ void CausalSoftmaxForwardKernel(const float* s, float* p, long long t
   }
 }
 
-__global__ void CausalSoftmaxBackwardKernel(const float* p, const float* dp, float* ds,
-                                            long long t, float scale) {
+__global__ void CausalSoftmaxBackwardKernel(const float* p, const float* dp, float* ds, long long t,
+                                            float scale) {
   __shared__ float shm[kBlock];
   long long row = blockIdx.x;
   const float* pr = p + row * t;

@@ -8,9 +8,9 @@
 namespace localpar {
 
 void CpuBackend::BatchNormForward(const float* x, const float* gamma, const float* beta, float* y,
-                                  float* mean, float* rstd, float* running_mean,
-                                  float* running_var, int64_t rows, int64_t cols, float eps,
-                                  float momentum, bool train) {
+                                  float* mean, float* rstd, float* running_mean, float* running_var,
+                                  int64_t rows, int64_t cols, float eps, float momentum,
+                                  bool train) {
   if (!train) {
     for (int64_t c = 0; c < cols; ++c) {
       float rs = 1.0f / std::sqrt(running_var[c] + eps);

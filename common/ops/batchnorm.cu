@@ -54,8 +54,8 @@ __global__ void BatchNormApplyKernel(const float* x, const float* gamma, const f
 }
 
 __global__ void BatchNormGradSumsKernel(const float* dy, const float* x, const float* mean,
-                                        const float* rstd, float* sums, float* dgamma,
-                                        float* dbeta, long long rows, long long cols) {
+                                        const float* rstd, float* sums, float* dgamma, float* dbeta,
+                                        long long rows, long long cols) {
   __shared__ double shm[kBlock];
   long long c = blockIdx.x;
   double sg = 0.0, sgx = 0.0;
@@ -103,8 +103,8 @@ void CudaBackend::BatchNormForward(const float* x, const float* gamma, const flo
 }
 
 void CudaBackend::BatchNormBackward(const float* dy, const float* x, const float* gamma,
-                                    const float* mean, const float* rstd, float* dx,
-                                    float* dgamma, float* dbeta, int64_t rows, int64_t cols) {
+                                    const float* mean, const float* rstd, float* dx, float* dgamma,
+                                    float* dbeta, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   float* sums = static_cast<float*>(Scratch(2 * cols * sizeof(float)));
   BatchNormGradSumsKernel<<<static_cast<unsigned>(cols), kBlock, 0, StreamOf(this)>>>(

@@ -42,8 +42,8 @@ void CudaBackend::EmbeddingForward(const float* ids, const float* table, float* 
 void CudaBackend::EmbeddingBackward(const float* ids, const float* dout, float* dtable, int64_t n,
                                     int64_t dim, int64_t vocab) {
   if (n * dim == 0) return;
-  EmbeddingBackwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, dout, dtable, n,
-                                                                          dim, vocab);
+  EmbeddingBackwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, dout, dtable, n, dim,
+                                                                          vocab);
   LP_CUDA_LAUNCH_CHECK();
 }
 

@@ -567,10 +567,10 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
   if (b.labels().dtype() != v1::I32 || lshape.empty() || lshape[0] != shape[0] ||
       NumElements(Shape(lshape.begin(), lshape.end())) != want_labels) {
     Reject("wrong_labels");
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch.labels: need I32 with ", labels_per_example_, " label(s) for each of the ",
-        shape[0], " examples, got ", v1::DType_Name(b.labels().dtype()), " [",
-        absl::StrJoin(lshape, ","), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch.labels: need I32 with ", labels_per_example_,
+                     " label(s) for each of the ", shape[0], " examples, got ",
+                     v1::DType_Name(b.labels().dtype()), " [", absl::StrJoin(lshape, ","), "]"));
   }
   const int32_t* labels = reinterpret_cast<const int32_t*>(b.labels().data().data());
   for (int64_t i = 0; i < want_labels; ++i) {

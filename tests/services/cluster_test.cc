@@ -445,8 +445,8 @@ data { synthetic { shape: [6, 6, 1] } }
 stages { name: "conv" layers { conv2d { out_channels: 4 padding: 1 } } }
 stages { name: "mlp" layers { linear { in_features: 100 out_features: 8 } } }
 )");
-  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--out=" + dir.path() + "/o"},
-                      30);
+  auto r =
+      RunProcess({testing::BinDir() + "/localpar", "run", job, "--out=" + dir.path() + "/o"}, 30);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   for (const char* want : {"stages[1] (mlp)", "in_features 100", "[6,6,4]", "stages[0] (conv)"}) {
     EXPECT_NE(r.output.find(want), std::string::npos) << want << " in " << r.output;

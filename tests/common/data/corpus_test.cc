@@ -26,7 +26,8 @@ std::string CifarRecord(uint8_t label) {
   std::string r(1 + 3 * 1024, '\0');
   r[0] = static_cast<char>(label);
   for (int c = 0; c < 3; ++c) {
-    for (int i = 0; i < 1024; ++i) r[1 + c * 1024 + i] = static_cast<char>((label * 7 + c * 3 + i) % 256);
+    for (int i = 0; i < 1024; ++i)
+      r[1 + c * 1024 + i] = static_cast<char>((label * 7 + c * 3 + i) % 256);
   }
   return r;
 }

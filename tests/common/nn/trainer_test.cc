@@ -220,9 +220,9 @@ TEST(LanguageModel, EveryRulesGradientIsThatOfTheMeanPerTokenLoss) {
     int stage;
     std::initializer_list<int> heads;
   };
-  for (const Want& w : {Want{UpdateRule::kGreedy, 0, {0}}, Want{UpdateRule::kGreedy, 1, {1}},
-                        Want{UpdateRule::kOverlap, 0, {0, 1}},
-                        Want{UpdateRule::kBackprop, 0, {1}}}) {
+  for (const Want& w :
+       {Want{UpdateRule::kGreedy, 0, {0}}, Want{UpdateRule::kGreedy, 1, {1}},
+        Want{UpdateRule::kOverlap, 0, {0, 1}}, Want{UpdateRule::kBackprop, 0, {1}}}) {
     std::string error;
     auto model = Model::Create(*cpu, TinyLanguageModel(), &error);
     ASSERT_TRUE(model) << error;

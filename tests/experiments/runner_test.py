@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The experiment runner end to end: a small matrix on real local clusters.
+
+Checks that every run of the matrix happened with the arm's rule and stage count, that the
+CSV and Markdown figures are the ones in each run's report.json (accuracy, or held-out loss
+converted to bits per byte), that the three plots exist, that --reuse reads runs back
+without rerunning them, and that a bad experiment file is refused naming the field.
+Usage: runner_test.py LOCALPAR_BINARY SOURCE_DIR
+"""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def check(cond, message):
+    if not cond:
+        print(f"FAIL: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main():
+    localpar, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    runner = os.path.join(source, "deploy", "experiment.py")
+    with tempfile.TemporaryDirectory(prefix="localpar_experiment_") as tmp:
+        corpus = os.path.join(tmp, "corpus.txt")
+        with open(corpus, "w") as f:
+            for i in range(120):
+                f.write(f"fortune {i * 37 % 100}: a watched pot never boils.\n%\n")
+        lm = os.path.join(tmp, "lm.textproto")
+        with open(lm, "w") as f:
+            f.write(f'''name: "tiny_lm"
+rule: GREEDY
+batch_size: 16
+seed: 2
+data {{ text {{ paths: "{corpus}" seq_len: 8 holdout_fraction: 0.2 }} }}
+schedule {{ lr: 0.003 }}
+stages {{ layers {{ embedding {{ vocab: 256 dim: 16 }} }} layers {{ positional_encoding {{}} }}
+         layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_MODEL }} }}
+stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_MODEL }} }}
+''')
+        spec = os.path.join(tmp, "spec.json")
+        with open(spec, "w") as f:
+            json.dump({
+                "name": "runner_test",
+                "models": [
+                    {"job": os.path.join(source, "deploy/jobs/synthetic_smoke.textproto"),
+                     "epochs": 2},
+                    {"job": lm, "max_steps": 12},
+                ],
+                "arms": [{"rule": "BACKPROP"}, {"rule": "GREEDY"},
+                         {"rule": "CHUNKED", "stages": 1}, {"rule": "OVERLAP"}],
+                "seeds": [1, 2],
+            }, f)
+        out = os.path.join(tmp, "out")
+        results = os.path.join(tmp, "report", "RESULTS.md")
+        cmd = [sys.executable, runner, spec, "--out", out, "--localpar", localpar,
+               "--results", results]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        check(r.returncode == 0, f"runner failed:\n{r.stdout}\n{r.stderr}")
+
+        with open(os.path.join(out, "results.csv")) as f:
+            rows = list(csv.DictReader(f))
+        check(len(rows) == 2 * 4 * 2, f"{len(rows)} result rows, want 16")
+        stage_rows = list(csv.DictReader(open(os.path.join(out, "stages.csv"))))
+        check(len(stage_rows) == sum(int(r["stages"]) for r in rows), "stages.csv row count")
+        for row in rows:
+            arm = row["arm"].replace("/", "-")
+            run = os.path.join(out, "runs", f"{row['model']}-{arm}-seed{row['seed']}")
+            report = json.load(open(os.path.join(run, "report.json")))
+            check(report["rule"] == row["rule"], f"{run}: rule {report['rule']}")
+            want_stages = 1 if row["arm"] == "CHUNKED/1" else 2
+            check(report["stages"] == want_stages == int(row["stages"]),
+                  f"{run}: {report['stages']} stages")
+            last = report["epochs"][-1]["test"][-1]
+            if row["model"] == "tiny_lm":
+                check(row["metric_name"] == "bits_per_byte", "metric name for text")
+                want = last["loss"] / math.log(2)
+                check(report["steps"] == 12, f"{run}: max_steps override ignored")
+                baseline = float(row["baseline"])
+                check(3.0 < baseline < 8.0, f"unigram baseline {baseline}")
+            else:
+                check(row["metric_name"] == "accuracy", "metric name for images")
+                want = last["accuracy"]
+                check(len(report["epochs"]) == 2, f"{run}: epochs override ignored")
+            check(abs(float(row["metric"]) - want) < 1e-5,
+                  f"{run}: csv metric {row['metric']} != report {want}")
+            steps = int(row["steps"])
+            seq = {"BACKPROP": steps * 2 * want_stages, "OVERLAP": 2 * steps + 2 * (want_stages - 1)}
+            check(int(row["sequential_steps"]) == seq.get(row["rule"], steps + want_stages - 1),
+                  f"{run}: sequential steps {row['sequential_steps']}")
+        # Different seeds are different runs.
+        a = [r["metric"] for r in rows if r["seed"] == "1"]
+        b = [r["metric"] for r in rows if r["seed"] == "2"]
+        check(a != b, "seed 1 and seed 2 gave identical results")
+
+        md = open(results).read()
+        check("python3" in md and "--out" in md, "RESULTS.md lacks the regenerate command")
+        for arm in ("BACKPROP", "GREEDY", "CHUNKED/1", "OVERLAP"):
+            check(f"| {arm} |" in md, f"RESULTS.md lacks a row for {arm}")
+        check("Unigram baseline" in md, "RESULTS.md lacks the unigram baseline")
+        for model in ("synthetic_smoke", "tiny_lm"):
+            for plot in ("metric_vs_time", "stage_heads", "training_curves"):
+                path = os.path.join(os.path.dirname(results), "results", f"{model}_{plot}.svg")
+                check(os.path.exists(path) and "<svg" in open(path).read(), f"no plot {path}")
+                check(f"results/{model}_{plot}.svg" in md, f"RESULTS.md does not show {plot}")
+
+        # --reuse reads the runs back instead of training again.
+        logs = [os.path.join(out, "runs", d, "run.log") for d in os.listdir(os.path.join(out, "runs"))]
+        before = {p: os.path.getmtime(p) for p in logs}
+        r = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True)
+        check(r.returncode == 0, f"--reuse failed: {r.stderr}")
+        check(all(os.path.getmtime(p) == t for p, t in before.items()), "--reuse reran runs")
+        check(list(csv.DictReader(open(os.path.join(out, "results.csv")))) == rows,
+              "--reuse changed the results")
+
+        # A bad experiment file names the field.
+        with open(spec, "w") as f:
+            json.dump({"models": [{"job": lm}], "arms": [{"rule": "SIDEWAYS"}]}, f)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        check(r.returncode == 2 and "arms[0].rule" in r.stderr, f"bad spec: {r.stderr}")
+    print("runner_test: ok")
+
+
+if __name__ == "__main__":
+    main()
