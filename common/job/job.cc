@@ -496,6 +496,7 @@ TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps) {
   o.micro_batches = job.micro_batches();
   o.total_steps = total_steps;
   o.seed = job.seed();
+  o.wire = static_cast<WireFormat>(job.wire());
   o.schedule.kind = job.schedule().kind() == v1::Schedule::COSINE ? ScheduleConfig::Kind::kCosine
                                                                   : ScheduleConfig::Kind::kConstant;
   o.schedule.lr = job.schedule().lr();

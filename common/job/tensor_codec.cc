@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,7 +41,67 @@ bool FromWire(v1::DType t, DType* out) {
   }
 }
 
+// Bytes per element of a wire dtype (F16 exists only on the wire).
+size_t WireSize(v1::DType t) {
+  if (t == v1::F16) return 2;
+  DType dt;
+  return FromWire(t, &dt) ? DTypeSize(dt) : 0;
+}
+
 }  // namespace
+
+v1::DType WireDType(WireFormat format) {
+  switch (format) {
+    case WireFormat::kBF16:
+      return v1::BF16;
+    case WireFormat::kF16:
+      return v1::F16;
+    case WireFormat::kF32:
+      break;
+  }
+  return v1::F32;
+}
+
+void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out) {
+  if (format == WireFormat::kF32 || t.dtype() != DType::kF32) {
+    EncodeTensor(t, out);
+    return;
+  }
+  out->set_dtype(WireDType(format));
+  out->clear_shape();
+  for (int64_t d : t.shape()) out->add_shape(d);
+  const size_t n = static_cast<size_t>(t.numel());
+  // Staged through a per-thread buffer so device tensors need one copy out.
+  thread_local std::vector<float> host;
+  host.resize(n);
+  if (n > 0) t.backend().CopyToHost(host.data(), t.raw(), t.nbytes());
+  std::string* data = out->mutable_data();
+  data->resize(n * 2);
+  auto* dst = reinterpret_cast<uint16_t*>(data->data());
+  if (format == WireFormat::kBF16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(host[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToF16(host[i]);
+  }
+}
+
+void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) {
+  if (in.dtype() == v1::F32) {
+    DecodeTensorInto(in, backend, out);
+    return;
+  }
+  const size_t n = in.data().size() / 2;
+  thread_local std::vector<float> host;
+  host.resize(n);
+  const auto* src = reinterpret_cast<const uint16_t*>(in.data().data());
+  if (in.dtype() == v1::BF16) {
+    for (size_t i = 0; i < n; ++i) host[i] = Bf16ToFloat(src[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) host[i] = F16ToFloat(src[i]);
+  }
+  out->Ensure(backend, Shape(in.shape().begin(), in.shape().end()), DType::kF32);
+  if (n > 0) backend.CopyFromHost(out->raw(), host.data(), n * sizeof(float));
+}
 
 void EncodeTensor(const Tensor& t, v1::Tensor* out) {
   out->set_dtype(ToWire(t.dtype()));
@@ -52,8 +113,8 @@ void EncodeTensor(const Tensor& t, v1::Tensor* out) {
 }
 
 absl::Status CheckWireTensor(const v1::Tensor& in, const std::string& field) {
-  DType dt;
-  if (!FromWire(in.dtype(), &dt)) {
+  size_t elem = WireSize(in.dtype());
+  if (elem == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".dtype: unsupported value ", static_cast<int>(in.dtype())));
   }
@@ -70,16 +131,21 @@ absl::Status CheckWireTensor(const v1::Tensor& in, const std::string& field) {
     }
     n *= d;
   }
-  size_t want = static_cast<size_t>(n) * DTypeSize(dt);
+  size_t want = static_cast<size_t>(n) * elem;
   if (in.data().size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".data: ", in.data().size(), " bytes do not match dtype ", DTypeName(dt),
-        " x shape [", absl::StrJoin(in.shape(), ","), "] = ", want, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".data: ", in.data().size(), " bytes do not match dtype ",
+                     v1::DType_Name(in.dtype()), " x shape [", absl::StrJoin(in.shape(), ","),
+                     "] = ", want, " bytes"));
   }
   return absl::OkStatus();
 }
 
 void DecodeTensorInto(const v1::Tensor& in, Backend& backend, Tensor* out) {
+  if (in.dtype() == v1::F16) {  // no half compute type: widen to float32
+    DecodeActivationsInto(in, backend, out);
+    return;
+  }
   DType dt = DType::kF32;
   FromWire(in.dtype(), &dt);
   out->Ensure(backend, Shape(in.shape().begin(), in.shape().end()), dt);

@@ -14,6 +14,13 @@ namespace localpar {
 // Copies the tensor's bytes (from the device if need be) into `out`.
 void EncodeTensor(const Tensor& t, v1::Tensor* out);
 
+// Encodes a float32 tensor as `format` on the wire (F32, or BF16 / F16 rounded to nearest
+// even, the same rounding as RoundThroughWire).
+void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out);
+// Decodes F32, BF16 or F16 wire activations into a float32 tensor; CheckWireTensor first.
+void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out);
+v1::DType WireDType(WireFormat format);
+
 // Checks dtype, extents and that the byte count equals dtype size x shape, before anything
 // is allocated; `field` names the tensor in the error.
 absl::Status CheckWireTensor(const v1::Tensor& in, const std::string& field);

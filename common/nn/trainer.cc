@@ -31,8 +31,19 @@ uint64_t StepSeed(uint64_t seed, int64_t step, int micro_batch) {
 }
 
 ReferenceTrainer::ReferenceTrainer(Model& model, const TrainerOptions& options)
-    : model_(model), options_(options), back_(model.num_stages()) {
+    : model_(model), options_(options), wire_(model.num_stages()), back_(model.num_stages()) {
   if (options_.micro_batches < 1) options_.micro_batches = 1;
+}
+
+const Tensor& ReferenceTrainer::OverWire(int k, const Tensor& y) {
+  if (options_.wire == WireFormat::kF32 || k + 1 >= model_.num_stages()) return y;
+  // Through the host, with the same conversion a worker applies when it encodes.
+  wire_host_.resize(static_cast<size_t>(y.numel()));
+  y.backend().CopyToHost(wire_host_.data(), y.raw(), y.nbytes());
+  RoundThroughWire(options_.wire, wire_host_.data(), wire_host_.size());
+  wire_[k].Ensure(y.backend(), y.shape());
+  y.backend().CopyFromHost(wire_[k].raw(), wire_host_.data(), y.nbytes());
+  return wire_[k];
 }
 
 float ReferenceTrainer::current_lr() const {
@@ -84,7 +95,7 @@ void ReferenceTrainer::Greedy(const Tensor& x, const Tensor& labels, float lr,
     (*out)[k] = st.Head(0, labels, HeadMode::kLocal, scale, ctx);
     st.Backward(0, st.head_grad(0), nullptr);
     Update(st, lr);
-    in = &y;
+    in = &OverWire(k, y);
   }
 }
 
@@ -97,7 +108,7 @@ void ReferenceTrainer::Overlap(const Tensor& x, const Tensor& labels, float lr,
   float scale = LossScale(x.rows(), labels.numel() / x.rows());
   int n = model_.num_stages();
   const Tensor* in = &x;
-  for (int k = 0; k < n; ++k) in = &model_.stage(k).Forward(*in, 0, ctx);
+  for (int k = 0; k < n; ++k) in = &OverWire(k, model_.stage(k).Forward(*in, 0, ctx));
   for (int k = 0; k < n; ++k) {
     Stage& st = model_.stage(k);
     (*out)[k] = st.Head(0, labels, HeadMode::kLocal, scale, ctx);
@@ -120,7 +131,7 @@ void ReferenceTrainer::Backprop(const Tensor& x, const Tensor& labels, float lr,
     ForwardContext ctx{true, StepSeed(options_.seed, step_, m)};
     Tensor xm = x.Slice(begin, count), lm = labels.Slice(begin, count);
     const Tensor* in = &xm;
-    for (int k = 0; k < n; ++k) in = &model_.stage(k).Forward(*in, 0, ctx);
+    for (int k = 0; k < n; ++k) in = &OverWire(k, model_.stage(k).Forward(*in, 0, ctx));
     for (int k = 0; k < n; ++k) {
       HeadMode mode = k + 1 == n ? HeadMode::kLocal : HeadMode::kProbe;
       (*out)[k].Add(model_.stage(k).Head(0, lm, mode, scale, ctx));
@@ -140,8 +151,9 @@ std::vector<HeadStats> ReferenceTrainer::EvalBatch(const Tensor& x, const Tensor
   const Tensor* in = &x;
   for (int k = 0; k < model_.num_stages(); ++k) {
     Stage& st = model_.stage(k);
-    in = &st.Forward(*in, 0, ctx);
+    const Tensor& y = st.Forward(*in, 0, ctx);
     stats[k] = st.Head(0, labels, HeadMode::kEval, 1.0f, ctx);
+    in = &OverWire(k, y);
   }
   return stats;
 }

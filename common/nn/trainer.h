@@ -27,6 +27,8 @@ struct TrainerOptions {
   ScheduleConfig schedule;
   int64_t total_steps = 0;  // for the cosine schedule
   uint64_t seed = 0;        // drives dropout masks
+  // Activations between stages pass through this format, as they do between workers.
+  WireFormat wire = WireFormat::kF32;
 };
 
 // Rows [begin, begin + count) of micro-batch m when `rows` are split into `parts`: the
@@ -69,8 +71,13 @@ class ReferenceTrainer {
     if (apply_updates_) stage.Step(lr);
   }
 
+  // Stage k's output as stage k+1 receives it: itself, or its wire-rounded copy.
+  const Tensor& OverWire(int k, const Tensor& y);
+
   Model& model_;
   TrainerOptions options_;
+  std::vector<Tensor> wire_;      // wire_[k]: stage k's output after the trip
+  std::vector<float> wire_host_;  // staging for the rounding
   bool apply_updates_ = true;
   int64_t step_ = 0;
   std::vector<Tensor> back_;  // back_[k]: gradient w.r.t. stage k's input

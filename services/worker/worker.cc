@@ -190,7 +190,7 @@ class WorkerService::Session {
     nb->set_micro_batch(b.micro_batch());
     nb->set_micro_batches(b.micro_batches());
     nb->set_batch_rows(b.batch_rows());
-    EncodeTensor(y, nb->mutable_activations());
+    EncodeActivations(y, w_.wire_, nb->mutable_activations());
     *nb->mutable_labels() = std::move(*b.mutable_labels());
     SendDown(std::move(out));
   }
@@ -216,7 +216,7 @@ class WorkerService::Session {
   void Eval(v1::Batch& b) {
     Tensor& x = inputs_[eval_slot_];
     Tensor& y = labels_[eval_slot_];
-    DecodeTensorInto(b.activations(), *w_.backend_, &x);
+    DecodeActivationsInto(b.activations(), *w_.backend_, &x);
     DecodeTensorInto(b.labels(), *w_.backend_, &y);
     ForwardContext ctx{false, 0};
     const Tensor& out = w_.stage_->Forward(x, eval_slot_, ctx);
@@ -237,7 +237,7 @@ class WorkerService::Session {
     const float lr = LearningRate(w_.trainer_.schedule, b.step(), w_.trainer_.total_steps);
     Tensor& x = inputs_[slot];
     Tensor& labels = labels_[slot];
-    DecodeTensorInto(b.activations(), *w_.backend_, &x);
+    DecodeActivationsInto(b.activations(), *w_.backend_, &x);
     DecodeTensorInto(b.labels(), *w_.backend_, &labels);
     ForwardContext ctx{true, StepSeed(w_.trainer_.seed, b.step(), m)};
     const Tensor& y = st.Forward(x, slot, ctx);
@@ -484,6 +484,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   num_stages_ = job.stages_size();
   classes_ = JobClasses(job);
   labels_per_example_ = JobLabelsPerExample(job);
+  wire_ = static_cast<WireFormat>(job.wire());
   trainer_ = ToTrainerOptions(job, req->total_steps());
   if (metrics_) metrics_->Configure(job.name(), stage_index_);
   downstream_ =
@@ -546,9 +547,14 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
     Reject("malformed_tensor");
     return s;
   }
-  if (b.activations().dtype() != v1::F32) {
+  const v1::DType wire = WireDType(wire_);
+  if (b.activations().dtype() != v1::F32 &&
+      (stage_index_ == 0 || b.activations().dtype() != wire)) {
     Reject("wrong_dtype");
-    return absl::InvalidArgumentError("batch.activations.dtype: stages take F32 activations");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch.activations.dtype: this stage takes F32",
+        stage_index_ > 0 && wire != v1::F32 ? absl::StrCat(" or ", v1::DType_Name(wire)) : "",
+        " activations, got ", v1::DType_Name(b.activations().dtype())));
   }
   const auto& shape = b.activations().shape();
   Shape per_example(shape.begin() + 1, shape.end());
@@ -592,20 +598,30 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
                                                    b.micro_batches(), " does not fit the job's ",
                                                    trainer_.micro_batches, " micro-batches"));
   }
-  const float* x = reinterpret_cast<const float*>(b.activations().data().data());
-  int64_t n = static_cast<int64_t>(b.activations().data().size() / 4);
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) {
-      if (policy == v1::ConfigureRequest::SKIP) {
-        Reject("non_finite_skipped");
-        return absl::CancelledError("skipped");
-      }
-      Reject("non_finite");
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch.activations: non-finite value at index ", i));
+  // The first NaN or Inf, in whichever format the activations travel.
+  const std::string& bytes = b.activations().data();
+  int64_t bad = -1;
+  if (b.activations().dtype() == v1::F32) {
+    const float* x = reinterpret_cast<const float*>(bytes.data());
+    for (int64_t i = 0, n = static_cast<int64_t>(bytes.size() / 4); i < n && bad < 0; ++i) {
+      if (!std::isfinite(x[i])) bad = i;
+    }
+  } else {
+    // All-ones exponent: bf16 0x7f80, f16 0x7c00.
+    const uint16_t mask = b.activations().dtype() == v1::BF16 ? 0x7f80 : 0x7c00;
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(bytes.data());
+    for (int64_t i = 0, n = static_cast<int64_t>(bytes.size() / 2); i < n && bad < 0; ++i) {
+      if ((h[i] & mask) == mask) bad = i;
     }
   }
-  return absl::OkStatus();
+  if (bad < 0) return absl::OkStatus();
+  if (policy == v1::ConfigureRequest::SKIP) {
+    Reject("non_finite_skipped");
+    return absl::CancelledError("skipped");
+  }
+  Reject("non_finite");
+  return absl::InvalidArgumentError(
+      absl::StrCat("batch.activations: non-finite value at index ", bad));
 }
 
 grpc::Status WorkerService::Stream(grpc::ServerContext* ctx,

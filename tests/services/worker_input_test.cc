@@ -138,6 +138,9 @@ TEST(WorkerInput, EachBadItemIsRefusedNamingTheFieldAndTheStreamGoesOn) {
   nan_x[7] = std::nanf("");
   std::vector<float> inf_x(12, 0.5f);
   inf_x[0] = INFINITY;
+  v1::DownItem bf16 = Good(8);  // 16-bit activations, but this job's wire is F32
+  bf16.mutable_batch()->mutable_activations()->set_dtype(v1::BF16);
+  bf16.mutable_batch()->mutable_activations()->mutable_data()->resize(24);
   std::vector<v1::DownItem> items = {
       Good(1),
       short_bytes,                                           // byte count != dtype x shape
@@ -146,8 +149,9 @@ TEST(WorkerInput, EachBadItemIsRefusedNamingTheFieldAndTheStreamGoesOn) {
       Batch(5, inf_x, {0, 1}, 2, 6),                         // Inf
       Batch(6, std::vector<float>(12, 0.5f), {0, 7}, 2, 6),  // label 7, 3 classes
       Control(7, 42),                                        // unknown control kind
-      Good(8),
-      Control(9, v1::Control::DRAIN),
+      bf16,
+      Good(9),
+      Control(10, v1::Control::DRAIN),
   };
   std::vector<v1::UpItem> up = Exchange(w.stub(), items);
   struct Want {
@@ -159,7 +163,8 @@ TEST(WorkerInput, EachBadItemIsRefusedNamingTheFieldAndTheStreamGoesOn) {
                             {4, "non-finite value at index 7"},
                             {5, "non-finite value at index 0"},
                             {6, "batch.labels[1] = 7 is outside 0..2"},
-                            {7, "control.kind: unknown control item 42"}};
+                            {7, "control.kind: unknown control item 42"},
+                            {8, "this stage takes F32 activations, got BF16"}};
   ASSERT_EQ(up.size(), want.size() + 1);
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_TRUE(up[i].has_error()) << i;
@@ -169,7 +174,7 @@ TEST(WorkerInput, EachBadItemIsRefusedNamingTheFieldAndTheStreamGoesOn) {
         << up[i].error().message();
   }
   ASSERT_TRUE(up.back().has_ack());
-  EXPECT_EQ(up.back().ack().seq(), 9u);
+  EXPECT_EQ(up.back().ack().seq(), 10u);
   v1::StatsResponse s = w.Stats();
   EXPECT_EQ(s.examples(), 4) << "the two valid batches trained";
   EXPECT_EQ(s.rejected().at("malformed_tensor"), 1);
@@ -177,6 +182,7 @@ TEST(WorkerInput, EachBadItemIsRefusedNamingTheFieldAndTheStreamGoesOn) {
   EXPECT_EQ(s.rejected().at("non_finite"), 2);
   EXPECT_EQ(s.rejected().at("label_out_of_range"), 1);
   EXPECT_EQ(s.rejected().at("unknown_control"), 1);
+  EXPECT_EQ(s.rejected().at("wrong_dtype"), 1);
 }
 
 TEST(WorkerInput, SkipPolicyDropsNonFiniteBatchesSilentlyButCountsThem) {

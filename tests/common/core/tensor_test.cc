@@ -71,5 +71,36 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(nan))));
 }
 
+TEST(F16, EveryHalfRoundTripsAndMidpointsRoundToEven) {
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    uint16_t v = static_cast<uint16_t>(h);
+    if ((v & 0x7c00) == 0x7c00 && (v & 0x3ff) != 0) continue;  // NaN payloads
+    ASSERT_EQ(FloatToF16(F16ToFloat(v)), v) << std::hex << h;
+  }
+  // Between two adjacent positive halves the midpoint goes to the even one, and anything
+  // off the midpoint goes to the nearer one (normals and subnormals alike).
+  for (uint16_t a :
+       {uint16_t{0x0001}, uint16_t{0x03ff}, uint16_t{0x3c00}, uint16_t{0x3c01}, uint16_t{0x7bfe}}) {
+    float lo = F16ToFloat(a), hi = F16ToFloat(static_cast<uint16_t>(a + 1));
+    float mid = lo + (hi - lo) / 2;
+    uint16_t even = (a & 1) ? static_cast<uint16_t>(a + 1) : a;
+    EXPECT_EQ(FloatToF16(mid), even) << std::hex << a;
+    EXPECT_EQ(FloatToF16(std::nextafter(mid, 0.0f)), a) << std::hex << a;
+    EXPECT_EQ(FloatToF16(std::nextafter(mid, 1e9f)), a + 1) << std::hex << a;
+  }
+  EXPECT_EQ(FloatToF16(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToF16(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToF16(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToF16(65520.0f), 0x7c00);  // the tie above the largest half: infinity
+  EXPECT_EQ(FloatToF16(1e-9f), 0x0000);
+  EXPECT_TRUE(std::isnan(F16ToFloat(FloatToF16(NAN))));
+  std::vector<float> x = {1.0f / 3, 1e6f, -1e-6f};
+  RoundThroughWire(WireFormat::kF16, x.data(), x.size());
+  EXPECT_EQ(x[0], F16ToFloat(0x3555));
+  EXPECT_TRUE(std::isinf(x[1]));
+  RoundThroughWire(WireFormat::kBF16, x.data(), 1);
+  EXPECT_EQ(x[0], Bf16ToFloat(FloatToBf16(F16ToFloat(0x3555))));
+}
+
 }  // namespace
 }  // namespace localpar
