@@ -20,21 +20,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> PickBackend(const RunOptions& o) {
-  if (o.device == "cuda" || o.device == "auto") {
-    if (auto gpu = MakeCudaBackend(0)) return gpu;
-    if (o.device == "cuda") {
-      return absl::FailedPreconditionError("--device=cuda: no CUDA device is available");
-    }
-  } else if (o.device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device=", o.device, ": expected cpu, cuda or auto"));
-  }
-  CpuOptions cpu;
-  cpu.threads = o.threads;
-  return MakeCpuBackend(cpu);
-}
-
 std::vector<HeadStats> Evaluate(ReferenceTrainer& trainer, Backend& be, const Dataset& data,
                                 int64_t batch, int stages) {
   std::vector<HeadStats> total(stages);
@@ -63,6 +48,21 @@ std::string StageLosses(const std::vector<HeadStats>& s) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> PickBackend(const RunOptions& o) {
+  if (o.device == "cuda" || o.device == "auto") {
+    if (auto gpu = MakeCudaBackend(0)) return gpu;
+    if (o.device == "cuda") {
+      return absl::FailedPreconditionError("--device=cuda: no CUDA device is available");
+    }
+  } else if (o.device != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", o.device, ": expected cpu, cuda or auto"));
+  }
+  CpuOptions cpu;
+  cpu.threads = o.threads;
+  return MakeCpuBackend(cpu);
+}
 
 int64_t TotalSteps(const v1::Job& job, int64_t train_examples) {
   int64_t per_epoch = (train_examples + job.batch_size() - 1) / job.batch_size();
@@ -267,10 +267,11 @@ std::string ReportJson(const RunReport& r) {
           "%s\n    {\"stage\": %d, \"examples_per_second\": %.1f, \"resident_bytes\": %d, "
           "\"resident_bytes_first_epoch\": %d, "
           "\"queue_max_depth\": %d, \"queue_capacity\": %d, \"overlap_max_delay\": %d, "
-          "\"overlap_mean_delay\": %.3f, \"rejected\": %d}",
+          "\"overlap_mean_delay\": %.3f, \"rejected\": %d, \"baseline_bytes\": %d, "
+          "\"state_bytes\": %d, \"activation_bytes_per_example\": %d}",
           k ? "," : "", k, s.examples_per_second, s.resident_bytes, s.resident_bytes_first,
           s.queue_max_depth, s.queue_capacity, s.overlap_max_delay, s.overlap_mean_delay,
-          s.rejected);
+          s.rejected, s.baseline_bytes, s.state_bytes, s.activation_bytes_per_example);
     }
     out += "\n  ]";
   }

@@ -61,6 +61,9 @@ struct StageReport {
   int64_t overlap_max_delay = 0;  // asynchronous OVERLAP: largest delay applied, in steps
   double overlap_mean_delay = 0;
   int64_t rejected = 0;
+  int64_t baseline_bytes = 0;  // resident before the stage was built
+  int64_t state_bytes = 0;     // parameters, gradients, optimizer state
+  int64_t activation_bytes_per_example = 0;
 };
 
 struct RunReport {
@@ -78,6 +81,9 @@ struct RunReport {
 };
 
 absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job);
+
+// The backend RunOptions ask for (cpu, cuda or auto).
+absl::StatusOr<std::unique_ptr<Backend>> PickBackend(const RunOptions& options);
 
 // Trains `job`; reports progress to `log`. `data` comes from LoadJobData.
 absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data,

@@ -137,6 +137,23 @@ std::vector<Param*> Stage::params() {
   return out;
 }
 
+int64_t Stage::StateBytes() {
+  int64_t n = 0;
+  for (Param* p : params()) {
+    for (const Tensor* t : {&p->value, &p->grad, &p->state1, &p->state2}) {
+      if (t->defined()) n += static_cast<int64_t>(t->nbytes());
+    }
+  }
+  return n;
+}
+
+int64_t Stage::ActivationBytesPerExample() const {
+  int64_t floats = NumElements(in_shape_);
+  for (const auto& l : layers_) floats += NumElements(l->output_shape());
+  for (const auto& l : head_) floats += NumElements(l->output_shape());
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 int64_t Stage::num_parameters() {
   int64_t n = 0;
   for (Param* p : params()) n += p->value.numel();

@@ -67,6 +67,12 @@ class Stage {
 
   std::vector<Param*> params();
   int64_t num_parameters();
+  // Bytes of training state held now: every parameter's value, gradient and optimizer
+  // state (the floor any worker holding this stage needs).
+  int64_t StateBytes();
+  // Bytes one example in flight needs between its forward and backward passes: the stage
+  // input, every layer's and head layer's output (computed from shapes, no allocation).
+  int64_t ActivationBytesPerExample() const;
   Optimizer& optimizer() { return opt_; }
 
  private:

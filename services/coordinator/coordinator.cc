@@ -632,6 +632,9 @@ class Coordinator {
       sr.resident_bytes = stats[k].resident_bytes();
       if (stats[k].epochs_size() > 0) sr.resident_bytes_first = stats[k].epochs(0).resident_bytes();
       sr.queue_max_depth = stats[k].queue_max_depth();
+      sr.baseline_bytes = stats[k].baseline_bytes();
+      sr.state_bytes = stats[k].state_bytes();
+      sr.activation_bytes_per_example = stats[k].activation_bytes_per_example();
       sr.queue_capacity = stats[k].queue_capacity();
       sr.overlap_max_delay = stats[k].overlap_max_delay_seen();
       sr.overlap_mean_delay = stats[k].overlap_mean_delay();

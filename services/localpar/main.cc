@@ -3,6 +3,7 @@
 // `validate` checks a job file.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
@@ -13,9 +14,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/job/plan.h"
 #include "common/job/run.h"
+#include "google/protobuf/text_format.h"
 #include "services/localpar/launcher.h"
 #include "services/localpar/probe.h"
 
@@ -35,6 +40,12 @@ ABSL_FLAG(int, stages, 0,
           "Regroup the job's stages into this many, merging consecutive stages (each group keeps "
           "its last stage's head); 0: keep the job's");
 ABSL_FLAG(bool, quiet, false, "No progress output");
+ABSL_FLAG(bool, naive, false, "plan: split into equal layer counts instead of by measured time");
+ABSL_FLAG(std::string, project_stages, "1,2,4",
+          "project: the stage counts to predict, comma-separated");
+ABSL_FLAG(double, link_gbps, 0, "project: link bandwidth in Gbit/s (0: infinitely fast)");
+ABSL_FLAG(double, latency_us, 0, "project: link latency per hop in microseconds");
+ABSL_FLAG(int, cores, 0, "project: cores the stages share (0: one per stage)");
 ABSL_FLAG(bool, trace, false,
           "run: write each stage's per-batch compute intervals to OUT/trace.json");
 ABSL_FLAG(std::string, non_finite, "reject",
@@ -79,6 +90,12 @@ Usage:
                                       and a coordinator, over gRPC on loopback
   localpar train JOB_FILE [flags]     train with the in-process reference trainer
   localpar validate JOB_FILE          check a job file and print its effective settings
+  localpar plan JOB_FILE --stages=K   profile every layer and print the job cut into K stages
+                                      so that the slowest stage is fastest (--naive: equal
+                                      layer counts instead)
+  localpar project JOB_FILE           predict pipeline throughput for several stage counts from
+                                      measured layer times and activation sizes
+                                      (--project_stages, --link_gbps, --latency_us, --cores)
   localpar data JOB_FILE              load the job's data and print its figures as JSON
                                       (examples, classes, the unigram baseline in bits)
   localpar probe HOST:PORT            gRPC health check of a worker (exit 0 when serving)
@@ -127,6 +144,87 @@ localpar::CoordinatorOptions CoordinatorFlags(const std::string& path) {
   return o;
 }
 
+// `localpar plan`: the proposed job on stdout, the reasoning on stderr.
+int Plan(const localpar::v1::Job& job, int stages, bool naive) {
+  if (stages < 1) return Fail(kExitUsage, "plan needs --stages=K (K >= 1)");
+  localpar::RunOptions ro;
+  ro.device = absl::GetFlag(FLAGS_device);
+  ro.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<localpar::Backend>> backend = localpar::PickBackend(ro);
+  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  std::cerr << "plan: timing each layer of " << job.name() << " on " << (*backend)->Describe()
+            << ", batch " << job.batch_size() << "\n";
+  auto units = localpar::ProfileUnits(job, **backend, job.batch_size());
+  if (!units.ok()) return Fail(kExitBadJob, std::string(units.status().message()));
+  auto best = localpar::BestPartition(*units, stages);
+  auto equal = localpar::EqualPartition(*units, stages);
+  if (!best.ok()) return Fail(kExitBadJob, std::string(best.status().message()));
+  if (!equal.ok()) return Fail(kExitBadJob, std::string(equal.status().message()));
+  for (const auto& u : *units) {
+    std::cerr << absl::StrFormat("  %-40s %8.3f ms  head %s\n", u.label, 1e3 * u.seconds,
+                                 u.head_seconds < 0
+                                     ? std::string("does not fit")
+                                     : absl::StrFormat("%.3f ms", 1e3 * u.head_seconds));
+  }
+  auto describe = [](const char* what, const localpar::Partition& p) {
+    std::string s;
+    for (size_t k = 0; k < p.sizes.size(); ++k) {
+      absl::StrAppendFormat(&s, "%s%d layers %.3f ms", k ? ", " : "", p.sizes[k],
+                            1e3 * p.stage_seconds[k]);
+    }
+    std::cerr << absl::StrFormat("  %-9s slowest stage %.3f ms: %s\n", what, 1e3 * p.bottleneck(),
+                                 s);
+  };
+  describe("balanced", *best);
+  describe("equal", *equal);
+  std::cerr << absl::StrFormat(
+      "plan: predicted pipeline throughput, balanced / equal split: %.2f\n",
+      equal->bottleneck() / best->bottleneck());
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(localpar::ApplyPartition(job, naive ? *equal : *best),
+                                              &text);
+  std::cout << "# localpar plan --stages=" << stages << (naive ? " --naive" : "") << " of job "
+            << job.name() << "\n"
+            << text;
+  return kExitOk;
+}
+
+// `localpar project`: predicted examples/s for each stage count, from measured layer times.
+int Project(const localpar::v1::Job& job) {
+  localpar::RunOptions ro;
+  ro.device = absl::GetFlag(FLAGS_device);
+  ro.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<localpar::Backend>> backend = localpar::PickBackend(ro);
+  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  auto units = localpar::ProfileUnits(job, **backend, job.batch_size());
+  if (!units.ok()) return Fail(kExitBadJob, std::string(units.status().message()));
+  localpar::LinkModel link;
+  link.bytes_per_second = absl::GetFlag(FLAGS_link_gbps) * 1e9 / 8;
+  link.latency_seconds = absl::GetFlag(FLAGS_latency_us) * 1e-6;
+  link.cores = absl::GetFlag(FLAGS_cores);
+  std::cout << absl::StrFormat(
+      "project: %s on %s, batch %d, link %s, latency %.0f us, cores %s\n", job.name(),
+      (*backend)->Describe(), job.batch_size(),
+      link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", absl::GetFlag(FLAGS_link_gbps))
+                                : std::string("unlimited"),
+      1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per stage");
+  std::cout << "stages  slowest stage ms  largest hop MiB  predicted examples/s\n";
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_project_stages), ',')) {
+    int k = 0;
+    if (!absl::SimpleAtoi(part, &k) || k < 1) {
+      return Fail(kExitUsage, absl::StrCat("--project_stages: '", part, "' is not a count"));
+    }
+    auto p = localpar::BestPartition(*units, k);
+    if (!p.ok()) return Fail(kExitBadJob, std::string(p.status().message()));
+    std::vector<double> hops = localpar::HopBytes(job, *p, job.batch_size());
+    double largest = hops.empty() ? 0 : *std::max_element(hops.begin(), hops.end());
+    std::cout << absl::StrFormat(
+        "%6d  %16.3f  %15.2f  %20.0f\n", k, 1e3 * p->bottleneck(), largest / (1 << 20),
+        localpar::PredictExamplesPerSecond(p->stage_seconds, hops, job.batch_size(), link));
+  }
+  return kExitOk;
+}
+
 int Main(const std::vector<char*>& args) {
   if (args.size() != 3) {
     return Fail(kExitUsage, "expected a command and a job file; see localpar --help");
@@ -143,7 +241,8 @@ int Main(const std::vector<char*>& args) {
   if (command == "probe") return localpar::Probe(path, absl::GetFlag(FLAGS_timeout_ms), security);
   if (command == "status") return localpar::Status(path, 1000, security);
   if (command == "checkpoint") return localpar::RequestCheckpoint(path, security);
-  if (command != "run" && command != "train" && command != "validate" && command != "data") {
+  if (command != "run" && command != "train" && command != "validate" && command != "data" &&
+      command != "plan" && command != "project") {
     return Fail(kExitUsage, absl::StrCat("unknown command '", command, "'; see localpar --help"));
   }
   if (absl::GetFlag(FLAGS_threads) < 1) return Fail(kExitUsage, "--threads must be >= 1");
@@ -174,6 +273,13 @@ int Main(const std::vector<char*>& args) {
     return localpar::Launch(lo);
   }
 
+  if (command == "plan" || command == "project") {
+    co.stages = 0;  // --stages is the plan's target, not a regrouping of the input
+    absl::StatusOr<localpar::v1::Job> job = localpar::LoadJobWithOverrides(co);
+    if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
+    if (command == "project") return Project(*job);
+    return Plan(*job, absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_naive));
+  }
   absl::StatusOr<localpar::v1::Job> job = localpar::LoadJobWithOverrides(co);
   if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
   if (command == "validate") {

@@ -665,6 +665,11 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const v1::StatsRequest* 
   ToProto(recent_, resp->mutable_recent());
   for (const auto& [epoch, e] : epochs_) *resp->add_epochs() = e;
   resp->set_resident_bytes(ResidentBytes());
+  resp->set_baseline_bytes(baseline_bytes_);
+  if (stage_) {
+    resp->set_state_bytes(stage_->StateBytes());
+    resp->set_activation_bytes_per_example(stage_->ActivationBytesPerExample());
+  }
   if (delay_count_ > 0) resp->set_overlap_mean_delay(delay_sum_ / delay_count_);
   if (req->include_intervals()) {
     for (const v1::Interval& iv : intervals_) *resp->add_intervals() = iv;

@@ -71,7 +71,8 @@ class WorkerService final : public v1::Worker::Service {
   int num_stages_ = 0;
   int32_t classes_ = 0;
   int64_t labels_per_example_ = 1;
-  WireFormat wire_ = WireFormat::kF32;  // how activations go to the next stage
+  WireFormat wire_ = WireFormat::kF32;        // how activations go to the next stage
+  int64_t baseline_bytes_ = ResidentBytes();  // resident memory before any stage exists
   TrainerOptions trainer_;
   std::unique_ptr<v1::Worker::Stub> downstream_;
 

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+
+#include "common/job/plan.h"
 
 namespace localpar {
 namespace {
@@ -196,6 +199,71 @@ stages { name: "d" layers { gelu {} } head { kind: MLP hidden: 7 } }
   absl::StatusOr<v1::Job> bad = RegroupStages(*j, 5);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("regroups into 1..4"), std::string::npos);
+}
+
+TEST(Plan, TheBalancedSplitIsTheBestOfEveryContiguousSplit) {
+  // Unit times and head times (a negative head: no stage may end there).
+  std::vector<UnitProfile> units;
+  std::vector<std::pair<double, double>> t = {{9, 1}, {1, 1}, {1, -1},  {4, 0.5},
+                                              {2, 2}, {7, 1}, {1, 0.1}, {3, 1}};
+  for (auto [s, h] : t) units.push_back({"u", s, h});
+  for (int stages = 1; stages <= 5; ++stages) {
+    absl::StatusOr<Partition> best = BestPartition(units, stages);
+    ASSERT_TRUE(best.ok()) << best.status();
+    // Brute force over every placement of stages-1 cuts among the 7 gaps.
+    double want = 1e9;
+    for (int mask = 0; mask < (1 << 7); ++mask) {
+      if (__builtin_popcount(mask) != stages - 1) continue;
+      double worst = 0, cur = 0;
+      for (int i = 0; i < 8; ++i) {
+        cur += t[i].first;
+        if (i == 7 || (mask >> i & 1)) {
+          worst = std::max(worst, t[i].second < 0 ? 1e18 : cur + t[i].second);
+          cur = 0;
+        }
+      }
+      want = std::min(want, worst);
+    }
+    EXPECT_DOUBLE_EQ(best->bottleneck(), want) << stages << " stages";
+    int total = 0;
+    for (int s : best->sizes) total += s;
+    EXPECT_EQ(total, 8);
+  }
+  absl::StatusOr<Partition> equal = EqualPartition(units, 3);  // 3, 3, 2 units
+  ASSERT_TRUE(equal.ok());
+  EXPECT_EQ(equal->sizes, (std::vector<int>{3, 3, 2}));
+  EXPECT_TRUE(std::isinf(equal->stage_seconds[0]));  // ends on the unit with no head
+  EXPECT_FALSE(BestPartition(units, 9).ok());
+}
+
+TEST(Plan, ProfilesEveryLayerAndRegroupsTheJob) {
+  absl::StatusOr<v1::Job> j = ParseJob(R"(
+rule: GREEDY
+batch_size: 16
+data { synthetic { shape: [32] classes: 3 } }
+stages { name: "a" layers { linear { out_features: 256 } } layers { relu {} } head { kind: MLP hidden: 4 } }
+stages { name: "b" layers { linear { out_features: 8 } } layers { relu {} } }
+)",
+                                       "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  auto cpu = MakeCpuBackend();
+  absl::StatusOr<std::vector<UnitProfile>> units = ProfileUnits(*j, *cpu, 16, 3);
+  ASSERT_TRUE(units.ok()) << units.status();
+  ASSERT_EQ(units->size(), 4u);
+  EXPECT_NE((*units)[0].label.find("stages[0].layers[0] linear"), std::string::npos);
+  for (const UnitProfile& u : *units) {
+    EXPECT_GT(u.seconds, 0);
+    EXPECT_GT(u.head_seconds, 0);
+  }
+  Partition p;
+  p.sizes = {1, 3};
+  v1::Job out = ApplyPartition(*j, p);
+  ASSERT_EQ(out.stages_size(), 2);
+  EXPECT_EQ(out.stages(0).layers_size(), 1);
+  EXPECT_EQ(out.stages(0).head().kind(), v1::Head::MLP);  // from job stage 0
+  EXPECT_EQ(out.stages(1).layers_size(), 3);
+  EXPECT_FALSE(out.stages(1).has_head());  // job stage 1 has the default head
+  EXPECT_TRUE(ValidateJob(out).ok());
 }
 
 TEST(JobFiles, MissingFileIsNotFound) {

@@ -1,0 +1,59 @@
+// Auto-partitioning: profile every layer of a job on a backend, then cut the layers into K
+// stages so that the slowest stage (layers plus its head) is as fast as possible.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/core/backend.h"
+#include "proto/job.pb.h"
+
+namespace localpar {
+
+// One top-level layer of the job (a "unit" that a cut may not split).
+struct UnitProfile {
+  std::string label;         // "stages[1].layers[2] conv2d"
+  double seconds = 0;        // forward + backward of the layer, per batch
+  double head_seconds = -1;  // the head, if a stage ended here; < 0: a head cannot go here
+};
+
+// Times each unit of `job` on `backend` with batches of `batch` examples (the median of
+// `repeats` timed passes after one warm-up). A unit's head is the head of the job stage it
+// came from.
+absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backend& backend,
+                                                      int64_t batch, int repeats = 5);
+
+struct Partition {
+  std::vector<int> sizes;             // units per stage
+  std::vector<double> stage_seconds;  // predicted per-batch time of each stage
+  double bottleneck() const;          // the slowest stage: what bounds pipeline throughput
+};
+
+// The split into `stages` contiguous groups that minimises the slowest stage (exact, by
+// dynamic programming), and the naive split with equal unit counts, for comparison.
+absl::StatusOr<Partition> BestPartition(const std::vector<UnitProfile>& units, int stages);
+absl::StatusOr<Partition> EqualPartition(const std::vector<UnitProfile>& units, int stages);
+
+// A pipeline's predicted throughput: each stage computes for stage_seconds per batch and
+// sends `hop_bytes` to the next over a link of `bytes_per_second` and `latency_seconds`.
+// Sending overlaps computing (a separate sender thread and bounded queues), so a batch
+// leaves the pipeline every max over stages of max(compute, transfer); when `cores` is
+// smaller than the number of stages, the stages also share the cores.
+struct LinkModel {
+  double bytes_per_second = 0;  // 0: an infinitely fast link
+  double latency_seconds = 0;
+  int cores = 0;  // 0: one per stage
+};
+double PredictExamplesPerSecond(const std::vector<double>& stage_seconds,
+                                const std::vector<double>& hop_bytes, int64_t batch,
+                                const LinkModel& link);
+
+// Bytes one batch's activations take from each stage to the next under partition `p`.
+std::vector<double> HopBytes(const v1::Job& job, const Partition& p, int64_t batch);
+
+// The job with its layers regrouped by `p`; each new stage takes the head of the job stage
+// its last unit came from.
+v1::Job ApplyPartition(const v1::Job& job, const Partition& p);
+
+}  // namespace localpar
