@@ -53,6 +53,111 @@ TEST_P(GemmTest, MatchesDoublePrecisionReferenceOnEveryBackend) {
 INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
+class GemmBatchedTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+// Each of the batch's GEMMs against the double-precision reference, with operand strides
+// larger than the operands (gaps between them must be left alone).
+TEST_P(GemmBatchedTest, EveryProblemMatchesTheReferenceOnEveryBackend) {
+  auto [ta, tb] = GetParam();
+  const int m = 9, n = 7, k = 11, batch = 3, gap = 5;
+  const int sa = m * k + gap, sb = k * n + gap, sc = m * n + gap;
+  auto a = RandomVector(sa * batch, 4), b = RandomVector(sb * batch, 5),
+       c0 = RandomVector(sc * batch, 6);
+  std::vector<float> expected = c0;
+  for (int i = 0; i < batch; ++i) {
+    std::vector<float> ai(a.begin() + i * sa, a.begin() + i * sa + m * k);
+    std::vector<float> bi(b.begin() + i * sb, b.begin() + i * sb + k * n);
+    std::vector<float> ci = NaiveGemm(ta, tb, m, n, k, ai, bi);
+    for (int j = 0; j < m * n; ++j) expected[i * sc + j] = 2.0f * ci[j] - c0[i * sc + j];
+  }
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+  for (auto& be : backends) {
+    Tensor at = Tensor::FromHost(*be, {sa * batch}, a), bt = Tensor::FromHost(*be, {sb * batch}, b);
+    Tensor ct = Tensor::FromHost(*be, {sc * batch}, c0);
+    be->GemmBatched(ta, tb, m, n, k, 2.0f, at.f32(), sa, bt.f32(), sb, -1.0f, ct.f32(), sc, batch);
+    EXPECT_TRUE(AllClose(ct.ToHost(), expected, 1e-4f, 1e-4f)) << be->Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmBatchedTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+
+TEST(Attention, HeadPermutationsAreInversesAndCausalRowsSumToOne) {
+  auto cpu = MakeCpuBackend();
+  const int b = 2, t = 5, parts = 3, heads = 2, d = 4, n = b * t * parts * heads * d;
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[i] = static_cast<float>(i);
+  Tensor xt = Tensor::FromHost(*cpu, {n}, x), y = Tensor::Empty(*cpu, {n}),
+         back = Tensor::Empty(*cpu, {n});
+  cpu->SplitHeads(xt.f32(), y.f32(), b, t, parts, heads, d);
+  // Element (batch 1, position 3, part 2, head 1, lane 2) moves to [2][1][1][3][2].
+  EXPECT_EQ(y.ToHost()[(((2 * b + 1) * heads + 1) * t + 3) * d + 2],
+            x[(((1 * t + 3) * parts + 2) * heads + 1) * d + 2]);
+  cpu->MergeHeads(y.f32(), back.f32(), b, t, parts, heads, d);
+  EXPECT_EQ(back.ToHost(), x);
+  // Causal softmax: row i sees keys 0..i only, and each row sums to 1.
+  std::vector<float> s = RandomVector(2 * t * t, 8, -3, 3);
+  Tensor st = Tensor::FromHost(*cpu, {2 * t * t}, s), p = Tensor::Empty(*cpu, {2 * t * t});
+  cpu->CausalSoftmaxForward(st.f32(), p.f32(), 2, t, 0.5f);
+  std::vector<float> ph = p.ToHost();
+  for (int r = 0; r < 2 * t; ++r) {
+    int i = r % t;
+    double sum = 0;
+    for (int j = 0; j < t; ++j) {
+      if (j > i) {
+        EXPECT_EQ(ph[r * t + j], 0.0f);
+      }
+      sum += ph[r * t + j];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+    // Relative weights follow exp(0.5 * s).
+    if (i >= 1) {
+      EXPECT_NEAR(ph[r * t + 1] / ph[r * t], std::exp(0.5 * (s[r * t + 1] - s[r * t])), 1e-4);
+    }
+  }
+}
+
+TEST(CudaParity, AttentionAndEvaluationBatchNormKernels) {
+  LP_REQUIRE_CUDA(gpu);
+  auto cpu = MakeCpuBackend();
+  const int b = 3, t = 7, parts = 3, heads = 2, d = 5, n = b * t * parts * heads * d;
+  const int rows = 67, cols = 9;
+  auto x = RandomVector(n, 21), s = RandomVector(b * heads * t * t, 22, -4, 4),
+       dp = RandomVector(b * heads * t * t, 23), bx = RandomVector(rows * cols, 24, -2, 3),
+       gamma = RandomVector(cols, 25), beta = RandomVector(cols, 26),
+       rv = RandomVector(cols, 27, 0.5f, 2.0f);
+  auto run = [&](Backend& be) {
+    std::vector<float> all;
+    auto keep = [&all](const Tensor& t) {
+      for (float v : t.ToHost()) all.push_back(v);
+    };
+    Tensor xt = Tensor::FromHost(be, {n}, x), y = Tensor::Empty(be, {n}),
+           z = Tensor::Empty(be, {n});
+    be.SplitHeads(xt.f32(), y.f32(), b, t, parts, heads, d);
+    be.MergeHeads(y.f32(), z.f32(), b, t, parts, heads, d);
+    keep(y);
+    keep(z);
+    const int m = b * heads, sz = m * t * t;
+    Tensor st = Tensor::FromHost(be, {sz}, s), p = Tensor::Empty(be, {sz}),
+           dpt = Tensor::FromHost(be, {sz}, dp), ds = Tensor::Empty(be, {sz});
+    be.CausalSoftmaxForward(st.f32(), p.f32(), m, t, 0.7f);
+    be.CausalSoftmaxBackward(p.f32(), dpt.f32(), ds.f32(), m, t, 0.7f);
+    keep(p);
+    keep(ds);
+    // Batch norm in evaluation mode (training mode is covered by the layer parity tests).
+    Tensor xb = Tensor::FromHost(be, {rows * cols}, bx), yb = Tensor::Empty(be, {rows * cols});
+    Tensor g = Tensor::FromHost(be, {cols}, gamma), bt = Tensor::FromHost(be, {cols}, beta);
+    Tensor rm = Tensor::FromHost(be, {cols}, beta), rvt = Tensor::FromHost(be, {cols}, rv);
+    be.BatchNormForward(xb.f32(), g.f32(), bt.f32(), yb.f32(), nullptr, nullptr, rm.f32(),
+                        rvt.f32(), rows, cols, 1e-5f, 0.1f, false);
+    keep(yb);
+    return all;
+  };
+  EXPECT_TRUE(AllClose(run(*gpu), run(*cpu), 1e-5f, 1e-4f));
+}
+
 TEST(SoftmaxXent, LossAccuracyAndGradientMatchHandComputedValues) {
   auto cpu = MakeCpuBackend();
   // Row 0: logits (0, ln 3) -> p = (1/4, 3/4); label 1 is the arg-max.
