@@ -139,7 +139,10 @@ def run_one(args, spec, model, arm, seed, run_dir):
                 fields = m.group(2).split()
                 losses = {int(fields[i][1:]): float(fields[i + 1])
                           for i in range(0, len(fields), 2)}
-                curve.append((time.monotonic() - start, losses))
+                # All zeros: no training batch since the last snapshot (evaluation, or the
+                # end of the run), not a loss.
+                if any(v != 0 for v in losses.values()):
+                    curve.append((time.monotonic() - start, losses))
             if args.verbose or line.startswith("epoch") and "test" in line:
                 print(f"    {line.rstrip()}", file=sys.stderr)
         code = proc.wait()
@@ -159,7 +162,8 @@ def read_run(run_dir):
     curve = []
     with open(os.path.join(run_dir, "curve.csv")) as f:
         for row in csv.DictReader(f):
-            curve.append((float(row["seconds"]), int(row["stage"]), float(row["train_loss"])))
+            if float(row["train_loss"]) != 0:  # logs written before idle lines were dropped
+                curve.append((float(row["seconds"]), int(row["stage"]), float(row["train_loss"])))
     # Each epoch's mean training loss at its end as well, so short runs still have a curve.
     elapsed = 0.0
     for e in report["epochs"]:
@@ -384,7 +388,7 @@ def main():
             md.append(f"Unigram baseline (a model that ignores context, fitted on the training "
                       f"split): **{m['data']['unigram_bits_per_label']:.3f} bits per byte** on the "
                       f"held-out split.\n")
-        md.append(f"| arm | stages | seed | {metric} (last stage) | vs BACKPROP | each stage's head "
+        md.append(f"| arm | stages | seed | last stage: {metric} | vs BACKPROP | each stage's head "
                   f"| wall s | examples/s | updates | sequential steps |")
         md.append("|---|---|---|---|---|---|---|---|---|---|")
         ref = {r["seed"]: r["metric"] for r in mrows if r["rule"] == "BACKPROP"}
