@@ -196,78 +196,57 @@ def quote(s):
     return '"' + s.replace('"', "'") + '"'
 
 
-def plot_model(name, rows, stage_rows, curves, text, plots_dir):
+def line_plot(plots_dir, name, series, title, xlabel, ylabel, style, extra=""):
+    """One SVG: a line per (label, points) in `series`; returns its file name."""
+    data = f"{name}.dat"
+    with open(os.path.join(plots_dir, data), "w") as f:
+        for label, points in series:
+            f.write(f"# {label}\n")
+            for x, y in points or [(0, "NaN")]:
+                f.write(f"{x} {y}\n")
+            f.write("\n\n")
+    plots = ", ".join(f"{quote(data)} index {i} using 1:2 with {style} title {quote(label)}"
+                      for i, (label, _) in enumerate(series))
+    out = f"{name}.svg"
+    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
+set output {quote(out)}
+set title {quote(title)}
+set xlabel {quote(xlabel)}
+set ylabel {quote(ylabel)}
+set key outside right
+set grid
+{extra}
+plot {plots}
+""", plots_dir)
+    return out
+
+
+def plot_model(name, rows, curves, text, plots_dir):
     """Three SVG plots for one model; returns their file names."""
     metric = "held-out bits per byte" if text else "test accuracy (%)"
     scale = 1 if text else 100
-    files = []
-    # 1. Test metric against wall time, one line per arm (per-epoch evaluations).
-    data = f"{name}_time.dat"
-    with open(os.path.join(plots_dir, data), "w") as f:
-        for r in rows:
-            f.write(f"# {r['arm']} seed {r['seed']}\n0 NaN\n")
-            for t, v in r["timeline"]:
-                f.write(f"{t:.2f} {scale * v:.5f}\n")
-            f.write("\n\n")
-    plots = ", ".join(
-        f"{quote(data)} index {i} using 1:2 with linespoints title {quote(r['arm'] + ' seed ' + str(r['seed']))}"
-        for i, r in enumerate(rows))
-    files.append(f"{name}_metric_vs_time.svg")
-    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
-set output {quote(files[-1])}
-set title {quote(name + ': ' + metric + ' against wall time')}
-set xlabel "wall time (s)"
-set ylabel {quote(metric)}
-set key outside right
-set grid
-plot {plots}
-""", plots_dir)
-    # 2. Every stage head's test metric, one line per arm.
-    data = f"{name}_stages.dat"
-    with open(os.path.join(plots_dir, data), "w") as f:
-        for r in rows:
-            f.write(f"# {r['arm']} seed {r['seed']}\n")
-            for k, v in enumerate(r["stage_metrics"]):
-                f.write(f"{k} {scale * v:.5f}\n")
-            f.write("\n\n")
-    plots = ", ".join(
-        f"{quote(data)} index {i} using 1:2 with linespoints title {quote(r['arm'] + ' seed ' + str(r['seed']))}"
-        for i, r in enumerate(rows))
-    files.append(f"{name}_stage_heads.svg")
-    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
-set output {quote(files[-1])}
-set title {quote(name + ': each stage head, ' + metric)}
-set xlabel "stage"
-set ylabel {quote(metric)}
-set xtics 1
-set key outside right
-set grid
-plot {plots}
-""", plots_dir)
-    # 3. Training curves: the last stage's recent training loss against wall time.
-    data = f"{name}_curves.dat"
-    with open(os.path.join(plots_dir, data), "w") as f:
-        for r in rows:
-            f.write(f"# {r['arm']} seed {r['seed']}\n")
-            last = max((k for _, k, _ in curves[r["id"]]), default=0)
-            for t, k, loss in curves[r["id"]]:
-                if k == last:
-                    f.write(f"{t:.2f} {loss:.5f}\n")
-            f.write("\n\n")
-    plots = ", ".join(
-        f"{quote(data)} index {i} using 1:2 with linespoints pointsize 0.4 title {quote(r['arm'] + ' seed ' + str(r['seed']))}"
-        for i, r in enumerate(rows))
-    files.append(f"{name}_training_curves.svg")
-    gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
-set output {quote(files[-1])}
-set title {quote(name + ': last stage training loss (nats), recent batches')}
-set xlabel "wall time (s)"
-set ylabel "training loss"
-set key outside right
-set grid
-plot {plots}
-""", plots_dir)
-    return files
+    label = lambda r: f"{r['arm']} seed {r['seed']}"
+    # Test metric against wall time (per-epoch evaluations), one line per arm.
+    timeline = [(label(r), [(f"{t:.2f}", f"{scale * v:.5f}") for t, v in r["timeline"]])
+                for r in rows]
+    # Every stage head's test metric, one line per arm.
+    heads = [(label(r), [(k, f"{scale * v:.5f}") for k, v in enumerate(r["stage_metrics"])])
+             for r in rows]
+    # Training curves: the last stage's recent training loss against wall time.
+    train = []
+    for r in rows:
+        last = max((k for _, k, _ in curves[r["id"]]), default=0)
+        train.append((label(r), [(f"{t:.2f}", f"{loss:.5f}")
+                                 for t, k, loss in curves[r["id"]] if k == last]))
+    return [
+        line_plot(plots_dir, f"{name}_metric_vs_time", timeline,
+                  f"{name}: {metric} against wall time", "wall time (s)", metric, "linespoints"),
+        line_plot(plots_dir, f"{name}_stage_heads", heads, f"{name}: each stage head, {metric}",
+                  "stage", metric, "linespoints", "set xtics 1"),
+        line_plot(plots_dir, f"{name}_training_curves", train,
+                  f"{name}: last stage training loss (nats), recent batches", "wall time (s)",
+                  "training loss", "linespoints pointsize 0.4"),
+    ]
 
 
 def main():
@@ -416,7 +395,7 @@ def main():
             md.append("Where local rules lose to BACKPROP here: " + "; ".join(losses) + ".\n")
         elif ref:
             md.append("No local rule scored below BACKPROP here.\n")
-        files = plot_model(m["name"], mrows, stage_rows, curves, text, plots_dir)
+        files = plot_model(m["name"], mrows, curves, text, plots_dir)
         link_dir = "plots"
         if args.results:
             link_dir = os.path.relpath(results_plots, os.path.dirname(os.path.abspath(args.results)))

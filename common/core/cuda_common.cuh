@@ -53,16 +53,17 @@ inline cublasHandle_t CublasOf(const CudaBackend* b) {
   return static_cast<cublasHandle_t>(b->cublas());
 }
 
-// Block-wide sum through shared memory (shm holds blockDim.x floats, a power of two).
+// Block-wide sum through shared memory (shm holds blockDim.x values, a power of two).
 // The tree order is fixed, so the result is deterministic.
-__device__ inline float BlockSum(float v, float* shm) {
+template <typename T>
+__device__ inline T BlockSum(T v, T* shm) {
   shm[threadIdx.x] = v;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) shm[threadIdx.x] += shm[threadIdx.x + s];
     __syncthreads();
   }
-  float r = shm[0];
+  T r = shm[0];
   __syncthreads();
   return r;
 }

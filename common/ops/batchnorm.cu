@@ -5,18 +5,6 @@
 namespace localpar {
 namespace {
 
-__device__ double BlockSumD(double v, double* shm) {
-  shm[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) shm[threadIdx.x] += shm[threadIdx.x + s];
-    __syncthreads();
-  }
-  double r = shm[0];
-  __syncthreads();
-  return r;
-}
-
 __global__ void BatchNormStatsKernel(const float* x, float* mean, float* rstd, float* running_mean,
                                      float* running_var, long long rows, long long cols, float eps,
                                      float momentum) {
@@ -24,13 +12,13 @@ __global__ void BatchNormStatsKernel(const float* x, float* mean, float* rstd, f
   long long c = blockIdx.x;
   double s = 0.0;
   for (long long r = threadIdx.x; r < rows; r += blockDim.x) s += x[r * cols + c];
-  float m = static_cast<float>(BlockSumD(s, shm) / rows);
+  float m = static_cast<float>(BlockSum(s, shm) / rows);
   double q = 0.0;
   for (long long r = threadIdx.x; r < rows; r += blockDim.x) {
     double d = x[r * cols + c] - m;
     q += d * d;
   }
-  q = BlockSumD(q, shm);
+  q = BlockSum(q, shm);
   if (threadIdx.x == 0) {
     double var = q / rows;
     mean[c] = m;
@@ -65,8 +53,8 @@ __global__ void BatchNormGradSumsKernel(const float* dy, const float* x, const f
     sg += d;
     sgx += static_cast<double>(d) * xhat;
   }
-  sg = BlockSumD(sg, shm);
-  sgx = BlockSumD(sgx, shm);
+  sg = BlockSum(sg, shm);
+  sgx = BlockSum(sgx, shm);
   if (threadIdx.x == 0) {
     dgamma[c] += static_cast<float>(sgx);
     dbeta[c] += static_cast<float>(sg);
