@@ -88,6 +88,7 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
       backend.Synchronize();
       auto t2 = Clock::now();
       stage->Backward(0, stage->head_grad(0), nullptr);
+      stage->Step(1e-6f);  // the update is part of every stage's batch
       backend.Synchronize();
       auto t3 = Clock::now();
       if (r == 0) continue;  // warm-up: first-touch allocation

@@ -14,7 +14,7 @@ namespace localpar {
 // One top-level layer of the job (a "unit" that a cut may not split).
 struct UnitProfile {
   std::string label;         // "stages[1].layers[2] conv2d"
-  double seconds = 0;        // forward + backward of the layer, per batch
+  double seconds = 0;        // forward, backward and update of the layer, per batch
   double head_seconds = -1;  // the head, if a stage ended here; < 0: a head cannot go here
 };
 

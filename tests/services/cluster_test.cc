@@ -502,6 +502,34 @@ TEST(Launcher, AMissingOrEmptyCorpusIsAClearDataError) {
   EXPECT_NE(r.output.find("text corpus " + empty + " is empty"), std::string::npos) << r.output;
 }
 
+// `localpar plan` prints a valid job with the same layers in K stages, balanced by measured
+// time: on the unbalanced MLP (four wide layers, then four narrow ones) the first stage
+// gets fewer layers than an equal split would give it.
+TEST(Plan, PrintsAValidJobThatBalancesAnUnbalancedModel) {
+  std::string job = std::string(LOCALPAR_SOURCE_DIR) + "/tests/bench/unbalanced_mlp.textproto";
+  auto r = RunProcess({testing::BinDir() + "/localpar", "plan", job, "--stages=2"}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string text = r.output.substr(r.output.find("# localpar plan"));
+  absl::StatusOr<v1::Job> planned = ParseJob(text, "plan output");
+  ASSERT_TRUE(planned.ok()) << planned.status() << "\n" << r.output;
+  ASSERT_EQ(planned->stages_size(), 2);
+  int a = planned->stages(0).layers_size(), b = planned->stages(1).layers_size();
+  EXPECT_EQ(a + b, 16);
+  EXPECT_LT(a, 8) << r.output;
+  EXPECT_NE(r.output.find("predicted pipeline throughput, balanced / equal split"),
+            std::string::npos);
+  auto naive =
+      RunProcess({testing::BinDir() + "/localpar", "plan", job, "--stages=2", "--naive"}, 120);
+  ASSERT_EQ(naive.exit_code, 0) << naive.output;
+  absl::StatusOr<v1::Job> equal =
+      ParseJob(naive.output.substr(naive.output.find("# localpar plan")), "naive");
+  ASSERT_TRUE(equal.ok()) << equal.status();
+  EXPECT_EQ(equal->stages(0).layers_size(), 8);
+  auto bad = RunProcess({testing::BinDir() + "/localpar", "plan", job, "--stages=17"}, 120);
+  EXPECT_EQ(bad.exit_code, 3) << bad.output;
+  EXPECT_NE(bad.output.find("16 layers, so 1..16 stages"), std::string::npos) << bad.output;
+}
+
 TEST(Launcher, MissingDataSetNamesTheDebianPackage) {
   TempDir dir;
   std::string job = dir.Write("job.textproto",
