@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job/tensor_codec.h"
 
 namespace localpar {
@@ -268,10 +269,12 @@ std::string ReportJson(const RunReport& r) {
           "\"resident_bytes_first_epoch\": %d, "
           "\"queue_max_depth\": %d, \"queue_capacity\": %d, \"overlap_max_delay\": %d, "
           "\"overlap_mean_delay\": %.3f, \"rejected\": %d, \"baseline_bytes\": %d, "
-          "\"state_bytes\": %d, \"activation_bytes_per_example\": %d}",
+          "\"state_bytes\": %d, \"activation_bytes_per_example\": %d, "
+          "\"resident_bytes_by_epoch\": [%s]}",
           k ? "," : "", k, s.examples_per_second, s.resident_bytes, s.resident_bytes_first,
           s.queue_max_depth, s.queue_capacity, s.overlap_max_delay, s.overlap_mean_delay,
-          s.rejected, s.baseline_bytes, s.state_bytes, s.activation_bytes_per_example);
+          s.rejected, s.baseline_bytes, s.state_bytes, s.activation_bytes_per_example,
+          absl::StrJoin(s.resident_bytes_by_epoch, ", "));
     }
     out += "\n  ]";
   }

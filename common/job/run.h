@@ -64,6 +64,7 @@ struct StageReport {
   int64_t baseline_bytes = 0;  // resident before the stage was built
   int64_t state_bytes = 0;     // parameters, gradients, optimizer state
   int64_t activation_bytes_per_example = 0;
+  std::vector<int64_t> resident_bytes_by_epoch;  // at the end of each epoch
 };
 
 struct RunReport {

@@ -45,4 +45,7 @@ for s in r["stage_reports"]:
           f"{mib(queues):6.1f}M  {mib(s['resident_bytes']):7.1f}M  {mib(used - minimum):+10.1f}M  "
           f"{mib(growth):+8.1f}M")
 print(f"memory_bench: (resident - baseline) / computed minimum, worst stage: {worst:.2f}")
+print("resident MiB at the end of each epoch:")
+for s in r["stage_reports"]:
+    print(f"  stage {s['stage']}: " + " ".join(f"{mib(b):.1f}" for b in s["resident_bytes_by_epoch"]))
 PY
