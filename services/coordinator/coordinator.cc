@@ -635,7 +635,8 @@ class Coordinator {
       sr.baseline_bytes = stats[k].baseline_bytes();
       sr.state_bytes = stats[k].state_bytes();
       sr.activation_bytes_per_example = stats[k].activation_bytes_per_example();
-      for (const auto& es : stats[k].epochs()) sr.resident_bytes_by_epoch.push_back(es.resident_bytes());
+      for (const auto& es : stats[k].epochs())
+        sr.resident_bytes_by_epoch.push_back(es.resident_bytes());
       sr.queue_capacity = stats[k].queue_capacity();
       sr.overlap_max_delay = stats[k].overlap_max_delay_seen();
       sr.overlap_mean_delay = stats[k].overlap_mean_delay();
