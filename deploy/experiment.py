@@ -70,11 +70,15 @@ def load_spec(path):
             fail(f"{path}: arms[{i}].rule: must be one of {', '.join(RULES)}")
         if "stages" in a and (not isinstance(a["stages"], int) or a["stages"] < 1):
             fail(f"{path}: arms[{i}].stages: must be a positive integer")
-    seeds = spec.get("seeds", [1])
-    if not isinstance(seeds, list) or not seeds or not all(
-            isinstance(s, int) and s >= 0 for s in seeds):
-        fail(f"{path}: seeds: a non-empty list of integers >= 0")
-    spec["seeds"] = seeds
+    def check_seeds(seeds, where):
+        if not isinstance(seeds, list) or not seeds or not all(
+                isinstance(s, int) and s >= 0 for s in seeds):
+            fail(f"{path}: {where}: a non-empty list of integers >= 0")
+        return seeds
+
+    spec["seeds"] = check_seeds(spec.get("seeds", [1]), "seeds")
+    for i, m in enumerate(spec["models"]):
+        m["seeds"] = check_seeds(m.get("seeds", spec["seeds"]), f"models[{i}].seeds")
     spec.setdefault("name", os.path.splitext(os.path.basename(path))[0])
     spec.setdefault("threads", 1)
     spec.setdefault("device", "cpu")
@@ -282,12 +286,12 @@ def main():
         m["text"] = m["data"]["labels_per_example"] > 1
         models.append(m)
 
-    total = len(models) * len(spec["arms"]) * len(spec["seeds"])
+    total = sum(len(m["seeds"]) for m in models) * len(spec["arms"])
     done = 0
     rows, stage_rows, curves = [], [], {}
     for m in models:
         for arm in spec["arms"]:
-            for seed in spec["seeds"]:
+            for seed in m["seeds"]:
                 done += 1
                 rid = f"{m['name']}-{arm_label(arm).replace('/', '-')}-seed{seed}"
                 print(f"[{done}/{total}] {rid}", file=sys.stderr)
@@ -348,8 +352,8 @@ def main():
     md.append(f"```\n{command}\n```\n")
     md.append(f"Every run is a real local cluster (`localpar run`: one worker process per "
               f"stage and a coordinator over gRPC on loopback), device `{spec['device']}`, "
-              f"{spec['threads']} GEMM thread(s) per process. Seeds: "
-              f"{', '.join(map(str, spec['seeds']))}. Wall time includes the per-epoch "
+              f"{spec['threads']} GEMM thread(s) per process; seeds per model below. Wall "
+              f"time includes the per-epoch "
               f"evaluations. *Sequential steps* counts dependent stage computations on the "
               f"critical path: BACKPROP 2 x stages per update (forward and backward visit every "
               f"stage before the next update); GREEDY and CHUNKED one per update once the "
@@ -361,7 +365,8 @@ def main():
         budget = ", ".join(f"{k} {m[k]}" for k in ("epochs", "max_steps") if k in m)
         md.append(f"\n## {m['name']}\n")
         md.append(f"Job `{os.path.relpath(m['job'])}`; budget: "
-                  f"{budget or 'as in the job file'}; {m['data']['train_examples']} training / "
+                  f"{budget or 'as in the job file'}; seeds {', '.join(map(str, m['seeds']))}; "
+                  f"{m['data']['train_examples']} training / "
                   f"{m['data']['test_examples']} held-out examples.\n")
         if text:
             md.append(f"Unigram baseline (a model that ignores context, fitted on the training "
@@ -381,6 +386,27 @@ def main():
                       f"**{fmt_metric(r['metric'], text)}** | {delta} | {heads} | "
                       f"{r['wall_seconds']:.0f} | {r['examples_per_second']:.0f} | {r['steps']} | "
                       f"{r['sequential_steps']} |")
+        if len(m["seeds"]) > 1:
+            md.append("")
+            md.append(f"Over the {len(m['seeds'])} seeds (mean, and min to max):\n")
+            md.append(f"| arm | mean {metric} | min to max | mean vs BACKPROP |")
+            md.append("|---|---|---|---|")
+            arms = list(dict.fromkeys(r["arm"] for r in mrows))
+            ref_mean = None
+            for arm in arms:
+                vals = [r["metric"] for r in mrows if r["arm"] == arm]
+                mean = sum(vals) / len(vals)
+                if arm == "BACKPROP":
+                    ref_mean = mean
+            for arm in arms:
+                vals = [r["metric"] for r in mrows if r["arm"] == arm]
+                mean = sum(vals) / len(vals)
+                delta = ""
+                if ref_mean is not None and arm != "BACKPROP":
+                    d = mean - ref_mean
+                    delta = f"{d:+.3f}" if text else f"{100 * d:+.2f} pt"
+                md.append(f"| {arm} | **{fmt_metric(mean, text)}** | {fmt_metric(min(vals), text)} "
+                          f"to {fmt_metric(max(vals), text)} | {delta} |")
         losses = []
         for r in mrows:
             if r["seed"] not in ref or r["rule"] == "BACKPROP":
