@@ -71,17 +71,23 @@ void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out) {
   out->clear_shape();
   for (int64_t d : t.shape()) out->add_shape(d);
   const size_t n = static_cast<size_t>(t.numel());
-  // Staged through a per-thread buffer so device tensors need one copy out.
-  thread_local std::vector<float> host;
-  host.resize(n);
-  if (n > 0) t.backend().CopyToHost(host.data(), t.raw(), t.nbytes());
+  // CPU tensors convert straight from their memory; device tensors are staged once.
+  const float* src = nullptr;
+  thread_local std::vector<float> staged;
+  if (t.backend().device() == DeviceType::kCPU) {
+    src = t.f32();
+  } else {
+    staged.resize(n);
+    if (n > 0) t.backend().CopyToHost(staged.data(), t.raw(), t.nbytes());
+    src = staged.data();
+  }
   std::string* data = out->mutable_data();
   data->resize(n * 2);
   auto* dst = reinterpret_cast<uint16_t*>(data->data());
   if (format == WireFormat::kBF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(host[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToF16(host[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToF16(src[i]);
   }
 }
 
@@ -91,16 +97,19 @@ void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) 
     return;
   }
   const size_t n = in.data().size() / 2;
-  thread_local std::vector<float> host;
-  host.resize(n);
+  out->Ensure(backend, Shape(in.shape().begin(), in.shape().end()), DType::kF32);
+  // CPU tensors are widened in place; device tensors through one staged copy.
+  thread_local std::vector<float> staged;
+  const bool on_cpu = backend.device() == DeviceType::kCPU;
+  if (!on_cpu) staged.resize(n);
+  float* dst = on_cpu ? out->f32() : staged.data();
   const auto* src = reinterpret_cast<const uint16_t*>(in.data().data());
   if (in.dtype() == v1::BF16) {
-    for (size_t i = 0; i < n; ++i) host[i] = Bf16ToFloat(src[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) host[i] = F16ToFloat(src[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = F16ToFloat(src[i]);
   }
-  out->Ensure(backend, Shape(in.shape().begin(), in.shape().end()), DType::kF32);
-  if (n > 0) backend.CopyFromHost(out->raw(), host.data(), n * sizeof(float));
+  if (!on_cpu && n > 0) backend.CopyFromHost(out->raw(), dst, n * sizeof(float));
 }
 
 void EncodeTensor(const Tensor& t, v1::Tensor* out) {

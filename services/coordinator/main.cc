@@ -5,6 +5,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "services/common/security_flags.h"
 #include "services/coordinator/coordinator.h"
 
 ABSL_FLAG(std::string, job, "", "Job file (text-format localpar.v1.Job)");
@@ -37,13 +38,6 @@ ABSL_FLAG(bool, resume, false, "Continue from the newest complete checkpoint in 
 ABSL_FLAG(
     bool, resume_if_present, false,
     "Resume when --checkpoint_dir holds a complete checkpoint, else start fresh (for restarts)");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate: serve TLS (and present it as a client for mutual TLS)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to");
-ABSL_FLAG(bool, mtls, false, "Mutual TLS: servers require and verify client certificates");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token that control RPCs require");
 ABSL_FLAG(int, recovery_timeout_s, 60,
           "How long to wait for a lost stage to come back before giving up");
 ABSL_FLAG(int, max_recoveries, 10,
@@ -52,6 +46,7 @@ ABSL_FLAG(int64_t, stop_after_steps, 0,
           "Checkpoint and stop after this many steps (0: run to the end)");
 
 int main(int argc, char** argv) {
+  localpar::ListSecurityFlagsInHelp();
   absl::SetProgramUsageMessage(
       "localpar_coordinator --job=FILE --workers=HOST:PORT,...: trains a job on running "
       "workers.\nExit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data, 5 worker lost.");
@@ -94,10 +89,7 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
     return localpar::kExitUsage;
   }
-  if (absl::Status s = localpar::LoadSecurity(
-          absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
-          absl::GetFlag(FLAGS_mtls), absl::GetFlag(FLAGS_auth_token_file), &o.security);
-      !s.ok()) {
+  if (absl::Status s = localpar::SecurityFromFlags(&o.security); !s.ok()) {
     std::cerr << "localpar_coordinator: " << s.message() << "\n";
     return localpar::kExitUsage;
   }

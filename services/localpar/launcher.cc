@@ -1,9 +1,7 @@
 // Process supervision for `localpar run`.
 #include "services/localpar/launcher.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data/dataset.h"
+#include "services/common/spawn.h"
 
 namespace localpar {
 namespace {
@@ -33,33 +32,6 @@ struct Child {
   bool exited = false;
   int status = 0;
 };
-
-// fork + exec with the child in its own process group (so a terminal's Ctrl-C reaches only
-// the launcher, which then stops everyone in order) and killed if the launcher dies.
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  if (!log_path.empty()) {
-    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
-    }
-  }
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  std::perror(("exec " + argv[0]).c_str());
-  _exit(127);
-}
 
 void Reap(std::vector<Child>& children) {
   for (Child& c : children) {
@@ -176,7 +148,7 @@ int Launch(const LaunchOptions& o) {
     worker_argv[k] = argv;
     Child c;
     c.name = absl::StrCat("worker for stage ", k);
-    c.pid = Spawn(argv, absl::StrCat(run_dir, "/worker", k, ".log"));
+    c.pid = SpawnProcess(argv, absl::StrCat(run_dir, "/worker", k, ".log"));
     children.push_back(c);
   }
 
@@ -238,7 +210,7 @@ int Launch(const LaunchOptions& o) {
   argv.push_back("--status_port_file=" + status_port_file);
   Child coordinator;
   coordinator.name = "coordinator";
-  coordinator.pid = Spawn(argv, "");
+  coordinator.pid = SpawnProcess(argv, "");
   children.push_back(coordinator);
 
   bool targets_written = o.metrics_targets.empty();
@@ -259,7 +231,7 @@ int Launch(const LaunchOptions& o) {
         argv.push_back("--resume_if_present");
       }
       ++restarts[stages];
-      coord.pid = Spawn(argv, "");
+      coord.pid = SpawnProcess(argv, "");
       coord.exited = false;
       continue;
     }
@@ -314,7 +286,8 @@ int Launch(const LaunchOptions& o) {
         ++restarts[k];
         std::filesystem::remove(absl::StrCat(run_dir, "/worker", k, ".port"));
         metrics_ports[k] = -1;  // re-read from the new port file, then republish targets
-        children[k].pid = Spawn(again, absl::StrCat(run_dir, "/worker", k, ".log.", restarts[k]));
+        children[k].pid =
+            SpawnProcess(again, absl::StrCat(run_dir, "/worker", k, ".log.", restarts[k]));
         children[k].exited = false;
         children[k].status = 0;
         continue;

@@ -21,6 +21,7 @@
 #include "common/job/plan.h"
 #include "common/job/run.h"
 #include "google/protobuf/text_format.h"
+#include "services/common/security_flags.h"
 #include "services/localpar/launcher.h"
 #include "services/localpar/probe.h"
 
@@ -56,13 +57,6 @@ ABSL_FLAG(int, overlap_max_delay, 0,
 ABSL_FLAG(int, queue_capacity, 4, "run: items each worker buffers per direction");
 ABSL_FLAG(int, slow_stage, -1, "run, testing: slow this stage down by --slow_ms per batch");
 ABSL_FLAG(int, slow_ms, 0, "run, testing: see --slow_stage");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate: serve TLS (and present it as a client for mutual TLS)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to");
-ABSL_FLAG(bool, mtls, false, "Mutual TLS: servers require and verify client certificates");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token that control RPCs require");
 ABSL_FLAG(int, timeout_ms, 2000, "probe: deadline for the health check");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: directory for checkpoints (ckpt-NNNNNN/); empty: none");
@@ -144,23 +138,34 @@ localpar::CoordinatorOptions CoordinatorFlags(const std::string& path) {
   return o;
 }
 
-// `localpar plan`: the proposed job on stdout, the reasoning on stderr.
-int Plan(const localpar::v1::Job& job, int stages, bool naive) {
-  if (stages < 1) return Fail(kExitUsage, "plan needs --stages=K (K >= 1)");
+// Times every layer of `job` on the backend --device and --threads pick (plan, project).
+int ProfileLayers(const localpar::v1::Job& job, std::vector<localpar::UnitProfile>* units,
+                  std::string* device) {
   localpar::RunOptions ro;
   ro.device = absl::GetFlag(FLAGS_device);
   ro.threads = absl::GetFlag(FLAGS_threads);
   absl::StatusOr<std::unique_ptr<localpar::Backend>> backend = localpar::PickBackend(ro);
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
-  std::cerr << "plan: timing each layer of " << job.name() << " on " << (*backend)->Describe()
-            << ", batch " << job.batch_size() << "\n";
-  auto units = localpar::ProfileUnits(job, **backend, job.batch_size());
-  if (!units.ok()) return Fail(kExitBadJob, std::string(units.status().message()));
-  auto best = localpar::BestPartition(*units, stages);
-  auto equal = localpar::EqualPartition(*units, stages);
+  *device = (*backend)->Describe();
+  std::cerr << "timing each layer of " << job.name() << " on " << *device << ", batch "
+            << job.batch_size() << "\n";
+  auto profiled = localpar::ProfileUnits(job, **backend, job.batch_size());
+  if (!profiled.ok()) return Fail(kExitBadJob, std::string(profiled.status().message()));
+  *units = *std::move(profiled);
+  return kExitOk;
+}
+
+// `localpar plan`: the proposed job on stdout, the reasoning on stderr.
+int Plan(const localpar::v1::Job& job, int stages, bool naive) {
+  if (stages < 1) return Fail(kExitUsage, "plan needs --stages=K (K >= 1)");
+  std::vector<localpar::UnitProfile> profile;
+  std::string device;
+  if (int rc = ProfileLayers(job, &profile, &device); rc != kExitOk) return rc;
+  auto best = localpar::BestPartition(profile, stages);
+  auto equal = localpar::EqualPartition(profile, stages);
   if (!best.ok()) return Fail(kExitBadJob, std::string(best.status().message()));
   if (!equal.ok()) return Fail(kExitBadJob, std::string(equal.status().message()));
-  for (const auto& u : *units) {
+  for (const auto& u : profile) {
     std::cerr << absl::StrFormat("  %-40s %8.3f ms  head %s\n", u.label, 1e3 * u.seconds,
                                  u.head_seconds < 0
                                      ? std::string("does not fit")
@@ -191,20 +196,16 @@ int Plan(const localpar::v1::Job& job, int stages, bool naive) {
 
 // `localpar project`: predicted examples/s for each stage count, from measured layer times.
 int Project(const localpar::v1::Job& job) {
-  localpar::RunOptions ro;
-  ro.device = absl::GetFlag(FLAGS_device);
-  ro.threads = absl::GetFlag(FLAGS_threads);
-  absl::StatusOr<std::unique_ptr<localpar::Backend>> backend = localpar::PickBackend(ro);
-  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
-  auto units = localpar::ProfileUnits(job, **backend, job.batch_size());
-  if (!units.ok()) return Fail(kExitBadJob, std::string(units.status().message()));
+  std::vector<localpar::UnitProfile> profile;
+  std::string device;
+  if (int rc = ProfileLayers(job, &profile, &device); rc != kExitOk) return rc;
   localpar::LinkModel link;
   link.bytes_per_second = absl::GetFlag(FLAGS_link_gbps) * 1e9 / 8;
   link.latency_seconds = absl::GetFlag(FLAGS_latency_us) * 1e-6;
   link.cores = absl::GetFlag(FLAGS_cores);
   std::cout << absl::StrFormat(
-      "project: %s on %s, batch %d, link %s, latency %.0f us, cores %s\n", job.name(),
-      (*backend)->Describe(), job.batch_size(),
+      "project: %s on %s, batch %d, link %s, latency %.0f us, cores %s\n", job.name(), device,
+      job.batch_size(),
       link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", absl::GetFlag(FLAGS_link_gbps))
                                 : std::string("unlimited"),
       1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per stage");
@@ -214,7 +215,7 @@ int Project(const localpar::v1::Job& job) {
     if (!absl::SimpleAtoi(part, &k) || k < 1) {
       return Fail(kExitUsage, absl::StrCat("--project_stages: '", part, "' is not a count"));
     }
-    auto p = localpar::BestPartition(*units, k);
+    auto p = localpar::BestPartition(profile, k);
     if (!p.ok()) return Fail(kExitBadJob, std::string(p.status().message()));
     std::vector<double> hops = localpar::HopBytes(job, *p, job.batch_size());
     double largest = hops.empty() ? 0 : *std::max_element(hops.begin(), hops.end());
@@ -231,10 +232,7 @@ int Main(const std::vector<char*>& args) {
   }
   std::string command = args[1], path = args[2];
   localpar::SecurityOptions security;
-  if (absl::Status s = localpar::LoadSecurity(
-          absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
-          absl::GetFlag(FLAGS_mtls), absl::GetFlag(FLAGS_auth_token_file), &security);
-      !s.ok()) {
+  if (absl::Status s = localpar::SecurityFromFlags(&security); !s.ok()) {
     std::cerr << "localpar: " << s.message() << "\n";
     return kExitUsage;
   }
@@ -260,14 +258,7 @@ int Main(const std::vector<char*>& args) {
     lo.slow_stage = absl::GetFlag(FLAGS_slow_stage);
     lo.slow_ms = absl::GetFlag(FLAGS_slow_ms);
     lo.metrics_targets = absl::GetFlag(FLAGS_metrics_targets);
-    auto forward = [&](const char* name, const std::string& value) {
-      if (!value.empty()) lo.security_flags.push_back(absl::StrCat("--", name, "=", value));
-    };
-    forward("tls_cert", absl::GetFlag(FLAGS_tls_cert));
-    forward("tls_key", absl::GetFlag(FLAGS_tls_key));
-    forward("tls_ca", absl::GetFlag(FLAGS_tls_ca));
-    forward("auth_token_file", absl::GetFlag(FLAGS_auth_token_file));
-    if (absl::GetFlag(FLAGS_mtls)) lo.security_flags.push_back("--mtls");
+    lo.security_flags = localpar::SecurityFlagArgs();
     lo.bin_dir = BinDir();
     if (lo.queue_capacity < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
     return localpar::Launch(lo);
@@ -312,6 +303,7 @@ int Main(const std::vector<char*>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  localpar::ListSecurityFlagsInHelp();
   absl::SetProgramUsageMessage(kUsageText);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return Main(args);

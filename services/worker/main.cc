@@ -4,6 +4,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "services/common/security_flags.h"
 #include "services/worker/worker.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address to serve on (port 0: pick a free port)");
@@ -14,16 +15,10 @@ ABSL_FLAG(int, threads, 1,
 ABSL_FLAG(int, queue_capacity, 4, "Items buffered in each direction; a full queue slows upstream");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Address for the Prometheus /metrics endpoint (port 0: pick a free port; empty: off)");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate: serve TLS (and present it as a client for mutual TLS)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to");
-ABSL_FLAG(bool, mtls, false, "Mutual TLS: servers require and verify client certificates");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token that control RPCs require");
 ABSL_FLAG(int, debug_delay_ms, 0, "Testing only: sleep this long after each training batch");
 
 int main(int argc, char** argv) {
+  localpar::ListSecurityFlagsInHelp();
   absl::SetProgramUsageMessage(
       "localpar_worker: serves one stage of a localpar job (configured by the coordinator).\n"
       "Stops on the Shutdown RPC, SIGTERM or SIGINT, draining in-flight batches first.");
@@ -40,10 +35,7 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_worker: --threads and --queue_capacity must be >= 1\n";
     return 2;
   }
-  if (absl::Status s = localpar::LoadSecurity(
-          absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
-          absl::GetFlag(FLAGS_mtls), absl::GetFlag(FLAGS_auth_token_file), &options.security);
-      !s.ok()) {
+  if (absl::Status s = localpar::SecurityFromFlags(&options.security); !s.ok()) {
     std::cerr << "localpar_worker: " << s.message() << "\n";
     return 2;
   }

@@ -1,7 +1,6 @@
 // Subprocess and file helpers for the cluster tests.
 #include "tests/services/cluster_util.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+
+#include "services/common/spawn.h"
 
 namespace localpar::testing {
 namespace {
@@ -25,19 +26,7 @@ int DecodeStatus(int status) {
 }  // namespace
 
 pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_path) {
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd >= 0) {
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    close(fd);
-  }
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  _exit(127);
+  return SpawnProcess(argv, log_path);
 }
 
 int WaitProcess(pid_t pid, int timeout_s) {

@@ -10,19 +10,12 @@
 #include <fstream>
 
 #include "common/job/tensor_codec.h"
+#include "tests/common/test_util.h"
 
 namespace localpar {
 namespace {
 
-class TempRoot {
- public:
-  TempRoot() {
-    char t[] = "/tmp/localpar_ckpt.XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~TempRoot() { std::filesystem::remove_all(path); }
-  std::string path;
-};
+using testing::DataDir;
 
 std::unique_ptr<Stage> MakeStage(Backend& b, uint64_t seed) {
   StageConfig c;
@@ -60,17 +53,17 @@ void Flip(const std::string& path, size_t offset_from_end) {
 
 TEST(Checkpoint, StageRoundTripsBitForBitIncludingOptimizerState) {
   auto cpu = MakeCpuBackend();
-  TempRoot dir;
+  DataDir dir;
   auto a = MakeStage(*cpu, 1);
   // Take two optimizer steps so moments and the step count are non-trivial.
   for (int i = 0; i < 2; ++i) {
     for (Param* p : a->params()) cpu->Fill(p->grad.f32(), 0.25f * (i + 1), p->grad.numel());
     a->Step(0.1f);
   }
-  ASSERT_TRUE(SaveStageFile(*a, 0, 2, dir.path + "/s.ckpt").ok());
+  ASSERT_TRUE(SaveStageFile(*a, 0, 2, dir.file("s.ckpt")).ok());
   auto b = MakeStage(*cpu, 99);  // different initial weights
   ASSERT_NE(State(*a), State(*b));
-  absl::Status st = LoadStageFile(*b, dir.path + "/s.ckpt");
+  absl::Status st = LoadStageFile(*b, dir.file("s.ckpt"));
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(State(*a), State(*b));
   EXPECT_EQ(b->optimizer().steps(), 2);
@@ -78,9 +71,9 @@ TEST(Checkpoint, StageRoundTripsBitForBitIncludingOptimizerState) {
 
 TEST(Checkpoint, DamagedFilesAreRefusedNamingTheFile) {
   auto cpu = MakeCpuBackend();
-  TempRoot dir;
+  DataDir dir;
   auto s = MakeStage(*cpu, 1);
-  std::string path = dir.path + "/s.ckpt";
+  std::string path = dir.file("s.ckpt");
   ASSERT_TRUE(SaveStageFile(*s, 0, 0, path).ok());
   std::string good;
   {
@@ -120,10 +113,10 @@ TEST(Checkpoint, AnInconsistentSnapshotIsRefusedWithoutTouchingTheStage) {
 
 TEST(Checkpoint, FindsTheNewestCompleteCheckpointPastDamagedOnesAndPrunes) {
   auto cpu = MakeCpuBackend();
-  TempRoot root;
+  DataDir root;
   auto s = MakeStage(*cpu, 1);
   for (uint64_t id = 1; id <= 4; ++id) {
-    std::string dir = root.path + "/" + CheckpointDirName(id);
+    std::string dir = root.path_string() + "/" + CheckpointDirName(id);
     std::filesystem::create_directories(dir);
     ASSERT_TRUE(SaveStageFile(*s, 0, static_cast<int64_t>(id), dir + "/stage-0.ckpt").ok());
     if (id == 4) continue;  // never committed: no manifest
@@ -133,21 +126,21 @@ TEST(Checkpoint, FindsTheNewestCompleteCheckpointPastDamagedOnesAndPrunes) {
     m.add_stage_files("stage-0.ckpt");
     ASSERT_TRUE(WriteManifest(dir, m).ok());
   }
-  Flip(root.path + "/" + CheckpointDirName(3) + "/stage-0.ckpt", 5);  // corrupt the newest
-  absl::StatusOr<FoundCheckpoint> f = FindLatestCheckpoint(root.path);
+  Flip(root.path_string() + "/" + CheckpointDirName(3) + "/stage-0.ckpt", 5);  // corrupt the newest
+  absl::StatusOr<FoundCheckpoint> f = FindLatestCheckpoint(root.path_string());
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->manifest.id(), 2u);
   EXPECT_EQ(f->manifest.step(), 20);
   EXPECT_EQ(f->uncommitted, 1);  // ckpt 4: no manifest, not damaged
   ASSERT_EQ(f->skipped.size(), 1u);
   EXPECT_NE(f->skipped[0].find("checksum mismatch"), std::string::npos) << f->skipped[0];
-  RemoveUncommittedCheckpoints(root.path);
-  EXPECT_FALSE(std::filesystem::exists(root.path + "/" + CheckpointDirName(4)));
-  PruneCheckpoints(root.path, 1);
-  EXPECT_TRUE(std::filesystem::exists(root.path + "/" + CheckpointDirName(3)));
-  EXPECT_FALSE(std::filesystem::exists(root.path + "/" + CheckpointDirName(1)));
-  EXPECT_TRUE(std::filesystem::exists(root.path + "/" + CheckpointDirName(3)));
-  EXPECT_TRUE(absl::IsNotFound(FindLatestCheckpoint(root.path + "/none").status()));
+  RemoveUncommittedCheckpoints(root.path_string());
+  EXPECT_FALSE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(4)));
+  PruneCheckpoints(root.path_string(), 1);
+  EXPECT_TRUE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(3)));
+  EXPECT_FALSE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(1)));
+  EXPECT_TRUE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(3)));
+  EXPECT_TRUE(absl::IsNotFound(FindLatestCheckpoint(root.path_string() + "/none").status()));
 }
 
 TEST(WireCodec, CompressedActivationsRoundLikeTheReferenceAndLabelsStayExact) {
