@@ -16,10 +16,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
 
 namespace localpar {
 
-void ListSecurityFlagsInHelp() {
+void ListSharedFlagsInHelp() {
   absl::FlagsUsageConfig config;
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "main.cc") || absl::EndsWith(file, "security_flags.cc");
+    return absl::EndsWith(file, "main.cc") || absl::EndsWith(file, "security_flags.cc") ||
+           absl::EndsWith(file, "job_flags.cc");
   };
   absl::SetFlagsUsageConfig(config);
 }

@@ -10,9 +10,9 @@
 
 namespace localpar {
 
-// Makes --help list these flags next to the program's own (main.cc) flags. Call before
-// parsing the command line.
-void ListSecurityFlagsInHelp();
+// Makes --help list the shared flags (these, and job_flags.h's where linked) next to the
+// program's own (main.cc) flags. Call before parsing the command line.
+void ListSharedFlagsInHelp();
 
 // Loads the files the flags name into *out (LoadSecurity).
 absl::Status SecurityFromFlags(SecurityOptions* out);

@@ -5,6 +5,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "services/common/job_flags.h"
 #include "services/common/security_flags.h"
 #include "services/coordinator/coordinator.h"
 
@@ -19,11 +20,6 @@ ABSL_FLAG(std::string, non_finite, "reject",
 ABSL_FLAG(int, overlap_max_delay, 0,
           "OVERLAP only: apply returned gradients asynchronously, at most this many steps late (0: "
           "synchronous, exact)");
-ABSL_FLAG(std::string, rule, "", "Override the job's update rule");
-ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0: keep)");
-ABSL_FLAG(int64_t, max_steps, 0, "Override the job's max_steps (0: keep)");
-ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep)");
-ABSL_FLAG(int, stages, 0, "Regroup the job's stages into this many (0: keep)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Address for the Prometheus /metrics endpoint (port 0: pick a free port; empty: off)");
 ABSL_FLAG(std::string, metrics_port_file, "", "Write the metrics port to this file");
@@ -46,7 +42,7 @@ ABSL_FLAG(int64_t, stop_after_steps, 0,
           "Checkpoint and stop after this many steps (0: run to the end)");
 
 int main(int argc, char** argv) {
-  localpar::ListSecurityFlagsInHelp();
+  localpar::ListSharedFlagsInHelp();
   absl::SetProgramUsageMessage(
       "localpar_coordinator --job=FILE --workers=HOST:PORT,...: trains a job on running "
       "workers.\nExit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data, 5 worker lost.");
@@ -67,11 +63,7 @@ int main(int argc, char** argv) {
   o.non_finite =
       nf == "skip" ? localpar::v1::ConfigureRequest::SKIP : localpar::v1::ConfigureRequest::REJECT;
   o.overlap_max_delay = absl::GetFlag(FLAGS_overlap_max_delay);
-  o.rule = absl::GetFlag(FLAGS_rule);
-  o.epochs = absl::GetFlag(FLAGS_epochs);
-  o.max_steps = absl::GetFlag(FLAGS_max_steps);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.stages = absl::GetFlag(FLAGS_stages);
+  localpar::JobOverridesFromFlags(&o);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   o.status_listen = absl::GetFlag(FLAGS_status_listen);

@@ -21,6 +21,7 @@
 #include "common/job/plan.h"
 #include "common/job/run.h"
 #include "google/protobuf/text_format.h"
+#include "services/common/job_flags.h"
 #include "services/common/security_flags.h"
 #include "services/localpar/launcher.h"
 #include "services/localpar/probe.h"
@@ -32,14 +33,6 @@ ABSL_FLAG(
     "CPU threads for GEMMs, per process (results are bitwise reproducible for a fixed count)");
 ABSL_FLAG(std::string, out, "",
           "Directory for report.json and weights.pb (created if missing); empty: none");
-ABSL_FLAG(std::string, rule, "",
-          "Override the job's update rule: BACKPROP, GREEDY, CHUNKED or OVERLAP");
-ABSL_FLAG(int, epochs, 0, "Override the job's epoch count (0: keep the job's)");
-ABSL_FLAG(int, max_steps, 0, "Stop after this many training steps (0: keep the job's)");
-ABSL_FLAG(int64_t, seed, -1, "Override the job's seed (-1: keep the job's)");
-ABSL_FLAG(int, stages, 0,
-          "Regroup the job's stages into this many, merging consecutive stages (each group keeps "
-          "its last stage's head); 0: keep the job's");
 ABSL_FLAG(bool, quiet, false, "No progress output");
 ABSL_FLAG(bool, naive, false, "plan: split into equal layer counts instead of by measured time");
 ABSL_FLAG(std::string, project_stages, "1,2,4",
@@ -121,11 +114,7 @@ localpar::CoordinatorOptions CoordinatorFlags(const std::string& path) {
   o.non_finite = absl::GetFlag(FLAGS_non_finite) == "skip" ? localpar::v1::ConfigureRequest::SKIP
                                                            : localpar::v1::ConfigureRequest::REJECT;
   o.overlap_max_delay = absl::GetFlag(FLAGS_overlap_max_delay);
-  o.rule = absl::GetFlag(FLAGS_rule);
-  o.epochs = absl::GetFlag(FLAGS_epochs);
-  o.max_steps = absl::GetFlag(FLAGS_max_steps);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.stages = absl::GetFlag(FLAGS_stages);
+  localpar::JobOverridesFromFlags(&o);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   o.checkpoint_every_seconds = absl::GetFlag(FLAGS_checkpoint_every_seconds);
@@ -265,11 +254,12 @@ int Main(const std::vector<char*>& args) {
   }
 
   if (command == "plan" || command == "project") {
-    co.stages = 0;  // --stages is the plan's target, not a regrouping of the input
+    const int plan_stages = co.stages;  // the plan's target, not a regrouping of the input
+    co.stages = 0;
     absl::StatusOr<localpar::v1::Job> job = localpar::LoadJobWithOverrides(co);
     if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
     if (command == "project") return Project(*job);
-    return Plan(*job, absl::GetFlag(FLAGS_stages), absl::GetFlag(FLAGS_naive));
+    return Plan(*job, plan_stages, absl::GetFlag(FLAGS_naive));
   }
   absl::StatusOr<localpar::v1::Job> job = localpar::LoadJobWithOverrides(co);
   if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
@@ -303,7 +293,7 @@ int Main(const std::vector<char*>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  localpar::ListSecurityFlagsInHelp();
+  localpar::ListSharedFlagsInHelp();
   absl::SetProgramUsageMessage(kUsageText);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return Main(args);

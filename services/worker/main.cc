@@ -18,7 +18,7 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(int, debug_delay_ms, 0, "Testing only: sleep this long after each training batch");
 
 int main(int argc, char** argv) {
-  localpar::ListSecurityFlagsInHelp();
+  localpar::ListSharedFlagsInHelp();
   absl::SetProgramUsageMessage(
       "localpar_worker: serves one stage of a localpar job (configured by the coordinator).\n"
       "Stops on the Shutdown RPC, SIGTERM or SIGINT, draining in-flight batches first.");
