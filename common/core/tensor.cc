@@ -1,6 +1,7 @@
 // Tensor allocation, views and cross-device copies.
 #include "common/core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace localpar {
@@ -53,7 +54,23 @@ Tensor Tensor::Slice(int64_t begin, int64_t count) const {
 
 void Tensor::Ensure(Backend& backend, const Shape& shape, DType dtype) {
   size_t need = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
-  bool reusable = owner_ && buffer_ && buffer_->backend == &backend && buffer_->bytes >= need;
+  auto fits = [&](const std::shared_ptr<Buffer>& b) {
+    return b && b->backend == &backend && b->bytes >= need;
+  };
+  bool reusable = owner_ && fits(buffer_);
+  if (reusable && buffer_->pins.load(std::memory_order_acquire) > 0) {
+    // A reader outside (a transfer in flight) still holds the storage: switch to a spare
+    // nobody holds, or allocate one. The held storage becomes a spare for a later call.
+    auto free_spare = std::find_if(spares_.begin(), spares_.end(), [&](const auto& b) {
+      return fits(b) && b->pins.load(std::memory_order_acquire) == 0;
+    });
+    if (free_spare != spares_.end()) {
+      std::swap(buffer_, *free_spare);
+    } else {
+      if (spares_.size() < kMaxSpares) spares_.push_back(std::move(buffer_));
+      reusable = false;
+    }
+  }
   if (!reusable) {
     auto buf = std::make_shared<Buffer>();
     buf->backend = &backend;
@@ -66,6 +83,14 @@ void Tensor::Ensure(Backend& backend, const Shape& shape, DType dtype) {
   }
   shape_ = shape;
   dtype_ = dtype;
+}
+
+std::shared_ptr<const void> Tensor::Pin() const {
+  LP_CHECK(buffer_ != nullptr);
+  buffer_->pins.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<Buffer> held = buffer_;
+  return std::shared_ptr<const void>(
+      raw(), [held](const void*) { held->pins.fetch_sub(1, std::memory_order_release); });
 }
 
 Tensor Tensor::CopyTo(Backend& dst) const {

@@ -1,6 +1,7 @@
 // Tensor: a typed, shaped view of contiguous memory owned by one Backend.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -18,6 +19,11 @@ namespace localpar {
 // see it (that is how per-layer buffers are recycled every step without allocating).
 // Data moves between devices only through CopyTo or CopyFrom. The Backend must outlive
 // every tensor allocated on it.
+//
+// Pin() hands a reader on another thread (a zero-copy network send) a hold on the storage:
+// while a pin is alive, the owner's Ensure() does not write into that storage but switches
+// to another buffer it keeps for the purpose, so in the steady state it cycles through as
+// many buffers as are held at once and allocates nothing.
 class Tensor {
  public:
   Tensor() = default;
@@ -30,6 +36,7 @@ class Tensor {
     shape_ = o.shape_;
     dtype_ = o.dtype_;
     owner_ = false;
+    spares_.clear();
     return *this;
   }
   Tensor(Tensor&& o) noexcept = default;
@@ -76,6 +83,10 @@ class Tensor {
   // large enough. Contents are unspecified afterwards.
   void Ensure(Backend& backend, const Shape& shape, DType dtype = DType::kF32);
 
+  // Keeps the storage alive and unchanged by the owner's Ensure() until the returned handle
+  // (which points at raw()) is released, on any thread.
+  std::shared_ptr<const void> Pin() const;
+
   // Deep copy onto `backend` (possibly another device).
   Tensor CopyTo(Backend& backend) const;
   Tensor Clone() const { return CopyTo(backend()); }
@@ -90,12 +101,18 @@ class Tensor {
     Backend* backend = nullptr;
     void* ptr = nullptr;
     size_t bytes = 0;
+    std::atomic<int> pins{0};
     ~Buffer() {
       if (ptr) backend->Free(ptr);
     }
   };
 
   std::shared_ptr<Buffer> buffer_;
+  // The owner's other buffers, used while buffer_ is pinned. There are as many as readers
+  // held at once (a queue's capacity plus one in flight, for a network send), at most
+  // kMaxSpares; past that, a released buffer is freed.
+  static constexpr size_t kMaxSpares = 16;
+  std::vector<std::shared_ptr<Buffer>> spares_;
   size_t offset_ = 0;
   Shape shape_;
   DType dtype_ = DType::kF32;

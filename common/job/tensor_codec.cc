@@ -62,14 +62,30 @@ v1::DType WireDType(WireFormat format) {
   return v1::F32;
 }
 
+namespace {
+
+void SetHeader(const Tensor& t, v1::DType dtype, v1::Tensor* out) {
+  out->set_dtype(dtype);
+  out->clear_shape();
+  for (int64_t d : t.shape()) out->add_shape(d);
+}
+
+void NarrowTo(const float* src, size_t n, WireFormat format, uint16_t* dst) {
+  if (format == WireFormat::kBF16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToF16(src[i]);
+  }
+}
+
+}  // namespace
+
 void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out) {
   if (format == WireFormat::kF32 || t.dtype() != DType::kF32) {
     EncodeTensor(t, out);
     return;
   }
-  out->set_dtype(WireDType(format));
-  out->clear_shape();
-  for (int64_t d : t.shape()) out->add_shape(d);
+  SetHeader(t, WireDType(format), out);
   const size_t n = static_cast<size_t>(t.numel());
   // CPU tensors convert straight from their memory; device tensors are staged once.
   const float* src = nullptr;
@@ -83,12 +99,33 @@ void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out) {
   }
   std::string* data = out->mutable_data();
   data->resize(n * 2);
-  auto* dst = reinterpret_cast<uint16_t*>(data->data());
-  if (format == WireFormat::kBF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+  NarrowTo(src, n, format, reinterpret_cast<uint16_t*>(data->data()));
+}
+
+WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, Tensor* staging,
+                             v1::Tensor* header) {
+  LP_CHECK(host.device() == DeviceType::kCPU);
+  const bool narrow = format != WireFormat::kF32 && t.dtype() == DType::kF32;
+  SetHeader(t, narrow ? WireDType(format) : ToWire(t.dtype()), header);
+  header->clear_data();
+  const bool on_cpu = t.backend().device() == DeviceType::kCPU;
+  if (!narrow && on_cpu) return WireBytes{t.raw(), t.nbytes(), t.Pin()};
+  const size_t n = static_cast<size_t>(t.numel());
+  const size_t bytes = narrow ? n * 2 : t.nbytes();
+  // Staged as 16-bit words: only the byte count matters.
+  staging->Ensure(host, {static_cast<int64_t>((bytes + 1) / 2)}, DType::kBF16);
+  void* dst = staging->raw();
+  if (!narrow) {
+    if (bytes > 0) t.backend().CopyToHost(dst, t.raw(), bytes);
+  } else if (on_cpu) {
+    NarrowTo(t.f32(), n, format, static_cast<uint16_t*>(dst));
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToF16(src[i]);
+    thread_local std::vector<float> staged;
+    staged.resize(n);
+    if (n > 0) t.backend().CopyToHost(staged.data(), t.raw(), t.nbytes());
+    NarrowTo(staged.data(), n, format, static_cast<uint16_t*>(dst));
   }
+  return WireBytes{dst, bytes, staging->Pin()};
 }
 
 void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) {
@@ -113,9 +150,7 @@ void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) 
 }
 
 void EncodeTensor(const Tensor& t, v1::Tensor* out) {
-  out->set_dtype(ToWire(t.dtype()));
-  out->clear_shape();
-  for (int64_t d : t.shape()) out->add_shape(d);
+  SetHeader(t, ToWire(t.dtype()), out);
   std::string* data = out->mutable_data();
   data->resize(t.nbytes());
   if (t.nbytes() > 0) t.backend().CopyToHost(data->data(), t.raw(), t.nbytes());

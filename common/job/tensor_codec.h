@@ -2,6 +2,7 @@
 // weight snapshots in files.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,6 +18,20 @@ void EncodeTensor(const Tensor& t, v1::Tensor* out);
 // Encodes a float32 tensor as `format` on the wire (F32, or BF16 / F16 rounded to nearest
 // even, the same rounding as RoundThroughWire).
 void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out);
+// Activations as they go on the wire without being copied into a message: `header` gets the
+// dtype and shape (its data left empty), and the returned bytes follow it on the wire (see
+// services/common/wire.h). A CPU tensor sent at its own precision goes straight from its
+// memory, pinned (Tensor::Pin); a 16-bit conversion or a device tensor is written once into
+// `staging`, a tensor on the CPU backend `host` that the caller keeps between calls, and
+// pinned there. `hold` keeps the bytes valid and unchanged until the transport lets go.
+struct WireBytes {
+  const void* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> hold;
+};
+WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, Tensor* staging,
+                             v1::Tensor* header);
+
 // Decodes F32, BF16 or F16 wire activations into a float32 tensor; CheckWireTensor first.
 void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out);
 v1::DType WireDType(WireFormat format);

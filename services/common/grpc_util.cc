@@ -1,6 +1,7 @@
 // gRPC plumbing shared by the services.
 #include "services/common/grpc_util.h"
 
+#include <malloc.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -100,6 +101,12 @@ grpc::Status CheckToken(const grpc::ServerContext& ctx, const SecurityOptions& s
 constexpr int kKeepaliveTimeMs = 10000;
 constexpr int kKeepaliveTimeoutMs = 5000;
 
+// Activation messages are megabytes: read the socket in chunks of 4 MiB or more (gRPC's
+// default starts at 8 KiB). On loopback this raised a stream from about 1.3 to 1.7 GB/s
+// (tests/bench/transport_bench).
+constexpr int kMinReadChunkBytes = 4 << 20;
+constexpr int kMaxReadChunkBytes = 16 << 20;
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const SecurityOptions& security) {
   grpc::ChannelArguments args;
@@ -109,6 +116,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kMinReadChunkBytes);
+  args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kMaxReadChunkBytes);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (security.tls()) {
     grpc::SslCredentialsOptions opts;
@@ -133,6 +142,18 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kKeepaliveTimeoutMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kMinReadChunkBytes);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kMaxReadChunkBytes);
+}
+
+void ConfigureAllocatorForMessages() {
+  // Measured with tests/bench/transport_bench on loopback: a 256 KiB mmap threshold spent
+  // about half of a stream's time in page faults and unmapping (1.1 GB/s); keeping blocks
+  // up to 64 MiB in the heap gave 2.1-2.5 GB/s. Worker memory stays flat because the send
+  // path reuses its buffers (Tensor::Pin) rather than allocating per message.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_ARENA_MAX, 2);
 }
 
 int64_t ResidentBytes() {

@@ -801,6 +801,7 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const CoordinatorOptions& o) {
 }
 
 int RunCoordinator(const CoordinatorOptions& o) {
+  ConfigureAllocatorForMessages();
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(o);
   if (!job.ok()) {
     std::cerr << "localpar: " << job.status().message() << "\n";

@@ -2,7 +2,6 @@
 // validation of everything that arrives from outside.
 #include "services/worker/worker.h"
 
-#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +18,7 @@
 #include "common/job/job.h"
 #include "common/job/tensor_codec.h"
 #include "services/common/grpc_util.h"
+#include "services/common/wire.h"
 
 namespace localpar {
 namespace {
@@ -77,7 +77,7 @@ class WorkerService::Session {
     if (!last_) {
       down_ctx_.set_wait_for_ready(true);
       AddToken(down_ctx_, w_.options_.security);
-      down_ = w_.downstream_->Stream(&down_ctx_);
+      down_ = OpenDownStream(*w_.downstream_, &down_ctx_);
       sender_ = std::thread([this] { SenderLoop(); });
       down_reader_ = std::thread([this] { DownReaderLoop(); });
     }
@@ -117,7 +117,7 @@ class WorkerService::Session {
     up_->Write(item);
   }
 
-  void SendDown(v1::DownItem item) {
+  void SendDown(grpc::ByteBuffer item) {
     if (last_) return;
     int64_t start = MonotonicNanos();
     outbound_.Push(std::move(item));
@@ -125,8 +125,8 @@ class WorkerService::Session {
   }
 
   void SenderLoop() {
-    while (std::optional<v1::DownItem> item = outbound_.Pop()) {
-      if (w_.metrics_) w_.metrics_->AddBytes(true, static_cast<int64_t>(item->ByteSizeLong()));
+    while (std::optional<grpc::ByteBuffer> item = outbound_.Pop()) {
+      if (w_.metrics_) w_.metrics_->AddBytes(true, static_cast<int64_t>(item->Length()));
       if (!down_->Write(*item)) {
         downstream_failed_ = true;
         outbound_.Close();  // unblock the compute thread if it waits to hand on a batch
@@ -178,21 +178,22 @@ class WorkerService::Session {
     if (max_delay_ > 0) FlushPending();
   }
 
-  // Encodes y as this batch's activations for the next stage; labels move along.
+  // Hands y on as this batch's activations for the next stage, straight from its memory
+  // (see services/common/wire.h); labels move along.
   void SendActivations(v1::Batch& b, const Tensor& y) {
     if (last_) return;
-    v1::DownItem out;
-    v1::Batch* nb = out.mutable_batch();
-    nb->set_seq(b.seq());
-    nb->set_epoch(b.epoch());
-    nb->set_phase(b.phase());
-    nb->set_step(b.step());
-    nb->set_micro_batch(b.micro_batch());
-    nb->set_micro_batches(b.micro_batches());
-    nb->set_batch_rows(b.batch_rows());
-    EncodeActivations(y, w_.wire_, nb->mutable_activations());
-    *nb->mutable_labels() = std::move(*b.mutable_labels());
-    SendDown(std::move(out));
+    v1::Batch nb;
+    nb.set_seq(b.seq());
+    nb.set_epoch(b.epoch());
+    nb.set_phase(b.phase());
+    nb.set_step(b.step());
+    nb.set_micro_batch(b.micro_batch());
+    nb.set_micro_batches(b.micro_batches());
+    nb.set_batch_rows(b.batch_rows());
+    WireBytes bytes =
+        PrepareActivations(y, w_.wire_, w_.host_backend(), &staging_, nb.mutable_activations());
+    *nb.mutable_labels() = std::move(*b.mutable_labels());
+    SendDown(FrameBatch(nb, bytes));
   }
 
   void SendGradient(const v1::Batch& b, int micro_batch, const Tensor& dx) {
@@ -395,7 +396,7 @@ class WorkerService::Session {
       ack->set_epoch(c.epoch());
       WriteUp(up);
     } else {
-      SendDown(std::move(item));
+      SendDown(FrameItem(item));
     }
   }
 
@@ -403,10 +404,11 @@ class WorkerService::Session {
   grpc::ServerContext* ctx_;
   grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up_;
   std::mutex up_mu_;  // one writer at a time on the upstream stream
-  BoundedQueue<v1::DownItem> inbound_, outbound_;
+  BoundedQueue<v1::DownItem> inbound_;
+  BoundedQueue<grpc::ByteBuffer> outbound_;  // framed items for the next stage
   BoundedQueue<v1::Gradient> grads_;
   grpc::ClientContext down_ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> down_;
+  std::unique_ptr<DownStream> down_;
   std::thread compute_, sender_, down_reader_;
   std::atomic<bool> downstream_failed_{false};
   bool shutdown_after_ = false;  // a SHUTDOWN control item passed through
@@ -417,6 +419,7 @@ class WorkerService::Session {
   int eval_slot_ = 1;
   std::vector<Tensor> inputs_, labels_;
   Tensor dx_, returned_;
+  Tensor staging_;               // host bytes of converted or device activations, pinned while sent
   std::deque<int64_t> pending_;  // async OVERLAP: steps awaiting their returned gradient
   int64_t current_step_ = 0;
   HeadStats eval_;
@@ -487,8 +490,8 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   wire_ = static_cast<WireFormat>(job.wire());
   trainer_ = ToTrainerOptions(job, req->total_steps());
   if (metrics_) metrics_->Configure(job.name(), stage_index_);
-  downstream_ =
-      last ? nullptr : v1::Worker::NewStub(MakeChannel(req->downstream(), options_.security));
+  downstream_ = last ? nullptr : MakeChannel(req->downstream(), options_.security);
+  if (!host_backend_ && backend_->device() != DeviceType::kCPU) host_backend_ = MakeCpuBackend();
   auto rejected = stats_.rejected();  // refusals before this Configure still count
   stats_ = v1::StatsResponse();
   *stats_.mutable_rejected() = rejected;
@@ -718,11 +721,7 @@ void OnTerminate(int sig) {
 }  // namespace
 
 int RunWorker(const WorkerOptions& options) {
-  // Activation messages are large and short-lived, allocated on gRPC threads and freed on
-  // ours. With glibc's adaptive mmap threshold they end up cached in per-thread arenas and
-  // resident memory creeps up; a fixed threshold returns them to the system on free.
-  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-  mallopt(M_ARENA_MAX, 4);
+  ConfigureAllocatorForMessages();
   if (pipe(g_signal_pipe) != 0) return 1;
   struct sigaction sa = {};
   sa.sa_handler = OnTerminate;

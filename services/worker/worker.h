@@ -74,7 +74,11 @@ class WorkerService final : public v1::Worker::Service {
   WireFormat wire_ = WireFormat::kF32;        // how activations go to the next stage
   int64_t baseline_bytes_ = ResidentBytes();  // resident memory before any stage exists
   TrainerOptions trainer_;
-  std::unique_ptr<v1::Worker::Stub> downstream_;
+  std::shared_ptr<grpc::Channel> downstream_;  // to the next stage; null for the last
+  // Host memory for activations that need converting or copying before they are sent (a
+  // 16-bit wire, a device stage): the compute backend when it is the CPU, else its own.
+  std::unique_ptr<Backend> host_backend_;
+  Backend& host_backend() { return host_backend_ ? *host_backend_ : *backend_; }
 
   // Statistics (guarded by mu_).
   v1::StatsResponse stats_;

@@ -37,6 +37,35 @@ TEST(Tensor, OwnerReusesStorageButBorrowedHandleDoesNot) {
   EXPECT_NE(owner.raw(), first);
 }
 
+TEST(Tensor, PinnedStorageIsNotOverwrittenAndTwoBuffersAlternate) {
+  auto cpu = MakeCpuBackend();
+  Tensor owner;
+  owner.Ensure(*cpu, {4});
+  owner.f32()[0] = 1;
+  void* a = owner.raw();
+  std::shared_ptr<const void> pin = owner.Pin();
+  EXPECT_EQ(pin.get(), a);
+  owner.Ensure(*cpu, {4});  // pinned: the owner moves to a second buffer
+  void* b = owner.raw();
+  ASSERT_NE(b, a);
+  owner.f32()[0] = 2;
+  EXPECT_EQ(static_cast<const float*>(pin.get())[0], 1);  // the reader still sees its data
+  std::shared_ptr<const void> pin_b = owner.Pin();
+  pin.reset();
+  owner.Ensure(*cpu, {4});  // b pinned, a released: back to a, nothing allocated
+  EXPECT_EQ(owner.raw(), a);
+  pin_b.reset();
+  owner.Ensure(*cpu, {4});  // nothing pinned: reused in place
+  EXPECT_EQ(owner.raw(), a);
+  // A pin taken through a view holds the owner's storage too, and outlives the owner.
+  std::shared_ptr<const void> view_pin = owner.Slice(1, 2).Pin();
+  EXPECT_EQ(view_pin.get(), static_cast<const char*>(a) + 4);
+  owner.Ensure(*cpu, {4});
+  EXPECT_NE(owner.raw(), a);
+  owner = Tensor();
+  EXPECT_EQ(static_cast<const float*>(view_pin.get())[-1], 1);  // a[0], written first
+}
+
 TEST(Tensor, CopyToAndCopyFromRoundTrip) {
   auto cpu = MakeCpuBackend();
   auto other = MakeCpuBackend();

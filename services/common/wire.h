@@ -1,0 +1,29 @@
+// The downstream link's send side without copies: a batch's activation bytes go to gRPC as
+// a slice over the tensor's own memory (or the one staging buffer a conversion needs),
+// never through a protobuf string. The receiver parses an ordinary DownItem.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "common/job/tensor_codec.h"
+#include "proto/localpar.grpc.pb.h"
+
+namespace localpar {
+
+// Worker.Stream from the sending side, writing pre-framed DownItems.
+using DownStream = grpc::ClientReaderWriter<grpc::ByteBuffer, v1::UpItem>;
+std::unique_ptr<DownStream> OpenDownStream(grpc::Channel& channel, grpc::ClientContext* ctx);
+
+// An item serialised the ordinary way (control items; they are small).
+grpc::ByteBuffer FrameItem(const v1::DownItem& item);
+
+// `batch` with its activations' bytes taken from `bytes` instead of activations.data (which
+// must be empty). The message is the batch's own serialisation followed by a second
+// occurrence of Batch.activations that carries only Tensor.data; a protobuf parser merges
+// the two, so the receiver sees one Batch. The bytes are referenced, not copied: `bytes.hold`
+// travels with the slice and is released when gRPC is done with it.
+grpc::ByteBuffer FrameBatch(const v1::Batch& batch, const WireBytes& bytes);
+
+}  // namespace localpar
