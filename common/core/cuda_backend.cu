@@ -1,4 +1,5 @@
 // CUDA backend: device selection, stream, cuBLAS handle, memory and copies.
+#include <cstdio>
 #include <string>
 
 #include "common/core/cuda_common.cuh"
@@ -29,12 +30,29 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   LP_CUBLAS_CHECK(cublasCreate(&handle));
   LP_CUBLAS_CHECK(cublasSetStream(handle, stream));
   cublas_ = handle;
+  cache_ = std::make_unique<BlockCache>(
+      [this](size_t bytes) -> void* {
+        void* p = nullptr;
+        LP_CUDA_CHECK(cudaSetDevice(device_));
+        cudaError_t err = cudaMalloc(&p, bytes);
+        if (err == cudaErrorMemoryAllocation) {
+          cudaGetLastError();  // clear it: the cache frees its idle blocks and retries
+          return nullptr;
+        }
+        LP_CUDA_CHECK(err);
+        return p;
+      },
+      [this](void* p) {
+        cudaSetDevice(device_);
+        cudaFree(p);
+      });
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(StreamOf(this));
-  if (scratch_) cudaFree(scratch_);
+  if (scratch_) Free(scratch_);
+  cache_.reset();
   cublasDestroy(CublasOf(this));
   cudaStreamDestroy(StreamOf(this));
 }
@@ -46,23 +64,19 @@ std::string CudaBackend::Describe() const {
 }
 
 void* CudaBackend::Allocate(size_t bytes) {
-  void* p = nullptr;
-  LP_CUDA_CHECK(cudaSetDevice(device_));
-  LP_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 4 : bytes));
-  sizes_[p] = bytes;
-  bytes_in_use_ += static_cast<int64_t>(bytes);
+  void* p = cache_->Allocate(bytes);
+  if (p == nullptr) {
+    std::fprintf(stderr, "cuda:%d: out of device memory allocating %zu bytes (%lld in use)\n",
+                 device_, bytes, static_cast<long long>(cache_->bytes_in_use()));
+    std::abort();
+  }
   return p;
 }
 
 void CudaBackend::Free(void* ptr) {
-  // Memory may still be in use by queued kernels; finish them first.
-  LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
-  LP_CUDA_CHECK(cudaFree(ptr));
-  auto it = sizes_.find(ptr);
-  if (it != sizes_.end()) {
-    bytes_in_use_ -= static_cast<int64_t>(it->second);
-    sizes_.erase(it);
-  }
+  // No synchronisation: every kernel runs on this backend's one stream, so whatever reuses
+  // the block is queued after the work that used it.
+  cache_->Free(ptr);
 }
 
 void CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {

@@ -1,7 +1,9 @@
 // The CUDA backend: cuBLAS for GEMM, our kernels for the rest, one stream per backend.
 #pragma once
 
-#include <unordered_map>
+#include <memory>
+
+#include "common/core/block_cache.h"
 
 #include "common/core/backend.h"
 
@@ -25,7 +27,11 @@ class CudaBackend final : public Backend {
   void CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   void CopyWithin(void* dst, const void* src, size_t bytes) override;
   void Synchronize() override;
-  int64_t DeviceBytesInUse() const override { return bytes_in_use_; }
+  // Blocks held by tensors plus idle blocks kept for reuse (see BlockCache).
+  int64_t DeviceBytesInUse() const override {
+    return cache_->bytes_in_use() + cache_->bytes_idle();
+  }
+  const BlockCache& cache() const { return *cache_; }
 
 #define LP_OP(ret, name, args) ret name args override;
 #include "common/core/backend_ops.inc"
@@ -42,10 +48,9 @@ class CudaBackend final : public Backend {
   int device_;
   void* stream_ = nullptr;
   void* cublas_ = nullptr;
-  int64_t bytes_in_use_ = 0;
+  std::unique_ptr<BlockCache> cache_;  // every device allocation goes through it
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
-  std::unordered_map<void*, size_t> sizes_;  // allocation sizes, for bytes_in_use_
 };
 
 }  // namespace localpar
