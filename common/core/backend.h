@@ -10,6 +10,16 @@ namespace localpar {
 
 enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1 };
 
+// How GEMMs treat their float32 operands. kF32 is exact float32, the default, which the CPU
+// reference and the bitwise-determinism guarantees assume. kTF32 and kBF16 round each
+// operand to TensorFloat-32 (10 mantissa bits) or bfloat16 (7) and accumulate in float32:
+// on CUDA the tensor cores do it (cuBLAS compute types 32F_FAST_TF32 and 32F_FAST_16BF);
+// the CPU backend rounds copies of the operands to nearest even, so both give the same
+// numbers up to summation order. Tensors, the master weights and optimizer state stay
+// float32 in every mode; only the GEMMs' inputs lose precision.
+enum class GemmPrecision : uint8_t { kF32 = 0, kTF32 = 1, kBF16 = 2 };
+const char* GemmPrecisionName(GemmPrecision p);
+
 // All pointers below point into this backend's memory. Matrices are row-major and
 // contiguous. Image tensors are NHWC. Kernels that "accumulate" add into their output;
 // all others overwrite it. Each op's CPU and CUDA kernels live side by side in
@@ -32,10 +42,16 @@ class Backend {
   // Device memory this backend currently holds (0 for host memory).
   virtual int64_t DeviceBytesInUse() const { return 0; }
 
+  void set_gemm_precision(GemmPrecision p) { gemm_precision_ = p; }
+  GemmPrecision gemm_precision() const { return gemm_precision_; }
+
   // Op kernels: see backend_ops.inc for each kernel's contract.
 #define LP_OP(ret, name, args) virtual ret name args = 0;
 #include "common/core/backend_ops.inc"
 #undef LP_OP
+
+ protected:
+  GemmPrecision gemm_precision_ = GemmPrecision::kF32;
 };
 
 struct CpuOptions {

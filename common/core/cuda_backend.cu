@@ -60,7 +60,10 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::Describe() const {
   cudaDeviceProp prop;
   LP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
-  return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
+  std::string precision = gemm_precision_ == GemmPrecision::kF32
+                              ? ""
+                              : std::string(", ") + GemmPrecisionName(gemm_precision_) + " GEMMs";
+  return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + precision + ")";
 }
 
 void* CudaBackend::Allocate(size_t bytes) {

@@ -42,6 +42,17 @@ inline uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Rounds to TensorFloat-32 (float32 with 10 mantissa bits), nearest even; NaN and Inf pass.
+inline float RoundToTf32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return f;
+  u += 0xfffu + ((u >> 13) & 1u);
+  u &= 0xffffe000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 inline float Bf16ToFloat(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;

@@ -309,6 +309,12 @@ absl::Status ValidateJob(const v1::Job& job) {
   if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED) {
     return Invalid("rule", "required: BACKPROP, GREEDY, CHUNKED or OVERLAP");
   }
+  if (!v1::GemmMath_IsValid(job.gemm_precision())) {
+    return Invalid("gemm_precision", "expected GEMM_F32, GEMM_TF32 or GEMM_BF16");
+  }
+  if (!v1::WireFormat_IsValid(job.wire())) {
+    return Invalid("wire", "expected WIRE_F32, WIRE_BF16 or WIRE_F16");
+  }
   if (job.batch_size() <= 0) return Invalid("batch_size", "must be > 0");
   if (job.epochs() <= 0) return Invalid("epochs", "must be > 0");
   if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
@@ -488,6 +494,10 @@ ModelConfig ToModelConfig(const v1::Job& job) {
     m.stages.push_back(std::move(s));
   }
   return m;
+}
+
+void ApplyJobToBackend(const v1::Job& job, Backend& backend) {
+  backend.set_gemm_precision(static_cast<GemmPrecision>(job.gemm_precision()));
 }
 
 TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps) {

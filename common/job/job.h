@@ -38,6 +38,9 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages);
 
 ModelConfig ToModelConfig(const v1::Job& job);
 TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps);
+// Backend settings a job carries (its GEMM precision); every program that builds a job's
+// stages on a backend calls this first, so they all compute alike.
+void ApplyJobToBackend(const v1::Job& job, Backend& backend);
 UpdateRule ToUpdateRule(v1::UpdateRule rule);
 
 }  // namespace localpar

@@ -131,6 +131,7 @@ absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data
   absl::StatusOr<std::unique_ptr<Backend>> be_or = PickBackend(options);
   if (!be_or.ok()) return be_or.status();
   Backend& be = **be_or;
+  ApplyJobToBackend(job, be);
   std::string error;
   std::unique_ptr<Model> model = Model::Create(be, ToModelConfig(job), &error);
   if (!model) return absl::InvalidArgumentError(error);

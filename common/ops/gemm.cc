@@ -1,14 +1,44 @@
 // GEMM on the CPU: OpenBLAS sgemm, or a portable blocked loop where OpenBLAS is absent.
+#include <vector>
+
 #include "common/core/cpu_backend.h"
+#include "common/core/dtype.h"
 
 #ifdef LOCALPAR_HAVE_OPENBLAS
 #include <cblas.h>
 #else
 #include <algorithm>
-#include <vector>
 #endif
 
 namespace localpar {
+
+const char* GemmPrecisionName(GemmPrecision p) {
+  switch (p) {
+    case GemmPrecision::kTF32:
+      return "tf32";
+    case GemmPrecision::kBF16:
+      return "bf16";
+    case GemmPrecision::kF32:
+      break;
+  }
+  return "f32";
+}
+
+namespace {
+// An operand as a reduced-precision GEMM sees it: a copy rounded to nearest even (the
+// tensor cores' inputs), or the operand itself in float32 mode.
+const float* RoundedOperand(GemmPrecision p, const float* x, int64_t n, std::vector<float>* copy) {
+  if (p == GemmPrecision::kF32) return x;
+  copy->resize(static_cast<size_t>(n));
+  float* out = copy->data();
+  if (p == GemmPrecision::kBF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(FloatToBf16(x[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = RoundToTf32(x[i]);
+  }
+  return out;
+}
+}  // namespace
 
 #ifndef LOCALPAR_HAVE_OPENBLAS
 namespace {
@@ -40,6 +70,9 @@ void PortableGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
 void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, const float* b, float beta, float* c) {
   if (m == 0 || n == 0) return;
+  thread_local std::vector<float> a_copy, b_copy;
+  a = RoundedOperand(gemm_precision_, a, m * k, &a_copy);
+  b = RoundedOperand(gemm_precision_, b, k * n, &b_copy);
 #ifdef LOCALPAR_HAVE_OPENBLAS
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),

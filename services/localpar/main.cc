@@ -135,6 +135,7 @@ int ProfileLayers(const localpar::v1::Job& job, std::vector<localpar::UnitProfil
   ro.threads = absl::GetFlag(FLAGS_threads);
   absl::StatusOr<std::unique_ptr<localpar::Backend>> backend = localpar::PickBackend(ro);
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  localpar::ApplyJobToBackend(job, **backend);
   *device = (*backend)->Describe();
   std::cerr << "timing each layer of " << job.name() << " on " << *device << ", batch "
             << job.batch_size() << "\n";

@@ -465,6 +465,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
     }
     if (!backend_) backend_ = MakeCpuBackend(CpuOptions{options_.threads});
   }
+  ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
   Shape in = StageInputShape(mc, req->stage());
   std::string error;

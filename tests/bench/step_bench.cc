@@ -3,7 +3,8 @@
 // noise; ratios are not). Core-only, so it also builds on the CUDA-only GPU machine.
 //
 //   step_bench [--device=cpu|cuda] [--rule=greedy|backprop] [--optimizer=adamw|sgd]
-//              [--batch=128] [--width=1024]
+//              [--batch=128] [--width=1024] [--input=784] [--stages=4] [--layers=1]
+//              [--precision=f32|tf32|bf16]   (GEMM precision, see GemmPrecision)
 //              [--seconds=2]
 #include <chrono>
 #include <cstdio>
@@ -26,6 +27,10 @@ struct Args {
   std::string optimizer = "adamw";
   int64_t batch = 128;
   int64_t width = 1024;
+  int64_t input = 784;
+  int stages = 4;
+  int layers = 1;  // Linear + ReLU pairs per stage
+  std::string precision = "f32";
   double seconds = 2.0;
 };
 
@@ -46,17 +51,32 @@ bool Parse(int argc, char** argv, Args* a) {
       a->batch = std::atoll(v);
     else if (const char* v = val("--width="))
       a->width = std::atoll(v);
+    else if (const char* v = val("--input="))
+      a->input = std::atoll(v);
+    else if (const char* v = val("--stages="))
+      a->stages = std::atoi(v);
+    else if (const char* v = val("--layers="))
+      a->layers = std::atoi(v);
+    else if (const char* v = val("--precision="))
+      a->precision = v;
     else if (const char* v = val("--seconds="))
       a->seconds = std::atof(v);
     else {
       std::fprintf(
           stderr,
           "usage: step_bench [--device=cpu|cuda] [--rule=greedy|backprop] [--optimizer=adamw|sgd] "
-          "[--batch=N] [--width=N] [--seconds=S]\n");
+          "[--batch=N] [--width=N] [--input=N] [--stages=N] [--layers=N] "
+          "[--precision=f32|tf32|bf16] [--seconds=S]\n");
       return false;
     }
   }
-  return a->batch > 0 && a->width > 0 && a->seconds > 0;
+  if (a->precision != "f32" && a->precision != "tf32" && a->precision != "bf16") {
+    std::fprintf(stderr, "step_bench: --precision=%s: expected f32, tf32 or bf16\n",
+                 a->precision.c_str());
+    return false;
+  }
+  return a->batch > 0 && a->width > 0 && a->input > 0 && a->stages > 0 && a->layers > 0 &&
+         a->seconds > 0;
 }
 
 // Runs fn repeatedly for about `seconds`; returns the best time per call over 3 rounds.
@@ -118,25 +138,33 @@ int Run(const Args& args) {
   } else {
     be = MakeCpuBackend(CpuOptions{1});
   }
+  be->set_gemm_precision(args.precision == "bf16"   ? GemmPrecision::kBF16
+                         : args.precision == "tf32" ? GemmPrecision::kTF32
+                                                    : GemmPrecision::kF32);
   const bool backprop = args.rule == "backprop";
-  const int64_t B = args.batch, W = args.width, in = 784, classes = 10;
+  const int64_t B = args.batch, W = args.width, in = args.input, classes = 10;
+  const int K = args.stages, L = args.layers;
 
-  // The model of deploy/jobs/fashion_mlp.textproto: 4 x (Linear(W) + ReLU), linear heads.
+  // By default the model of deploy/jobs/fashion_mlp.textproto: 4 stages of Linear(W) + ReLU
+  // with linear heads. --stages=1 --layers=4 --input=W is one worker's wide stage.
   ModelConfig mc;
-  mc.input_shape = {28, 28, 1};
+  mc.input_shape = {in};
   mc.classes = classes;
   mc.seed = 1;
   if (args.optimizer == "sgd") {
     mc.optimizer.kind = OptimizerConfig::Kind::kSgd;
     mc.optimizer.momentum = 0.9f;
   }
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < K; ++k) {
     StageConfig s;
     LayerConfig lin, relu;
     lin.kind = LayerConfig::Kind::kLinear;
     lin.out_features = W;
     relu.kind = LayerConfig::Kind::kRelu;
-    s.layers = {lin, relu};
+    for (int l = 0; l < L; ++l) {
+      s.layers.push_back(lin);
+      s.layers.push_back(relu);
+    }
     mc.stages.push_back(s);
   }
   std::string error;
@@ -153,17 +181,19 @@ int Run(const Args& args) {
   std::vector<int32_t> hy(B);
   for (float& v : hx) v = rng.NextUniform();
   for (int32_t& v : hy) v = static_cast<int32_t>(rng.NextBelow(classes));
-  Tensor x = Tensor::FromHost(*be, {B, 28, 28, 1}, hx);
+  Tensor x = Tensor::FromHost(*be, {B, in}, hx);
   Tensor y = Tensor::FromHostI32(*be, {B}, hy);
 
   // The GEMMs one step performs (row-major, as the layers issue them).
   std::vector<GemmShape> step_gemms;
-  for (int k = 0; k < 4; ++k) {
-    int64_t fan_in = k == 0 ? in : W;
-    step_gemms.push_back({false, false, B, W, fan_in});                        // forward
-    step_gemms.push_back({true, false, fan_in, W, B});                         // weight gradient
-    if (backprop && k > 0) step_gemms.push_back({false, true, B, fan_in, W});  // input grad
-    bool head_dx = !backprop || k == 3;
+  for (int k = 0; k < K; ++k) {
+    for (int l = 0; l < L; ++l) {
+      int64_t fan_in = k == 0 && l == 0 ? in : W;
+      step_gemms.push_back({false, false, B, W, fan_in});  // forward
+      step_gemms.push_back({true, false, fan_in, W, B});   // weight gradient
+      if (l > 0 || (backprop && k > 0)) step_gemms.push_back({false, true, B, fan_in, W});  // dx
+    }
+    bool head_dx = !backprop || k == K - 1;
     step_gemms.push_back({false, false, B, classes, W});
     step_gemms.push_back({true, false, W, classes, B});
     if (head_dx) step_gemms.push_back({false, true, B, W, classes});
@@ -177,10 +207,11 @@ int Run(const Args& args) {
   double step = BestSecondsPerCall(*be, args.seconds, [&] { trainer.TrainStep(x, y); });
   double achieved = step_flops / step;
 
-  std::printf("fashion_mlp training step: %s, %s, %s, batch %lld, width %lld, 4 stages\n",
-              be->Describe().c_str(), backprop ? "BACKPROP" : "GREEDY",
-              args.optimizer == "sgd" ? "SGD+momentum" : "AdamW", static_cast<long long>(B),
-              static_cast<long long>(W));
+  std::printf(
+      "training step: %s, %s, %s, batch %lld, input %lld, %d stage(s) of %d x Linear %lld\n",
+      be->Describe().c_str(), backprop ? "BACKPROP" : "GREEDY",
+      args.optimizer == "sgd" ? "SGD+momentum" : "AdamW", static_cast<long long>(B),
+      static_cast<long long>(in), K, L, static_cast<long long>(W));
   std::printf("  SGEMM rate, %lldx%lldx%lld (same run):   %8.1f GFLOP/s\n",
               static_cast<long long>(S), static_cast<long long>(S), static_cast<long long>(S),
               peak / 1e9);

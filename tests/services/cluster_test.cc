@@ -198,6 +198,29 @@ TEST(WireCompression, Bf16AndF16RunsEqualTheReferenceAndDifferFromF32) {
   }
 }
 
+// Reduced-precision GEMMs (bf16 inputs, float32 accumulation and master weights): workers
+// and the reference trainer round alike, so the cluster is still bitwise equal to it, and
+// every stage's weights differ from a float32 run (every GEMM really rounds).
+TEST(GemmPrecision, Bf16GemmClusterEqualsTheReferenceAndDiffersFromF32) {
+  TempDir dir;
+  std::string job =
+      dir.Write("job.textproto", SmallJob("GREEDY", 1) + "gemm_precision: GEMM_BF16\n");
+  std::string plain = dir.Write("plain.textproto", SmallJob("GREEDY", 1));
+  v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
+  v1::ModelWeights exact = ReferenceWeights(plain, dir.path() + "/ref_f32");
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
+  ASSERT_EQ(want.stages_size(), exact.stages_size());
+  for (int k = 0; k < want.stages_size(); ++k) {
+    EXPECT_NE(want.stages(k).SerializeAsString(), exact.stages(k).SerializeAsString())
+        << "stage " << k;
+  }
+  EXPECT_NE(ReadFile(dir.path() + "/ref/report.json").find("bf16 GEMMs"), std::string::npos);
+}
+
 class ResumeMatchesUninterrupted : public ::testing::TestWithParam<std::string> {};
 
 // Stop after 5 steps (mid-epoch), then resume: the weights equal an uninterrupted run's, bit

@@ -75,6 +75,8 @@ TEST(JobFiles, FieldErrorsNameTheFieldAndWhy) {
       {"rule: GREEDY micro_batches: 4\n" + stages, "micro_batches: only BACKPROP"},
       {"rule: BACKPROP batch_size: 2 micro_batches: 4\n" + stages, "exceeds batch_size"},
       {"rule: GREEDY\n", "stages: a job needs at least one stage"},
+      {"rule: GREEDY gemm_precision: 7\n" + stages, "gemm_precision: expected GEMM_F32"},
+      {"rule: GREEDY wire: 9\n" + stages, "wire: expected WIRE_F32"},
       {"rule: GREEDY stages { layers { } }\n", "stages[0].layers[0]: no layer kind"},
       {"rule: GREEDY stages { layers { linear { } } }\n",
        "stages[0].layers[0].linear.out_features: must be > 0"},

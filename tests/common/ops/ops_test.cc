@@ -53,6 +53,65 @@ TEST_P(GemmTest, MatchesDoublePrecisionReferenceOnEveryBackend) {
 INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
+// Rounds to `bits` significant bits, nearest even, in double arithmetic: an independent
+// model of bfloat16 (8 bits) and TensorFloat-32 (11 bits) for the reduced-precision GEMMs.
+float RoundSignificand(float x, int bits) {
+  int e;
+  double f = std::frexp(static_cast<double>(x), &e);  // x = f * 2^e, 0.5 <= |f| < 1
+  return static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(f, bits)), e - bits));
+}
+
+// TF32 and bf16 GEMMs: the inputs rounded, products summed in float32 or better. The CPU
+// rounds to nearest even exactly as the model does; the GPU's tensor cores may round their
+// inputs differently, so they get the format's own tolerance.
+TEST(GemmPrecision, ReducedPrecisionGemmsRoundTheirInputsOnEveryBackend) {
+  const int m = 33, n = 29, k = 64;
+  auto a = RandomVector(m * k, 7), b = RandomVector(k * n, 8), c0 = RandomVector(m * n, 9);
+  struct Mode {
+    GemmPrecision p;
+    int bits;
+    float gpu_tol;
+  };
+  for (Mode mode : {Mode{GemmPrecision::kBF16, 8, 5e-2f}, Mode{GemmPrecision::kTF32, 11, 5e-3f}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << GemmPrecisionName(mode.p) << " ta " << ta << " tb " << tb);
+        std::vector<float> ra = a, rb = b;
+        for (float& v : ra) v = RoundSignificand(v, mode.bits);
+        for (float& v : rb) v = RoundSignificand(v, mode.bits);
+        std::vector<float> expected = NaiveGemm(ta, tb, m, n, k, ra, rb);
+        std::vector<float> exact = NaiveGemm(ta, tb, m, n, k, a, b);
+        for (size_t i = 0; i < expected.size(); ++i) {
+          expected[i] = 0.5f * expected[i] + 2.0f * c0[i];
+          exact[i] = 0.5f * exact[i] + 2.0f * c0[i];
+        }
+        // The model is worth testing against: rounding the inputs changes the result.
+        ASSERT_FALSE(AllClose(exact, expected, 1e-4f, 1e-4f));
+        std::vector<std::unique_ptr<Backend>> backends;
+        backends.push_back(MakeCpuBackend());
+        if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+        for (auto& be : backends) {
+          be->set_gemm_precision(mode.p);
+          Tensor at = Tensor::FromHost(*be, {ta ? k : m, ta ? m : k}, a);
+          Tensor bt = Tensor::FromHost(*be, {tb ? n : k, tb ? k : n}, b);
+          Tensor ct = Tensor::FromHost(*be, {m, n}, c0);
+          be->Gemm(ta, tb, m, n, k, 0.5f, at.f32(), bt.f32(), 2.0f, ct.f32());
+          const bool cpu = be->device() == DeviceType::kCPU;
+          const float tol = cpu ? 1e-4f : mode.gpu_tol;
+          EXPECT_TRUE(AllClose(ct.ToHost(), expected, tol, tol)) << be->Describe();
+          // The inputs themselves are left untouched.
+          EXPECT_EQ(at.ToHost(), a);
+          // Batched GEMMs follow the same setting.
+          Tensor cb = Tensor::FromHost(*be, {m, n}, c0);
+          be->GemmBatched(ta, tb, m, n, k, 0.5f, at.f32(), 0, bt.f32(), 0, 2.0f, cb.f32(), 0, 1);
+          EXPECT_TRUE(AllClose(cb.ToHost(), expected, tol, tol)) << be->Describe();
+        }
+      }
+    }
+  }
+}
+
 class GemmBatchedTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 // Each of the batch's GEMMs against the double-precision reference, with operand strides
