@@ -52,6 +52,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(StreamOf(this));
   if (scratch_) Free(scratch_);
+  DestroyLtPlans(this);
   cache_.reset();
   cublasDestroy(CublasOf(this));
   cudaStreamDestroy(StreamOf(this));

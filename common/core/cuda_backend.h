@@ -3,9 +3,8 @@
 
 #include <memory>
 
-#include "common/core/block_cache.h"
-
 #include "common/core/backend.h"
+#include "common/core/block_cache.h"
 
 namespace localpar {
 
@@ -44,6 +43,11 @@ class CudaBackend final : public Backend {
   // grown when needed) by later calls, so no per-step allocation.
   void* Scratch(size_t bytes);
 
+  // cuBLASLt state for the fused GemmBias (ops/gemm.cu): the handle, a workspace, and one
+  // plan per (shape, epilogue, precision), made on first use.
+  struct LtPlans;
+  LtPlans* lt_plans();
+
  private:
   int device_;
   void* stream_ = nullptr;
@@ -51,6 +55,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<BlockCache> cache_;  // every device allocation goes through it
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  LtPlans* lt_plans_ = nullptr;
+  friend void DestroyLtPlans(CudaBackend* b);
 };
 
 }  // namespace localpar

@@ -49,6 +49,9 @@ inline unsigned Blocks(long long n) {
 inline cudaStream_t StreamOf(const CudaBackend* b) {
   return static_cast<cudaStream_t>(b->stream());
 }
+// Frees the cuBLASLt plans (ops/gemm.cu); called by ~CudaBackend.
+void DestroyLtPlans(CudaBackend* b);
+
 inline cublasHandle_t CublasOf(const CudaBackend* b) {
   return static_cast<cublasHandle_t>(b->cublas());
 }

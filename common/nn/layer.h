@@ -94,6 +94,11 @@ class Layer {
 std::unique_ptr<Layer> MakeLayer(Backend& backend, const LayerConfig& config, const Shape& in,
                                  uint64_t seed, std::string* error);
 
+// Lets a Linear layer apply the ReLU right after it in its own GEMM epilogue (one pass over
+// the output instead of two); the ReLU layer then passes its input through. Parameters,
+// shapes and results are unchanged, so it is applied to every stage and head as built.
+void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers);
+
 // Shape-only validation without allocating anything.
 bool InferLayerShape(const LayerConfig& config, const Shape& in, Shape* out, std::string* error);
 

@@ -44,8 +44,7 @@ class Linear final : public Layer {
     Shape s{x.rows()};
     s.insert(s.end(), out_shape_.begin(), out_shape_.end());
     c.out.Ensure(b_, s);
-    b_.Gemm(false, false, n, out_, in_, 1.0f, x.f32(), w_.value.f32(), 0.0f, c.out.f32());
-    b_.AddRowVector(c.out.f32(), bias_.value.f32(), n, out_);
+    b_.GemmBias(n, out_, in_, x.f32(), w_.value.f32(), bias_.value.f32(), c.out.f32(), fused_relu_);
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
@@ -58,6 +57,10 @@ class Linear final : public Layer {
     }
   }
   std::vector<Param*> params() override { return {&w_, &bias_}; }
+
+  // The ReLU after this layer runs in its GEMM's epilogue (FuseActivations). Its backward
+  // needs only x and dy, so the output may be post-ReLU.
+  bool fused_relu_ = false;
 
  private:
   Backend& b_;
@@ -72,6 +75,10 @@ class Relu final : public Layer {
   Relu(Backend& b, const Shape& in) : b_(b) { out_shape_ = in; }
   const char* kind() const override { return "relu"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
+    if (applied_by_previous_) {
+      c.out = x;  // already max(0, .): share the previous layer's output
+      return;
+    }
     c.out.Ensure(b_, x.shape());
     b_.ReluForward(x.f32(), c.out.f32(), x.numel());
   }
@@ -80,6 +87,8 @@ class Relu final : public Layer {
     dx->Ensure(b_, x.shape());
     b_.ReluBackward(c.out.f32(), dy.f32(), dx->f32(), x.numel());
   }
+
+  bool applied_by_previous_ = false;  // the preceding Linear applies it (FuseActivations)
 
  private:
   Backend& b_;
@@ -710,6 +719,17 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
     }
   }
   return fail("unknown layer kind");
+}
+
+void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers) {
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    auto* linear = dynamic_cast<Linear*>(layers[i].get());
+    auto* relu = dynamic_cast<Relu*>(layers[i + 1].get());
+    if (linear && relu) {
+      linear->fused_relu_ = true;
+      relu->applied_by_previous_ = true;
+    }
+  }
 }
 
 std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& cfg, const Shape& in, uint64_t seed,

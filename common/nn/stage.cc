@@ -28,6 +28,7 @@ std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config
     st->layers_.push_back(std::move(layer));
   }
   st->out_shape_ = cur;
+  FuseActivations(st->layers_);
   std::vector<LayerConfig> head_layers;
   if (!HeadLayers(config.head, cur, classes, &head_layers, error)) return nullptr;
   for (size_t i = 0; i < head_layers.size(); ++i) {
@@ -40,6 +41,7 @@ std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config
     cur = layer->output_shape();
     st->head_.push_back(std::move(layer));
   }
+  FuseActivations(st->head_);
   return st;
 }
 

@@ -83,6 +83,13 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 #endif
 }
 
+void CpuBackend::GemmBias(int64_t m, int64_t n, int64_t k, const float* x, const float* w,
+                          const float* bias, float* y, bool relu) {
+  Gemm(false, false, m, n, k, 1.0f, x, w, 0.0f, y);
+  AddRowVector(y, bias, m, n);
+  if (relu) ReluForward(y, y, m * n);
+}
+
 void CpuBackend::GemmBatched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                              float alpha, const float* a, int64_t stride_a, const float* b,
                              int64_t stride_b, float beta, float* c, int64_t stride_c,

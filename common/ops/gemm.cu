@@ -1,4 +1,9 @@
 // GEMM on CUDA: every GEMM goes through cuBLAS here, in the backend's GemmPrecision.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
 #include "common/core/cuda_common.cuh"
 
 namespace localpar {
@@ -39,6 +44,93 @@ void CudaBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
                                static_cast<int>(k), &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
                                &beta, c, CUDA_R_32F, static_cast<int>(n),
                                ComputeType(gemm_precision_), CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- cuBLASLt: the linear layer's GEMM with its bias (and ReLU) in the epilogue ---------
+
+#define LP_CUBLASLT_CHECK(expr) LP_CUBLAS_CHECK(expr)
+
+struct CudaBackend::LtPlans {
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    bool ok = false;  // false: no cuBLASLt algorithm for it; use GEMM + kernels
+  };
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  static constexpr size_t kWorkspaceBytes = 32 << 20;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, Plan> plans;
+};
+
+CudaBackend::LtPlans* CudaBackend::lt_plans() {
+  if (!lt_plans_) {
+    lt_plans_ = new LtPlans;
+    LP_CUBLASLT_CHECK(cublasLtCreate(&lt_plans_->handle));
+    lt_plans_->workspace = Allocate(LtPlans::kWorkspaceBytes);
+  }
+  return lt_plans_;
+}
+
+void DestroyLtPlans(CudaBackend* b) {
+  CudaBackend::LtPlans* p = b->lt_plans_;
+  if (!p) return;
+  for (auto& [key, plan] : p->plans) {
+    if (plan.op) cublasLtMatmulDescDestroy(plan.op);
+    if (plan.w) cublasLtMatrixLayoutDestroy(plan.w);
+    if (plan.x) cublasLtMatrixLayoutDestroy(plan.x);
+    if (plan.y) cublasLtMatrixLayoutDestroy(plan.y);
+  }
+  b->Free(p->workspace);
+  cublasLtDestroy(p->handle);
+  delete p;
+  b->lt_plans_ = nullptr;
+}
+
+void CudaBackend::GemmBias(int64_t m, int64_t n, int64_t k, const float* x, const float* w,
+                           const float* bias, float* y, bool relu) {
+  if (m == 0 || n == 0) return;
+  LtPlans* lt = lt_plans();
+  auto key = std::make_tuple(m, n, k, relu, static_cast<int>(gemm_precision_));
+  auto it = lt->plans.find(key);
+  if (it == lt->plans.end()) {
+    // Column-major view: y^T [n x m] = w^T [n x k] * x^T [k x m]; the bias runs along y^T's
+    // rows (n), which is what the BIAS epilogue adds.
+    LtPlans::Plan plan;
+    LP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.op, ComputeType(gemm_precision_), CUDA_R_32F));
+    cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    LP_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof(epilogue)));
+    LP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_32F, n, k, n));
+    LP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_32F, k, m, k));
+    LP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, n, m, n));
+    cublasLtMatmulPreference_t pref;
+    LP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = LtPlans::kWorkspaceBytes;
+    LP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->handle, plan.op, plan.w, plan.x, plan.y,
+                                                       plan.y, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (plan.ok) plan.algo = result.algo;
+    it = lt->plans.emplace(key, plan).first;
+  }
+  const LtPlans::Plan& plan = it->second;
+  if (!plan.ok) {
+    Gemm(false, false, m, n, k, 1.0f, x, w, 0.0f, y);
+    AddRowVector(y, bias, m, n);
+    if (relu) ReluForward(y, y, m * n);
+    return;
+  }
+  LP_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias, sizeof(bias)));
+  const float alpha = 1.0f, beta = 0.0f;
+  LP_CUBLASLT_CHECK(cublasLtMatmul(lt->handle, plan.op, &alpha, w, plan.w, x, plan.x, &beta, y,
+                                   plan.y, y, plan.y, &plan.algo, lt->workspace,
+                                   LtPlans::kWorkspaceBytes, StreamOf(this)));
 }
 
 void CudaBackend::GemmBatched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -199,6 +199,70 @@ TEST_P(LayerGradient, CudaMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Layers, LayerGradient, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.name; });
 
+// Linear + ReLU fused (the ReLU in the GEMM's epilogue) against the same layers unfused:
+// bitwise equal on the CPU, and the CUDA fused path (cuBLASLt) against the CPU unfused one.
+TEST(FusedLinearRelu, ForwardAndBackwardEqualTheUnfusedLayers) {
+  const Shape input = {6, 10};
+  std::vector<float> xv = RandomVector(60, 21);
+  struct Result {
+    std::vector<float> y, dx;
+    std::vector<std::vector<float>> grads;
+  };
+  auto run = [&](Backend& be, bool fuse) {
+    std::vector<LayerConfig> cfgs = {Cfg(K::kLinear, 7), Cfg(K::kRelu), Cfg(K::kLinear, 5),
+                                     Cfg(K::kRelu)};
+    std::vector<std::unique_ptr<Layer>> layers;
+    Shape shape = {10};
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      std::string error;
+      layers.push_back(MakeLayer(be, cfgs[i], shape, 40 + i, &error));
+      EXPECT_TRUE(layers.back()) << error;
+      shape = layers.back()->output_shape();
+    }
+    if (fuse) FuseActivations(layers);
+    std::vector<LayerCache> caches(layers.size());
+    std::vector<Tensor> inputs;
+    Tensor x = Tensor::FromHost(be, input, xv);
+    const Tensor* in = &x;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      inputs.push_back(*in);
+      layers[i]->Forward(*in, caches[i], ForwardContext{true, 1});
+      in = &caches[i].out;
+    }
+    // Fused, each ReLU hands on its Linear's output itself (no separate pass or buffer).
+    EXPECT_EQ(caches[1].out.raw() == caches[0].out.raw(), fuse);
+    EXPECT_EQ(caches[3].out.raw() == caches[2].out.raw(), fuse);
+    Result r{in->ToHost(), {}, {}};
+    Tensor dy = Tensor::FromHost(be, in->shape(), RandomVector(in->numel(), 22));
+    for (size_t i = layers.size(); i-- > 0;) {
+      Tensor dx;
+      layers[i]->Backward(inputs[i], dy, caches[i], &dx);
+      dy = dx.Clone();
+    }
+    r.dx = dy.ToHost();
+    for (auto& l : layers)
+      for (Param* p : l->params()) r.grads.push_back(p->grad.ToHost());
+    return r;
+  };
+  auto cpu = MakeCpuBackend();
+  Result plain = run(*cpu, false), fused = run(*cpu, true);
+  EXPECT_EQ(fused.y, plain.y);
+  EXPECT_EQ(fused.dx, plain.dx);
+  EXPECT_EQ(fused.grads, plain.grads);
+  bool some_clipped = false;
+  for (float v : plain.y) some_clipped |= v == 0.0f;
+  EXPECT_TRUE(some_clipped);  // the ReLU really acts on this input
+  if (auto gpu = testing::MaybeCuda()) {
+    Result got = run(*gpu, true);
+    EXPECT_TRUE(AllClose(got.y, plain.y, 1e-5f, 1e-4f)) << "forward";
+    EXPECT_TRUE(AllClose(got.dx, plain.dx, 1e-5f, 1e-4f)) << "dx";
+    ASSERT_EQ(got.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < got.grads.size(); ++i) {
+      EXPECT_TRUE(AllClose(got.grads[i], plain.grads[i], 1e-4f, 1e-4f)) << "param " << i;
+    }
+  }
+}
+
 TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
   LayerConfig c = Cfg(K::kEmbedding);
   c.vocab = 5;
