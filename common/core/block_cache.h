@@ -32,8 +32,8 @@ class BlockCache {
   // Returns every idle block to the device.
   void ReleaseIdle();
 
-  int64_t bytes_in_use() const;   // in blocks handed out
-  int64_t bytes_idle() const;     // cached, ready for reuse
+  int64_t bytes_in_use() const;        // in blocks handed out
+  int64_t bytes_idle() const;          // cached, ready for reuse
   int64_t device_allocations() const;  // calls to `allocate` so far
 
   static constexpr size_t kGranule = 512;

@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/localpar_bench.XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::printf(
-      "pipeline throughput: balanced 4 x Linear 1024 model, batch 128, %d steps, GREEDY, 1 thread per "
+      "pipeline throughput: balanced 4 x Linear 1024 model, batch 128, %d steps, GREEDY, 1 thread "
+      "per "
       "process, %ld cores\n",
       steps, sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("  %-8s %16s %16s %10s\n", "workers", "reference ex/s", "cluster ex/s", "ratio");
