@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,14 @@ class Backend {
   virtual void Synchronize() = 0;
   // Device memory this backend currently holds (0 for host memory).
   virtual int64_t DeviceBytesInUse() const { return 0; }
+  // Starts copying `bytes` to host memory and returns a function that waits until the copy
+  // is done (callable once, on any thread; dropping it is fine). On CUDA the copy runs on a
+  // separate stream, overlapping work queued after it, so the source must not be written
+  // until then (hold a Tensor::Pin); into page-locked memory (MakeStagingHost) it is truly
+  // asynchronous. The CPU backend copies at once.
+  virtual std::function<void()> CopyToHostAsync(void* host_dst, const void* src, size_t bytes);
+  // A CPU backend whose memory suits staging this backend's copies: page-locked for CUDA.
+  virtual std::unique_ptr<Backend> MakeStagingHost();
 
   void set_gemm_precision(GemmPrecision p) { gemm_precision_ = p; }
   GemmPrecision gemm_precision() const { return gemm_precision_; }
@@ -57,6 +66,10 @@ class Backend {
 struct CpuOptions {
   // Threads for OpenBLAS GEMMs; elementwise kernels are single-threaded and deterministic.
   int threads = 1;
+  // Where memory comes from, when not aligned_alloc / free (both or neither): the CUDA
+  // backend's page-locked host memory for staging.
+  std::function<void*(size_t)> allocate;
+  std::function<void(void*)> free;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuOptions& options = {});

@@ -29,7 +29,19 @@ std::string CpuBackend::Describe() const {
 #endif
 }
 
+std::function<void()> Backend::CopyToHostAsync(void* host_dst, const void* src, size_t bytes) {
+  CopyToHost(host_dst, src, bytes);
+  return [] {};
+}
+
+std::unique_ptr<Backend> Backend::MakeStagingHost() { return MakeCpuBackend(); }
+
 void* CpuBackend::Allocate(size_t bytes) {
+  if (options_.allocate) {
+    void* p = options_.allocate(bytes == 0 ? 64 : bytes);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
   // 64-byte alignment suits AVX-512 loads and keeps rows cache-line aligned.
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -37,7 +49,13 @@ void* CpuBackend::Allocate(size_t bytes) {
   return p;
 }
 
-void CpuBackend::Free(void* ptr) { std::free(ptr); }
+void CpuBackend::Free(void* ptr) {
+  if (options_.free) {
+    options_.free(ptr);
+  } else {
+    std::free(ptr);
+  }
+}
 
 void CpuBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
   std::memcpy(dst, host_src, bytes);

@@ -26,6 +26,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cudaStream_t stream;
   LP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
+  cudaStream_t copy_stream;
+  LP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  copy_stream_ = copy_stream;
   cublasHandle_t handle;
   LP_CUBLAS_CHECK(cublasCreate(&handle));
   LP_CUBLAS_CHECK(cublasSetStream(handle, stream));
@@ -51,11 +54,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(StreamOf(this));
+  cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream_));
   if (scratch_) Free(scratch_);
   DestroyLtPlans(this);
   cache_.reset();
   cublasDestroy(CublasOf(this));
   cudaStreamDestroy(StreamOf(this));
+  cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream_));
 }
 
 std::string CudaBackend::Describe() const {
@@ -94,6 +99,42 @@ void CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
   LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
 }
 
+std::function<void()> CudaBackend::CopyToHostAsync(void* host_dst, const void* src, size_t bytes) {
+  auto copy = static_cast<cudaStream_t>(copy_stream_);
+  cudaEvent_t queued;  // everything on the compute stream so far, the source's writer included
+  LP_CUDA_CHECK(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
+  LP_CUDA_CHECK(cudaEventRecord(queued, StreamOf(this)));
+  LP_CUDA_CHECK(cudaStreamWaitEvent(copy, queued, 0));
+  LP_CUDA_CHECK(cudaEventDestroy(queued));  // released once it has fired
+  LP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, copy));
+  cudaEvent_t done;
+  LP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  LP_CUDA_CHECK(cudaEventRecord(done, copy));
+  // The event goes with the last copy of the waiter, waited on or not.
+  auto event = std::shared_ptr<CUevent_st>(done, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  const int device = device_;
+  return [event, device] {
+    LP_CUDA_CHECK(cudaSetDevice(device));
+    LP_CUDA_CHECK(cudaEventSynchronize(event.get()));
+  };
+}
+
+std::unique_ptr<Backend> CudaBackend::MakeStagingHost() {
+  CpuOptions o;
+  const int device = device_;
+  o.allocate = [device](size_t bytes) -> void* {
+    void* p = nullptr;
+    LP_CUDA_CHECK(cudaSetDevice(device));
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  };
+  o.free = [](void* p) { cudaFreeHost(p); };
+  return MakeCpuBackend(o);
+}
+
 void CudaBackend::CopyWithin(void* dst, const void* src, size_t bytes) {
   LP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, StreamOf(this)));
 }
@@ -107,6 +148,9 @@ void* CudaBackend::Scratch(size_t bytes) {
   return scratch_;
 }
 
-void CudaBackend::Synchronize() { LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this))); }
+void CudaBackend::Synchronize() {
+  LP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(this)));
+  LP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream_)));
+}
 
 }  // namespace localpar

@@ -27,6 +27,10 @@ class CudaBackend final : public Backend {
   void CopyWithin(void* dst, const void* src, size_t bytes) override;
   void Synchronize() override;
   // Blocks held by tensors plus idle blocks kept for reuse (see BlockCache).
+  // On a second stream (copy_stream), after the work queued so far; see Backend.
+  std::function<void()> CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override;
+  // Page-locked host memory (cudaHostAlloc).
+  std::unique_ptr<Backend> MakeStagingHost() override;
   int64_t DeviceBytesInUse() const override {
     return cache_->bytes_in_use() + cache_->bytes_idle();
   }
@@ -51,6 +55,7 @@ class CudaBackend final : public Backend {
  private:
   int device_;
   void* stream_ = nullptr;
+  void* copy_stream_ = nullptr;
   void* cublas_ = nullptr;
   std::unique_ptr<BlockCache> cache_;  // every device allocation goes through it
   void* scratch_ = nullptr;

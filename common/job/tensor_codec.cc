@@ -109,14 +109,23 @@ WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, 
   SetHeader(t, narrow ? WireDType(format) : ToWire(t.dtype()), header);
   header->clear_data();
   const bool on_cpu = t.backend().device() == DeviceType::kCPU;
-  if (!narrow && on_cpu) return WireBytes{t.raw(), t.nbytes(), t.Pin()};
+  if (!narrow && on_cpu) return WireBytes{t.raw(), t.nbytes(), t.Pin(), nullptr};
   const size_t n = static_cast<size_t>(t.numel());
   const size_t bytes = narrow ? n * 2 : t.nbytes();
   // Staged as 16-bit words: only the byte count matters.
   staging->Ensure(host, {static_cast<int64_t>((bytes + 1) / 2)}, DType::kBF16);
   void* dst = staging->raw();
   if (!narrow) {
-    if (bytes > 0) t.backend().CopyToHost(dst, t.raw(), bytes);
+    // A device tensor sent as is: copied on the backend's copy stream while the stage goes on
+    // computing. Both ends stay pinned until the transport is done: the staging bytes, and
+    // the device tensor, which the next step's forward must not overwrite mid-copy.
+    WireBytes out{dst, bytes, nullptr, nullptr};
+    if (bytes > 0) out.ready = t.backend().CopyToHostAsync(dst, t.raw(), bytes);
+    auto pins =
+        std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>>(
+            staging->Pin(), t.Pin());
+    out.hold = std::shared_ptr<const void>(pins, dst);
+    return out;
   } else if (on_cpu) {
     NarrowTo(t.f32(), n, format, static_cast<uint16_t*>(dst));
   } else {
@@ -125,7 +134,7 @@ WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, 
     if (n > 0) t.backend().CopyToHost(staged.data(), t.raw(), t.nbytes());
     NarrowTo(staged.data(), n, format, static_cast<uint16_t*>(dst));
   }
-  return WireBytes{dst, bytes, staging->Pin()};
+  return WireBytes{dst, bytes, staging->Pin(), nullptr};
 }
 
 void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) {

@@ -2,6 +2,7 @@
 // weight snapshots in files.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,9 @@ struct WireBytes {
   const void* data = nullptr;
   size_t size = 0;
   std::shared_ptr<const void> hold;
+  // Waits until `data` is filled: a device tensor is copied to the staging buffer on a
+  // copy stream, overlapping the compute that follows; null when the bytes are ready.
+  std::function<void()> ready;
 };
 WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, Tensor* staging,
                              v1::Tensor* header);

@@ -117,17 +117,18 @@ class WorkerService::Session {
     up_->Write(item);
   }
 
-  void SendDown(grpc::ByteBuffer item) {
+  void SendDown(grpc::ByteBuffer item, std::function<void()> ready = nullptr) {
     if (last_) return;
     int64_t start = MonotonicNanos();
-    outbound_.Push(std::move(item));
+    outbound_.Push(Outgoing{std::move(item), std::move(ready)});
     send_wait_ += SecondsSince(start);
   }
 
   void SenderLoop() {
-    while (std::optional<grpc::ByteBuffer> item = outbound_.Pop()) {
-      if (w_.metrics_) w_.metrics_->AddBytes(true, static_cast<int64_t>(item->Length()));
-      if (!down_->Write(*item)) {
+    while (std::optional<Outgoing> item = outbound_.Pop()) {
+      if (item->ready) item->ready();  // a device-to-host copy still in flight
+      if (w_.metrics_) w_.metrics_->AddBytes(true, static_cast<int64_t>(item->bytes.Length()));
+      if (!down_->Write(item->bytes)) {
         downstream_failed_ = true;
         outbound_.Close();  // unblock the compute thread if it waits to hand on a batch
         break;
@@ -193,7 +194,7 @@ class WorkerService::Session {
     WireBytes bytes =
         PrepareActivations(y, w_.wire_, w_.host_backend(), &staging_, nb.mutable_activations());
     *nb.mutable_labels() = std::move(*b.mutable_labels());
-    SendDown(FrameBatch(nb, bytes));
+    SendDown(FrameBatch(nb, bytes), std::move(bytes.ready));
   }
 
   void SendGradient(const v1::Batch& b, int micro_batch, const Tensor& dx) {
@@ -405,7 +406,11 @@ class WorkerService::Session {
   grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up_;
   std::mutex up_mu_;  // one writer at a time on the upstream stream
   BoundedQueue<v1::DownItem> inbound_;
-  BoundedQueue<grpc::ByteBuffer> outbound_;  // framed items for the next stage
+  struct Outgoing {
+    grpc::ByteBuffer bytes;
+    std::function<void()> ready;  // waits for the bytes (see WireBytes)
+  };
+  BoundedQueue<Outgoing> outbound_;  // framed items for the next stage
   BoundedQueue<v1::Gradient> grads_;
   grpc::ClientContext down_ctx_;
   std::unique_ptr<DownStream> down_;
@@ -463,7 +468,11 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
     if (!backend_ && options_.device == "cuda") {
       return ToGrpcStatus(absl::FailedPreconditionError("--device=cuda: no CUDA device"));
     }
-    if (!backend_) backend_ = MakeCpuBackend(CpuOptions{options_.threads});
+    if (!backend_) {
+      CpuOptions cpu;
+      cpu.threads = options_.threads;
+      backend_ = MakeCpuBackend(cpu);
+    }
   }
   ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
@@ -492,7 +501,9 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   trainer_ = ToTrainerOptions(job, req->total_steps());
   if (metrics_) metrics_->Configure(job.name(), stage_index_);
   downstream_ = last ? nullptr : MakeChannel(req->downstream(), options_.security);
-  if (!host_backend_ && backend_->device() != DeviceType::kCPU) host_backend_ = MakeCpuBackend();
+  if (!host_backend_ && backend_->device() != DeviceType::kCPU) {
+    host_backend_ = backend_->MakeStagingHost();  // page-locked: asynchronous copies
+  }
   auto rejected = stats_.rejected();  // refusals before this Configure still count
   stats_ = v1::StatsResponse();
   *stats_.mutable_rejected() = rejected;

@@ -136,7 +136,7 @@ int Run(const Args& args) {
       return 0;
     }
   } else {
-    be = MakeCpuBackend(CpuOptions{1});
+    be = MakeCpuBackend();  // one GEMM thread
   }
   be->set_gemm_precision(args.precision == "bf16"   ? GemmPrecision::kBF16
                          : args.precision == "tf32" ? GemmPrecision::kTF32

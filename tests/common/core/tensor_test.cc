@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 
 #include "tests/common/test_util.h"
@@ -64,6 +66,32 @@ TEST(Tensor, PinnedStorageIsNotOverwrittenAndTwoBuffersAlternate) {
   EXPECT_NE(owner.raw(), a);
   owner = Tensor();
   EXPECT_EQ(static_cast<const float*>(view_pin.get())[-1], 1);  // a[0], written first
+}
+
+// The send path's device-to-host copy: into the backend's staging host memory (page-locked
+// on CUDA), asynchronous, complete once the returned waiter returns, on every backend.
+TEST(Tensor, AsyncCopyToStagingHostMemoryArrivesWhenWaitedFor) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+  for (auto& be : backends) {
+    std::unique_ptr<Backend> host = be->MakeStagingHost();
+    ASSERT_EQ(host->device(), DeviceType::kCPU);
+    std::vector<float> values(100000);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+    Tensor src = Tensor::FromHost(*be, {100000}, values);
+    Tensor other = Tensor::Zeros(*be, {100000});
+    Tensor staging = Tensor::Empty(*host, {100000});
+    std::shared_ptr<const void> pin = src.Pin();
+    std::function<void()> ready = be->CopyToHostAsync(staging.raw(), src.raw(), src.nbytes());
+    be->Fill(other.f32(), 3.0f, other.numel());  // compute queued behind the copy
+    ready();
+    EXPECT_EQ(std::memcmp(staging.raw(), values.data(), src.nbytes()), 0) << be->Describe();
+    EXPECT_EQ(other.ToHost()[7], 3.0f);
+    // Dropping a waiter without calling it is allowed.
+    be->CopyToHostAsync(staging.raw(), other.raw(), 16);
+    be->Synchronize();
+  }
 }
 
 TEST(Tensor, CopyToAndCopyFromRoundTrip) {
