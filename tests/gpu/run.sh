@@ -32,10 +32,15 @@ if grep -q "SKIPPED" "$out/core_tests.txt"; then
   echo "error: CUDA tests skipped on the GPU machine" | tee -a "$out/core_tests.txt"
   status=1
 fi
+# The target: one worker's wide stage (4 x Linear 8192, batch 1024) against the
+# cuBLAS GEMM rate in the same precision, measured in the same run.
+wide="--device=cuda --stages=1 --layers=4 --width=8192 --input=8192 --batch=1024"
 {
+  "$build/bench/step_bench" $wide --precision=bf16
+  "$build/bench/step_bench" $wide --precision=tf32
+  "$build/bench/step_bench" $wide --precision=f32
   "$build/bench/step_bench" --device=cuda
   "$build/bench/step_bench" --device=cuda --rule=backprop
-  "$build/bench/step_bench" --device=cuda --width=8192 --batch=1024
   "$build/bench/step_bench" --device=cpu
 } 2>&1 | tee "$out/bench.txt"
 exit $status
