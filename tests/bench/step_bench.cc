@@ -222,9 +222,10 @@ int Run(const Args& args) {
   if (be->device() == DeviceType::kCUDA) {
     int64_t state = 0;
     for (int k = 0; k < model->num_stages(); ++k) state += model->stage(k).StateBytes();
-    std::printf("  device memory held: %.1f MiB (training state %.1f MiB; the rest is activations,\n"
-                "  the GEMM reference's operands, workspace and cached blocks)\n",
-                be->DeviceBytesInUse() / 1048576.0, state / 1048576.0);
+    std::printf(
+        "  device memory held: %.1f MiB (training state %.1f MiB; the rest is activations,\n"
+        "  the GEMM reference's operands, workspace and cached blocks)\n",
+        be->DeviceBytesInUse() / 1048576.0, state / 1048576.0);
   }
   std::printf("  step rate / own-shape GEMM rate:   %.3f\n", achieved / own);
   return 0;

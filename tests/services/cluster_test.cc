@@ -86,18 +86,26 @@ void ExpectWeightsFileEquals(const std::string& path, const v1::ModelWeights& wa
   ExpectBitwiseEqual(*got, want);
 }
 
+// Runs `job` on a local cluster (output in DIR/cluster) and checks that its weights equal
+// the reference trainer's (DIR/ref) bit for bit; returns the reference weights.
+v1::ModelWeights ExpectClusterEqualsReference(const TempDir& dir, const std::string& job) {
+  v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
+      120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code == 0) ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
+  return want;
+}
+
 class ClusterMatchesReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ClusterMatchesReference, FourWorkersEndWithBitwiseIdenticalWeights) {
   const std::string rule = GetParam();
   TempDir dir;
   std::string job = dir.Write("job.textproto", SmallJob(rule, rule == "BACKPROP" ? 3 : 1));
-  v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
-  auto r = RunProcess(
-      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
-      120);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
+  ExpectClusterEqualsReference(dir, job);
+  if (HasFailure()) return;
   // The two reports agree on every stage's test accuracy too.
   EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "accuracy"),
             JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "accuracy"));
@@ -179,13 +187,9 @@ TEST(WireCompression, Bf16AndF16RunsEqualTheReferenceAndDifferFromF32) {
     std::string job =
         dir.Write("job.textproto", SmallJob(rule, micro) + "wire: " + std::string(wire) + "\n");
     std::string plain = dir.Write("plain.textproto", SmallJob(rule, micro));
-    v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
+    v1::ModelWeights want = ExpectClusterEqualsReference(dir, job);
     v1::ModelWeights exact = ReferenceWeights(plain, dir.path() + "/ref_f32");
-    auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet",
-                         "--out=" + dir.path() + "/cluster"},
-                        120);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
+    if (HasFailure()) return;
     EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "accuracy"),
               JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "accuracy"))
         << wire;
@@ -206,13 +210,9 @@ TEST(GemmPrecision, Bf16GemmClusterEqualsTheReferenceAndDiffersFromF32) {
   std::string job =
       dir.Write("job.textproto", SmallJob("GREEDY", 1) + "gemm_precision: GEMM_BF16\n");
   std::string plain = dir.Write("plain.textproto", SmallJob("GREEDY", 1));
-  v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
+  v1::ModelWeights want = ExpectClusterEqualsReference(dir, job);
   v1::ModelWeights exact = ReferenceWeights(plain, dir.path() + "/ref_f32");
-  auto r = RunProcess(
-      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
-      120);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
+  if (HasFailure()) return;
   ASSERT_EQ(want.stages_size(), exact.stages_size());
   for (int k = 0; k < want.stages_size(); ++k) {
     EXPECT_NE(want.stages(k).SerializeAsString(), exact.stages(k).SerializeAsString())
