@@ -36,6 +36,21 @@ Tensor Tensor::FromHostI32(Backend& backend, Shape shape, const std::vector<int3
   return t;
 }
 
+Tensor Tensor::Wrap(Backend& backend, void* data, Shape shape, DType dtype,
+                    std::shared_ptr<const void> keepalive) {
+  LP_CHECK(keepalive != nullptr);
+  auto buf = std::make_shared<Buffer>();
+  buf->backend = &backend;
+  buf->ptr = data;
+  buf->bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+  buf->external = std::move(keepalive);
+  Tensor t;
+  t.buffer_ = std::move(buf);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  return t;  // not the owner: Ensure() allocates rather than write into the memory
+}
+
 Tensor Tensor::Reshaped(Shape shape) const {
   LP_CHECK_MSG(NumElements(shape) == numel(), "reshape %s -> %s", ShapeString(shape_).c_str(),
                ShapeString(shape).c_str());

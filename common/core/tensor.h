@@ -47,6 +47,10 @@ class Tensor {
   static Tensor FromHost(Backend& backend, Shape shape, const float* data);
   static Tensor FromHost(Backend& backend, Shape shape, const std::vector<float>& data);
   static Tensor FromHostI32(Backend& backend, Shape shape, const std::vector<int32_t>& data);
+  // A borrowed tensor over memory someone else owns (a received message's bytes), kept
+  // alive by `keepalive`; nothing is copied. Its Ensure() never writes into that memory.
+  static Tensor Wrap(Backend& backend, void* data, Shape shape, DType dtype,
+                     std::shared_ptr<const void> keepalive);
 
   bool defined() const { return buffer_ != nullptr; }
   Backend& backend() const { return *buffer_->backend; }
@@ -102,8 +106,9 @@ class Tensor {
     void* ptr = nullptr;
     size_t bytes = 0;
     std::atomic<int> pins{0};
+    std::shared_ptr<const void> external;  // set for Wrap(): the memory is not ours to free
     ~Buffer() {
-      if (ptr) backend->Free(ptr);
+      if (ptr && !external) backend->Free(ptr);
     }
   };
 

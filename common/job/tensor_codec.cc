@@ -158,6 +158,18 @@ void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) 
   if (!on_cpu && n > 0) backend.CopyFromHost(out->raw(), dst, n * sizeof(float));
 }
 
+void TakeActivations(v1::Tensor* in, Backend& backend, Tensor* out) {
+  if (in->dtype() != v1::F32 || backend.device() != DeviceType::kCPU) {
+    DecodeActivationsInto(*in, backend, out);
+    return;
+  }
+  auto bytes = std::make_shared<std::string>(std::move(*in->mutable_data()));
+  in->clear_data();
+  void* data = bytes->data();
+  *out = Tensor::Wrap(backend, data, Shape(in->shape().begin(), in->shape().end()), DType::kF32,
+                      std::move(bytes));
+}
+
 void EncodeTensor(const Tensor& t, v1::Tensor* out) {
   SetHeader(t, ToWire(t.dtype()), out);
   std::string* data = out->mutable_data();

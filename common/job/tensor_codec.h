@@ -40,6 +40,11 @@ WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, 
 void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out);
 v1::DType WireDType(WireFormat format);
 
+// Like DecodeActivationsInto, but float32 activations for a CPU backend are taken over
+// without a copy: `out` becomes a view of the message's bytes, which move out of `in` and
+// live as long as the tensor (or its views) do.
+void TakeActivations(v1::Tensor* in, Backend& backend, Tensor* out);
+
 // Checks dtype, extents and that the byte count equals dtype size x shape, before anything
 // is allocated; `field` names the tensor in the error.
 absl::Status CheckWireTensor(const v1::Tensor& in, const std::string& field);

@@ -218,7 +218,7 @@ class WorkerService::Session {
   void Eval(v1::Batch& b) {
     Tensor& x = inputs_[eval_slot_];
     Tensor& y = labels_[eval_slot_];
-    DecodeActivationsInto(b.activations(), *w_.backend_, &x);
+    TakeActivations(b.mutable_activations(), *w_.backend_, &x);
     DecodeTensorInto(b.labels(), *w_.backend_, &y);
     ForwardContext ctx{false, 0};
     const Tensor& out = w_.stage_->Forward(x, eval_slot_, ctx);
@@ -239,7 +239,7 @@ class WorkerService::Session {
     const float lr = LearningRate(w_.trainer_.schedule, b.step(), w_.trainer_.total_steps);
     Tensor& x = inputs_[slot];
     Tensor& labels = labels_[slot];
-    DecodeActivationsInto(b.activations(), *w_.backend_, &x);
+    TakeActivations(b.mutable_activations(), *w_.backend_, &x);
     DecodeTensorInto(b.labels(), *w_.backend_, &labels);
     ForwardContext ctx{true, StepSeed(w_.trainer_.seed, b.step(), m)};
     const Tensor& y = st.Forward(x, slot, ctx);

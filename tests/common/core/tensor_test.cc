@@ -94,6 +94,27 @@ TEST(Tensor, AsyncCopyToStagingHostMemoryArrivesWhenWaitedFor) {
   }
 }
 
+TEST(Tensor, WrappedMemoryIsSharedKeptAliveAndNeverReused) {
+  auto cpu = MakeCpuBackend();
+  auto bytes = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
+  std::weak_ptr<std::vector<float>> watch = bytes;
+  Tensor t = Tensor::Wrap(*cpu, bytes->data(), {2, 3}, DType::kF32, bytes);
+  const void* memory = bytes->data();
+  bytes.reset();
+  EXPECT_FALSE(watch.expired());  // the tensor keeps the bytes alive
+  EXPECT_EQ(t.raw(), memory);     // no copy
+  EXPECT_EQ(t.Slice(1, 1).ToHost(), (std::vector<float>{4, 5, 6}));
+  Tensor view = t.Reshaped({6});
+  t.Ensure(*cpu, {2, 3});  // not the owner: fresh storage, the wrapped bytes untouched
+  EXPECT_NE(t.raw(), memory);
+  t.f32()[0] = -1;
+  EXPECT_EQ(view.ToHost()[0], 1);
+  t = Tensor();
+  EXPECT_FALSE(watch.expired());  // the view still holds them
+  view = Tensor();
+  EXPECT_TRUE(watch.expired());
+}
+
 TEST(Tensor, CopyToAndCopyFromRoundTrip) {
   auto cpu = MakeCpuBackend();
   auto other = MakeCpuBackend();
