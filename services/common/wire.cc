@@ -1,4 +1,4 @@
-// Zero-copy framing of DownItems (see wire.h).
+// Zero-copy framing of the link's items (see wire.h).
 #include "services/common/wire.h"
 
 #include <google/protobuf/io/coded_stream.h>
@@ -12,13 +12,13 @@ namespace {
 
 using google::protobuf::io::CodedOutputStream;
 
-// Field tags, wire type 2 (length-delimited): DownItem.batch = 1, Batch.activations = 8,
-// Tensor.data = 3. The static_asserts tie them to the generated code.
-constexpr uint8_t kDownItemBatchTag = (1 << 3) | 2;
-constexpr uint8_t kBatchActivationsTag = (8 << 3) | 2;
-constexpr uint8_t kTensorDataTag = (3 << 3) | 2;
+// Field tags, wire type 2 (length-delimited). The static_asserts tie them to the
+// generated code.
+constexpr uint8_t LengthDelimited(int field) { return static_cast<uint8_t>((field << 3) | 2); }
 static_assert(v1::DownItem::kBatchFieldNumber == 1);
 static_assert(v1::Batch::kActivationsFieldNumber == 8);
+static_assert(v1::UpItem::kGradientFieldNumber == 1);
+static_assert(v1::Gradient::kGradFieldNumber == 4);
 static_assert(v1::Tensor::kDataFieldNumber == 3);
 
 void AppendTagAndLength(std::string* out, uint8_t tag, uint64_t length) {
@@ -30,6 +30,41 @@ void AppendTagAndLength(std::string* out, uint8_t tag, uint64_t length) {
 
 void ReleaseHold(void* hold) { delete static_cast<std::shared_ptr<const void>*>(hold); }
 
+template <typename Message>
+grpc::ByteBuffer SerializeItem(const Message& item) {
+  grpc::ByteBuffer out;
+  bool own = false;
+  grpc::Status s = grpc::SerializationTraits<Message>::Serialize(item, &out, &own);
+  LP_CHECK_MSG(s.ok(), "serialising an item: %s", s.error_message().c_str());
+  return out;
+}
+
+// An item whose field `item_field` is `inner`, with the bytes of inner's tensor field
+// `tensor_field` (left empty in `inner`) taken from `bytes`: inner's own serialisation, then
+// a second occurrence of the tensor field carrying only Tensor.data. A protobuf parser
+// merges the two occurrences.
+grpc::ByteBuffer FrameWithTensorBytes(int item_field, const google::protobuf::MessageLite& inner,
+                                      int tensor_field, const WireBytes& bytes) {
+  const uint64_t n = bytes.size;
+  const uint64_t tensor_len = 1 + CodedOutputStream::VarintSize64(n) + n;
+  const uint64_t inner_len =
+      inner.ByteSizeLong() + 1 + CodedOutputStream::VarintSize64(tensor_len) + tensor_len;
+  std::string head;
+  head.reserve(static_cast<size_t>(inner_len - n) + 12);
+  AppendTagAndLength(&head, LengthDelimited(item_field), inner_len);
+  inner.AppendToString(&head);
+  AppendTagAndLength(&head, LengthDelimited(tensor_field), tensor_len);
+  AppendTagAndLength(&head, LengthDelimited(v1::Tensor::kDataFieldNumber), n);
+  if (n == 0) {
+    grpc::Slice only(head);
+    return grpc::ByteBuffer(&only, 1);
+  }
+  grpc::Slice slices[2] = {grpc::Slice(head),
+                           grpc::Slice(const_cast<void*>(bytes.data), static_cast<size_t>(n),
+                                       &ReleaseHold, new std::shared_ptr<const void>(bytes.hold))};
+  return grpc::ByteBuffer(slices, 2);
+}
+
 }  // namespace
 
 std::unique_ptr<DownStream> OpenDownStream(grpc::Channel& channel, grpc::ClientContext* ctx) {
@@ -40,34 +75,19 @@ std::unique_ptr<DownStream> OpenDownStream(grpc::Channel& channel, grpc::ClientC
                                                                                       ctx));
 }
 
-grpc::ByteBuffer FrameItem(const v1::DownItem& item) {
-  grpc::ByteBuffer out;
-  bool own = false;
-  grpc::Status s = grpc::SerializationTraits<v1::DownItem>::Serialize(item, &out, &own);
-  LP_CHECK_MSG(s.ok(), "serialising a DownItem: %s", s.error_message().c_str());
-  return out;
-}
+grpc::ByteBuffer FrameItem(const v1::DownItem& item) { return SerializeItem(item); }
+grpc::ByteBuffer FrameItem(const v1::UpItem& item) { return SerializeItem(item); }
 
 grpc::ByteBuffer FrameBatch(const v1::Batch& batch, const WireBytes& bytes) {
   LP_CHECK(batch.activations().data().empty());
-  const uint64_t n = bytes.size;
-  const uint64_t tensor_len = 1 + CodedOutputStream::VarintSize64(n) + n;
-  const uint64_t batch_len =
-      batch.ByteSizeLong() + 1 + CodedOutputStream::VarintSize64(tensor_len) + tensor_len;
-  std::string head;
-  head.reserve(static_cast<size_t>(batch_len - n) + 12);
-  AppendTagAndLength(&head, kDownItemBatchTag, batch_len);
-  batch.AppendToString(&head);
-  AppendTagAndLength(&head, kBatchActivationsTag, tensor_len);
-  AppendTagAndLength(&head, kTensorDataTag, n);
-  if (n == 0) {
-    grpc::Slice only(head);
-    return grpc::ByteBuffer(&only, 1);
-  }
-  grpc::Slice slices[2] = {grpc::Slice(head),
-                           grpc::Slice(const_cast<void*>(bytes.data), static_cast<size_t>(n),
-                                       &ReleaseHold, new std::shared_ptr<const void>(bytes.hold))};
-  return grpc::ByteBuffer(slices, 2);
+  return FrameWithTensorBytes(v1::DownItem::kBatchFieldNumber, batch,
+                              v1::Batch::kActivationsFieldNumber, bytes);
+}
+
+grpc::ByteBuffer FrameGradient(const v1::Gradient& gradient, const WireBytes& bytes) {
+  LP_CHECK(gradient.grad().data().empty());
+  return FrameWithTensorBytes(v1::UpItem::kGradientFieldNumber, gradient,
+                              v1::Gradient::kGradFieldNumber, bytes);
 }
 
 }  // namespace localpar

@@ -1,6 +1,7 @@
-// The downstream link's send side without copies: a batch's activation bytes go to gRPC as
-// a slice over the tensor's own memory (or the one staging buffer a conversion needs),
-// never through a protobuf string. The receiver parses an ordinary DownItem.
+// Tensors sent without copies, both ways on a link: a batch's activations (down) and a
+// returned gradient (up) go to gRPC as a slice over the tensor's own memory (or the one
+// staging buffer a conversion needs), never through a protobuf string. The receiving side
+// parses an ordinary DownItem or UpItem.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -16,8 +17,12 @@ namespace localpar {
 using DownStream = grpc::ClientReaderWriter<grpc::ByteBuffer, v1::UpItem>;
 std::unique_ptr<DownStream> OpenDownStream(grpc::Channel& channel, grpc::ClientContext* ctx);
 
-// An item serialised the ordinary way (control items; they are small).
+// Worker.Stream from the serving side, writing pre-framed UpItems.
+using UpStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::DownItem>;
+
+// An item serialised the ordinary way (control items, acknowledgements, errors: small).
 grpc::ByteBuffer FrameItem(const v1::DownItem& item);
+grpc::ByteBuffer FrameItem(const v1::UpItem& item);
 
 // `batch` with its activations' bytes taken from `bytes` instead of activations.data (which
 // must be empty). The message is the batch's own serialisation followed by a second
@@ -25,5 +30,7 @@ grpc::ByteBuffer FrameItem(const v1::DownItem& item);
 // the two, so the receiver sees one Batch. The bytes are referenced, not copied: `bytes.hold`
 // travels with the slice and is released when gRPC is done with it.
 grpc::ByteBuffer FrameBatch(const v1::Batch& batch, const WireBytes& bytes);
+// The same for an UpItem carrying `gradient`, whose grad bytes come from `bytes`.
+grpc::ByteBuffer FrameGradient(const v1::Gradient& gradient, const WireBytes& bytes);
 
 }  // namespace localpar

@@ -2,6 +2,7 @@
 // validation of everything that arrives from outside.
 #include "services/worker/worker.h"
 
+#include <google/protobuf/descriptor.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -55,8 +56,7 @@ double SecondsSince(int64_t start_ns) { return (MonotonicNanos() - start_ns) * 1
 // takes gradients, acknowledgements and errors coming back from downstream.
 class WorkerService::Session {
  public:
-  Session(WorkerService& w, grpc::ServerContext* ctx,
-          grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up)
+  Session(WorkerService& w, grpc::ServerContext* ctx, UpStream* up)
       : w_(w),
         ctx_(ctx),
         up_(up),
@@ -112,9 +112,10 @@ class WorkerService::Session {
   }
 
  private:
-  void WriteUp(const v1::UpItem& item) {
+  void WriteUp(const v1::UpItem& item) { WriteUp(FrameItem(item)); }
+  void WriteUp(const grpc::ByteBuffer& framed) {
     std::lock_guard<std::mutex> lock(up_mu_);
-    up_->Write(item);
+    up_->Write(framed);
   }
 
   void SendDown(grpc::ByteBuffer item, std::function<void()> ready = nullptr) {
@@ -197,14 +198,16 @@ class WorkerService::Session {
     SendDown(FrameBatch(nb, bytes), std::move(bytes.ready));
   }
 
+  // Returns dx upstream, straight from its memory like activations (always float32).
   void SendGradient(const v1::Batch& b, int micro_batch, const Tensor& dx) {
-    v1::UpItem up;
-    v1::Gradient* g = up.mutable_gradient();
-    g->set_seq(b.seq());
-    g->set_step(b.step());
-    g->set_micro_batch(micro_batch);
-    EncodeTensor(dx, g->mutable_grad());
-    WriteUp(up);
+    v1::Gradient g;
+    g.set_seq(b.seq());
+    g.set_step(b.step());
+    g.set_micro_batch(micro_batch);
+    WireBytes bytes = PrepareActivations(dx, WireFormat::kF32, w_.host_backend(), &grad_staging_,
+                                         g.mutable_grad());
+    if (bytes.ready) bytes.ready();
+    WriteUp(FrameGradient(g, bytes));
   }
 
   // Applies a gradient returned from downstream to `slot`; false when none came.
@@ -403,7 +406,7 @@ class WorkerService::Session {
 
   WorkerService& w_;
   grpc::ServerContext* ctx_;
-  grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up_;
+  UpStream* up_;
   std::mutex up_mu_;  // one writer at a time on the upstream stream
   BoundedQueue<v1::DownItem> inbound_;
   struct Outgoing {
@@ -424,7 +427,8 @@ class WorkerService::Session {
   int eval_slot_ = 1;
   std::vector<Tensor> inputs_, labels_;
   Tensor dx_, returned_;
-  Tensor staging_;               // host bytes of converted or device activations, pinned while sent
+  Tensor staging_,
+      grad_staging_;             // host bytes of converted or device activations, pinned while sent
   std::deque<int64_t> pending_;  // async OVERLAP: steps awaiting their returned gradient
   int64_t current_step_ = 0;
   HeadStats eval_;
@@ -435,7 +439,21 @@ class WorkerService::Session {
 
 // ---------------------------------------------------------------------------------------
 WorkerService::WorkerService(const WorkerOptions& options, WorkerMetrics* metrics)
-    : options_(options), metrics_(metrics) {}
+    : options_(options), metrics_(metrics) {
+  // Worker.Stream writes pre-framed UpItems (returned gradients without a copy): the same
+  // messages on the wire, written as bytes. Requests stay ordinary DownItems.
+  const int stream_method = google::protobuf::DescriptorPool::generated_pool()
+                                ->FindServiceByName(v1::Worker::service_full_name())
+                                ->FindMethodByName("Stream")
+                                ->index();
+  MarkMethodStreamed(
+      stream_method,
+      new grpc::internal::BidiStreamingHandler<WorkerService, v1::DownItem, grpc::ByteBuffer>(
+          [](WorkerService* self, grpc::ServerContext* ctx, UpStream* up) {
+            return self->ServeStream(ctx, up);
+          },
+          this));
+}
 WorkerService::~WorkerService() = default;
 
 grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::ConfigureRequest* req,
@@ -639,8 +657,7 @@ absl::Status WorkerService::CheckItem(const v1::DownItem& item) {
       absl::StrCat("batch.activations: non-finite value at index ", bad));
 }
 
-grpc::Status WorkerService::Stream(grpc::ServerContext* ctx,
-                                   grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>* up) {
+grpc::Status WorkerService::ServeStream(grpc::ServerContext* ctx, UpStream* up) {
   // Feeding a stage is as privileged as configuring it.
   if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
   {
@@ -662,7 +679,7 @@ grpc::Status WorkerService::Stream(grpc::ServerContext* ctx,
     v1::DownItem item;
     while (up->Read(&item)) {
       absl::Status s = CheckItem(item);
-      up->Write(ErrorItem(SeqOf(item), -1, s));
+      up->Write(FrameItem(ErrorItem(SeqOf(item), -1, s)));
     }
   } else {
     Session session(*this, ctx, up);

@@ -18,6 +18,7 @@
 #include "services/common/bounded_queue.h"
 #include "services/common/grpc_util.h"
 #include "services/common/metrics.h"
+#include "services/common/wire.h"
 
 namespace localpar {
 
@@ -40,8 +41,8 @@ class WorkerService final : public v1::Worker::Service {
 
   grpc::Status Configure(grpc::ServerContext*, const v1::ConfigureRequest*,
                          v1::ConfigureResponse*) override;
-  grpc::Status Stream(grpc::ServerContext*,
-                      grpc::ServerReaderWriter<v1::UpItem, v1::DownItem>*) override;
+  // Worker.Stream, registered in the constructor with ByteBuffer responses (see wire.h).
+  grpc::Status ServeStream(grpc::ServerContext*, UpStream* up);
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status GetWeights(grpc::ServerContext*, const v1::WeightsRequest*,
                           v1::StageWeights*) override;

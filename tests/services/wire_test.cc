@@ -75,6 +75,34 @@ TEST(Wire, FramedBatchParsesAsTheOrdinaryEncodingForEveryFormat) {
   }
 }
 
+TEST(Wire, FramedGradientParsesAsTheOrdinaryEncoding) {
+  auto cpu = MakeCpuBackend();
+  for (int64_t rows : {7, 0}) {
+    Tensor dx = Activations(*cpu, rows, 19);
+    v1::Gradient g;
+    g.set_seq(12);
+    g.set_step(3);
+    g.set_micro_batch(2);
+    Tensor staging;
+    WireBytes bytes = PrepareActivations(dx, WireFormat::kF32, *cpu, &staging, g.mutable_grad());
+    std::vector<grpc::Slice> slices;
+    v1::UpItem parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(FrameGradient(g, bytes), &slices)));
+    v1::UpItem want;
+    *want.mutable_gradient() = g;
+    EncodeTensor(dx, want.mutable_gradient()->mutable_grad());
+    EXPECT_EQ(parsed.SerializeAsString(), want.SerializeAsString()) << "rows " << rows;
+    EXPECT_EQ(parsed.gradient().grad().data().size(), dx.nbytes());
+  }
+  // Small items go whole, and parse back as themselves.
+  v1::UpItem ack;
+  ack.mutable_ack()->set_seq(5);
+  std::vector<grpc::Slice> slices;
+  v1::UpItem back;
+  ASSERT_TRUE(back.ParseFromString(Flatten(FrameItem(ack), &slices)));
+  EXPECT_EQ(back.ack().seq(), 5u);
+}
+
 TEST(Wire, F32BytesAreTheTensorsOwnMemoryAndStayPinnedUntilReleased) {
   auto cpu = MakeCpuBackend();
   Tensor y = Activations(*cpu, 64, 128);
