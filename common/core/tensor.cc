@@ -86,6 +86,22 @@ void Tensor::Ensure(Backend& backend, const Shape& shape, DType dtype) {
       reusable = false;
     }
   }
+  if (!spares_.empty()) {
+    // Keep the buffers still held plus one free one: enough to cycle through without
+    // allocating, and a burst of held buffers (a run of large evaluation batches) is
+    // returned once it is over.
+    bool kept_free = false;
+    spares_.erase(std::remove_if(spares_.begin(), spares_.end(),
+                                 [&](const std::shared_ptr<Buffer>& b) {
+                                   if (b->pins.load(std::memory_order_acquire) > 0) return false;
+                                   if (!kept_free) {
+                                     kept_free = true;
+                                     return false;
+                                   }
+                                   return true;
+                                 }),
+                  spares_.end());
+  }
   if (!reusable) {
     auto buf = std::make_shared<Buffer>();
     buf->backend = &backend;

@@ -113,9 +113,9 @@ class Tensor {
   };
 
   std::shared_ptr<Buffer> buffer_;
-  // The owner's other buffers, used while buffer_ is pinned. There are as many as readers
-  // held at once (a queue's capacity plus one in flight, for a network send), at most
-  // kMaxSpares; past that, a released buffer is freed.
+  // The owner's other buffers, used while buffer_ is pinned: those still held (a queue's
+  // capacity plus one in flight, for a network send) and at most one free one; at most
+  // kMaxSpares in all, past which a released buffer is freed.
   static constexpr size_t kMaxSpares = 16;
   std::vector<std::shared_ptr<Buffer>> spares_;
   size_t offset_ = 0;

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <set>
 
 #include "tests/common/test_util.h"
 
@@ -92,6 +94,44 @@ TEST(Tensor, AsyncCopyToStagingHostMemoryArrivesWhenWaitedFor) {
     be->CopyToHostAsync(staging.raw(), other.raw(), 16);
     be->Synchronize();
   }
+}
+
+TEST(Tensor, ABurstOfHeldBuffersIsReturnedOnceReleased) {
+  int live = 0, allocations = 0;
+  CpuOptions counting;
+  counting.allocate = [&](size_t n) {
+    ++live;
+    ++allocations;
+    return std::malloc(n);
+  };
+  counting.free = [&](void* p) {
+    --live;
+    std::free(p);
+  };
+  auto cpu = MakeCpuBackend(counting);
+  {
+    Tensor owner;
+    std::vector<std::shared_ptr<const void>> held;
+    for (int i = 0; i < 6; ++i) {  // six sends in flight at once: six buffers
+      owner.Ensure(*cpu, {256});
+      held.push_back(owner.Pin());
+    }
+    EXPECT_EQ(live, 6);
+    held.clear();
+    owner.Ensure(*cpu, {256});
+    EXPECT_EQ(live, 2);  // the burst is over: the owner's buffer and one free spare remain
+    // Steady state: one send in flight at a time cycles through those two, allocating nothing.
+    const int before = allocations;
+    std::set<const void*> cycle;
+    for (int i = 0; i < 6; ++i) {
+      std::shared_ptr<const void> pin = owner.Pin();
+      owner.Ensure(*cpu, {256});
+      cycle.insert(owner.raw());
+    }
+    EXPECT_EQ(cycle.size(), 2u);
+    EXPECT_EQ(allocations, before);
+  }
+  EXPECT_EQ(live, 0);
 }
 
 TEST(Tensor, WrappedMemoryIsSharedKeptAliveAndNeverReused) {
