@@ -60,6 +60,12 @@ class Backend {
 #undef LP_OP
 
  protected:
+  // ", bf16 GEMMs" (for Describe) unless the GEMMs are exact float32.
+  std::string GemmPrecisionSuffix() const;
+  // GemmBias as three kernels in turn: GEMM, bias, ReLU (the CPU's way, and CUDA's fallback).
+  void GemmBiasInSteps(int64_t m, int64_t n, int64_t k, const float* x, const float* w,
+                       const float* bias, float* y, bool relu);
+
   GemmPrecision gemm_precision_ = GemmPrecision::kF32;
 };
 

@@ -19,9 +19,7 @@ CpuBackend::CpuBackend(const CpuOptions& options) : options_(options) {
 }
 
 std::string CpuBackend::Describe() const {
-  std::string precision = gemm_precision_ == GemmPrecision::kF32
-                              ? ""
-                              : std::string(", ") + GemmPrecisionName(gemm_precision_) + " GEMMs";
+  const std::string precision = GemmPrecisionSuffix();
 #ifdef LOCALPAR_HAVE_OPENBLAS
   return "cpu (OpenBLAS, " + std::to_string(options_.threads) + " thread(s)" + precision + ")";
 #else

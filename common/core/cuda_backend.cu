@@ -66,10 +66,8 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::Describe() const {
   cudaDeviceProp prop;
   LP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
-  std::string precision = gemm_precision_ == GemmPrecision::kF32
-                              ? ""
-                              : std::string(", ") + GemmPrecisionName(gemm_precision_) + " GEMMs";
-  return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + precision + ")";
+  return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + GemmPrecisionSuffix() +
+         ")";
 }
 
 void* CudaBackend::Allocate(size_t bytes) {

@@ -70,7 +70,19 @@ void SetHeader(const Tensor& t, v1::DType dtype, v1::Tensor* out) {
   for (int64_t d : t.shape()) out->add_shape(d);
 }
 
-void NarrowTo(const float* src, size_t n, WireFormat format, uint16_t* dst) {
+// Rounds a float32 tensor's elements to 16-bit `format` into dst: straight from CPU memory,
+// or through one staged host copy for a device tensor.
+void NarrowTo(const Tensor& t, WireFormat format, uint16_t* dst) {
+  const size_t n = static_cast<size_t>(t.numel());
+  const float* src = nullptr;
+  thread_local std::vector<float> staged;
+  if (t.backend().device() == DeviceType::kCPU) {
+    src = t.f32();
+  } else {
+    staged.resize(n);
+    if (n > 0) t.backend().CopyToHost(staged.data(), t.raw(), t.nbytes());
+    src = staged.data();
+  }
   if (format == WireFormat::kBF16) {
     for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
   } else {
@@ -86,20 +98,9 @@ void EncodeActivations(const Tensor& t, WireFormat format, v1::Tensor* out) {
     return;
   }
   SetHeader(t, WireDType(format), out);
-  const size_t n = static_cast<size_t>(t.numel());
-  // CPU tensors convert straight from their memory; device tensors are staged once.
-  const float* src = nullptr;
-  thread_local std::vector<float> staged;
-  if (t.backend().device() == DeviceType::kCPU) {
-    src = t.f32();
-  } else {
-    staged.resize(n);
-    if (n > 0) t.backend().CopyToHost(staged.data(), t.raw(), t.nbytes());
-    src = staged.data();
-  }
   std::string* data = out->mutable_data();
-  data->resize(n * 2);
-  NarrowTo(src, n, format, reinterpret_cast<uint16_t*>(data->data()));
+  data->resize(static_cast<size_t>(t.numel()) * 2);
+  NarrowTo(t, format, reinterpret_cast<uint16_t*>(data->data()));
 }
 
 WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, Tensor* staging,
@@ -110,8 +111,7 @@ WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, 
   header->clear_data();
   const bool on_cpu = t.backend().device() == DeviceType::kCPU;
   if (!narrow && on_cpu) return WireBytes{t.raw(), t.nbytes(), t.Pin(), nullptr};
-  const size_t n = static_cast<size_t>(t.numel());
-  const size_t bytes = narrow ? n * 2 : t.nbytes();
+  const size_t bytes = narrow ? static_cast<size_t>(t.numel()) * 2 : t.nbytes();
   // Staged as 16-bit words: only the byte count matters.
   staging->Ensure(host, {static_cast<int64_t>((bytes + 1) / 2)}, DType::kBF16);
   void* dst = staging->raw();
@@ -126,14 +126,8 @@ WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, 
             staging->Pin(), t.Pin());
     out.hold = std::shared_ptr<const void>(pins, dst);
     return out;
-  } else if (on_cpu) {
-    NarrowTo(t.f32(), n, format, static_cast<uint16_t*>(dst));
-  } else {
-    thread_local std::vector<float> staged;
-    staged.resize(n);
-    if (n > 0) t.backend().CopyToHost(staged.data(), t.raw(), t.nbytes());
-    NarrowTo(staged.data(), n, format, static_cast<uint16_t*>(dst));
   }
+  NarrowTo(t, format, static_cast<uint16_t*>(dst));
   return WireBytes{dst, bytes, staging->Pin(), nullptr};
 }
 

@@ -24,6 +24,18 @@ const char* GemmPrecisionName(GemmPrecision p) {
   return "f32";
 }
 
+std::string Backend::GemmPrecisionSuffix() const {
+  if (gemm_precision_ == GemmPrecision::kF32) return "";
+  return std::string(", ") + GemmPrecisionName(gemm_precision_) + " GEMMs";
+}
+
+void Backend::GemmBiasInSteps(int64_t m, int64_t n, int64_t k, const float* x, const float* w,
+                              const float* bias, float* y, bool relu) {
+  Gemm(false, false, m, n, k, 1.0f, x, w, 0.0f, y);
+  AddRowVector(y, bias, m, n);
+  if (relu) ReluForward(y, y, m * n);
+}
+
 namespace {
 // An operand as a reduced-precision GEMM sees it: a copy rounded to nearest even (the
 // tensor cores' inputs), or the operand itself in float32 mode.
@@ -85,9 +97,7 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 
 void CpuBackend::GemmBias(int64_t m, int64_t n, int64_t k, const float* x, const float* w,
                           const float* bias, float* y, bool relu) {
-  Gemm(false, false, m, n, k, 1.0f, x, w, 0.0f, y);
-  AddRowVector(y, bias, m, n);
-  if (relu) ReluForward(y, y, m * n);
+  GemmBiasInSteps(m, n, k, x, w, bias, y, relu);
 }
 
 void CpuBackend::GemmBatched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -48,8 +48,6 @@ void CudaBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 
 // ---- cuBLASLt: the linear layer's GEMM with its bias (and ReLU) in the epilogue ---------
 
-#define LP_CUBLASLT_CHECK(expr) LP_CUBLAS_CHECK(expr)
-
 struct CudaBackend::LtPlans {
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
@@ -66,7 +64,7 @@ struct CudaBackend::LtPlans {
 CudaBackend::LtPlans* CudaBackend::lt_plans() {
   if (!lt_plans_) {
     lt_plans_ = new LtPlans;
-    LP_CUBLASLT_CHECK(cublasLtCreate(&lt_plans_->handle));
+    LP_CUBLAS_CHECK(cublasLtCreate(&lt_plans_->handle));
     lt_plans_->workspace = Allocate(LtPlans::kWorkspaceBytes);
   }
   return lt_plans_;
@@ -97,17 +95,17 @@ void CudaBackend::GemmBias(int64_t m, int64_t n, int64_t k, const float* x, cons
     // Column-major view: y^T [n x m] = w^T [n x k] * x^T [k x m]; the bias runs along y^T's
     // rows (n), which is what the BIAS epilogue adds.
     LtPlans::Plan plan;
-    LP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.op, ComputeType(gemm_precision_), CUDA_R_32F));
+    LP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, ComputeType(gemm_precision_), CUDA_R_32F));
     cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    LP_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                     &epilogue, sizeof(epilogue)));
-    LP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_32F, n, k, n));
-    LP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_32F, k, m, k));
-    LP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, n, m, n));
+    LP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                   &epilogue, sizeof(epilogue)));
+    LP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_32F, n, k, n));
+    LP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_32F, k, m, k));
+    LP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, n, m, n));
     cublasLtMatmulPreference_t pref;
-    LP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = LtPlans::kWorkspaceBytes;
-    LP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    LP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
@@ -120,17 +118,15 @@ void CudaBackend::GemmBias(int64_t m, int64_t n, int64_t k, const float* x, cons
   }
   const LtPlans::Plan& plan = it->second;
   if (!plan.ok) {
-    Gemm(false, false, m, n, k, 1.0f, x, w, 0.0f, y);
-    AddRowVector(y, bias, m, n);
-    if (relu) ReluForward(y, y, m * n);
+    GemmBiasInSteps(m, n, k, x, w, bias, y, relu);
     return;
   }
-  LP_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &bias, sizeof(bias)));
+  LP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                 sizeof(bias)));
   const float alpha = 1.0f, beta = 0.0f;
-  LP_CUBLASLT_CHECK(cublasLtMatmul(lt->handle, plan.op, &alpha, w, plan.w, x, plan.x, &beta, y,
-                                   plan.y, y, plan.y, &plan.algo, lt->workspace,
-                                   LtPlans::kWorkspaceBytes, StreamOf(this)));
+  LP_CUBLAS_CHECK(cublasLtMatmul(lt->handle, plan.op, &alpha, w, plan.w, x, plan.x, &beta, y,
+                                 plan.y, y, plan.y, &plan.algo, lt->workspace,
+                                 LtPlans::kWorkspaceBytes, StreamOf(this)));
 }
 
 void CudaBackend::GemmBatched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

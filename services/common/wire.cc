@@ -12,14 +12,9 @@ namespace {
 
 using google::protobuf::io::CodedOutputStream;
 
-// Field tags, wire type 2 (length-delimited). The static_asserts tie them to the
-// generated code.
+// The tag of a length-delimited field (wire type 2); field numbers come from the generated
+// code's k...FieldNumber constants.
 constexpr uint8_t LengthDelimited(int field) { return static_cast<uint8_t>((field << 3) | 2); }
-static_assert(v1::DownItem::kBatchFieldNumber == 1);
-static_assert(v1::Batch::kActivationsFieldNumber == 8);
-static_assert(v1::UpItem::kGradientFieldNumber == 1);
-static_assert(v1::Gradient::kGradFieldNumber == 4);
-static_assert(v1::Tensor::kDataFieldNumber == 3);
 
 void AppendTagAndLength(std::string* out, uint8_t tag, uint64_t length) {
   uint8_t buf[1 + 10];

@@ -427,8 +427,8 @@ class WorkerService::Session {
   int eval_slot_ = 1;
   std::vector<Tensor> inputs_, labels_;
   Tensor dx_, returned_;
-  Tensor staging_,
-      grad_staging_;             // host bytes of converted or device activations, pinned while sent
+  // Host bytes of converted or device tensors on their way out, pinned while sent.
+  Tensor staging_, grad_staging_;
   std::deque<int64_t> pending_;  // async OVERLAP: steps awaiting their returned gradient
   int64_t current_step_ = 0;
   HeadStats eval_;

@@ -159,16 +159,28 @@ TEST_P(LayerGradient, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// A layer's (or a chain's) output, input gradient and parameter gradients, read back.
+struct LayerResult {
+  std::vector<float> y, dx;
+  std::vector<std::vector<float>> grads;
+};
+
+// CUDA against CPU: float32 summation order differs, nothing else.
+void ExpectCudaMatchesCpu(const LayerResult& got, const LayerResult& want) {
+  EXPECT_TRUE(AllClose(got.y, want.y, 1e-5f, 1e-4f)) << "forward";
+  EXPECT_TRUE(AllClose(got.dx, want.dx, 1e-5f, 1e-4f)) << "dx";
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (size_t i = 0; i < got.grads.size(); ++i) {
+    EXPECT_TRUE(AllClose(got.grads[i], want.grads[i], 1e-4f, 1e-4f)) << "param " << i;
+  }
+}
+
 TEST_P(LayerGradient, CudaMatchesCpu) {
   LP_REQUIRE_CUDA(gpu);
   const LayerCase& c = GetParam();
   auto cpu = MakeCpuBackend();
   Shape per_example(c.input.begin() + 1, c.input.end());
   std::vector<float> xv = MakeInput(c, 3);
-  struct Result {
-    std::vector<float> y, dx;
-    std::vector<std::vector<float>> grads;
-  };
   auto run = [&](Backend& be) {
     std::string error;
     auto layer = MakeLayer(be, c.config, per_example, 5, &error);
@@ -180,20 +192,14 @@ TEST_P(LayerGradient, CudaMatchesCpu) {
                                  RandomVector(static_cast<size_t>(cache.out.numel()), 4));
     Tensor dx;
     layer->Backward(x, dy, cache, &dx);
-    Result r{cache.out.ToHost(), dx.ToHost(), {}};
+    LayerResult r{cache.out.ToHost(), dx.ToHost(), {}};
     // Trainable parameters' gradients; running statistics' values.
     for (Param* p : layer->params()) {
       r.grads.push_back(p->trainable ? p->grad.ToHost() : p->value.ToHost());
     }
     return r;
   };
-  Result want = run(*cpu), got = run(*gpu);
-  EXPECT_TRUE(AllClose(got.y, want.y, 1e-5f, 1e-4f)) << "forward";
-  EXPECT_TRUE(AllClose(got.dx, want.dx, 1e-5f, 1e-4f)) << "dx";
-  ASSERT_EQ(got.grads.size(), want.grads.size());
-  for (size_t i = 0; i < got.grads.size(); ++i) {
-    EXPECT_TRUE(AllClose(got.grads[i], want.grads[i], 1e-4f, 1e-4f)) << "param " << i;
-  }
+  ExpectCudaMatchesCpu(run(*gpu), run(*cpu));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, LayerGradient, ::testing::ValuesIn(Cases()),
@@ -204,10 +210,6 @@ INSTANTIATE_TEST_SUITE_P(Layers, LayerGradient, ::testing::ValuesIn(Cases()),
 TEST(FusedLinearRelu, ForwardAndBackwardEqualTheUnfusedLayers) {
   const Shape input = {6, 10};
   std::vector<float> xv = RandomVector(60, 21);
-  struct Result {
-    std::vector<float> y, dx;
-    std::vector<std::vector<float>> grads;
-  };
   auto run = [&](Backend& be, bool fuse) {
     std::vector<LayerConfig> cfgs = {Cfg(K::kLinear, 7), Cfg(K::kRelu), Cfg(K::kLinear, 5),
                                      Cfg(K::kRelu)};
@@ -232,7 +234,7 @@ TEST(FusedLinearRelu, ForwardAndBackwardEqualTheUnfusedLayers) {
     // Fused, each ReLU hands on its Linear's output itself (no separate pass or buffer).
     EXPECT_EQ(caches[1].out.raw() == caches[0].out.raw(), fuse);
     EXPECT_EQ(caches[3].out.raw() == caches[2].out.raw(), fuse);
-    Result r{in->ToHost(), {}, {}};
+    LayerResult r{in->ToHost(), {}, {}};
     Tensor dy = Tensor::FromHost(be, in->shape(), RandomVector(in->numel(), 22));
     for (size_t i = layers.size(); i-- > 0;) {
       Tensor dx;
@@ -245,22 +247,14 @@ TEST(FusedLinearRelu, ForwardAndBackwardEqualTheUnfusedLayers) {
     return r;
   };
   auto cpu = MakeCpuBackend();
-  Result plain = run(*cpu, false), fused = run(*cpu, true);
+  LayerResult plain = run(*cpu, false), fused = run(*cpu, true);
   EXPECT_EQ(fused.y, plain.y);
   EXPECT_EQ(fused.dx, plain.dx);
   EXPECT_EQ(fused.grads, plain.grads);
   bool some_clipped = false;
   for (float v : plain.y) some_clipped |= v == 0.0f;
   EXPECT_TRUE(some_clipped);  // the ReLU really acts on this input
-  if (auto gpu = testing::MaybeCuda()) {
-    Result got = run(*gpu, true);
-    EXPECT_TRUE(AllClose(got.y, plain.y, 1e-5f, 1e-4f)) << "forward";
-    EXPECT_TRUE(AllClose(got.dx, plain.dx, 1e-5f, 1e-4f)) << "dx";
-    ASSERT_EQ(got.grads.size(), plain.grads.size());
-    for (size_t i = 0; i < got.grads.size(); ++i) {
-      EXPECT_TRUE(AllClose(got.grads[i], plain.grads[i], 1e-4f, 1e-4f)) << "param " << i;
-    }
-  }
+  if (auto gpu = testing::MaybeCuda()) ExpectCudaMatchesCpu(run(*gpu, true), plain);
 }
 
 TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
