@@ -219,6 +219,17 @@ int Launch(const LaunchOptions& o) {
   auto worker_died_at = std::chrono::steady_clock::time_point::max();
   std::vector<int> restarts(stages + 1, 0);
   constexpr int kMaxRestarts = 5;
+  // A worker that exits 0 left on the coordinator's in-band SHUTDOWN: not a failure.
+  auto lost = [&](int k) {
+    return children[k].exited &&
+           !(WIFEXITED(children[k].status) && WEXITSTATUS(children[k].status) == 0);
+  };
+  // Names the first lost worker, once.
+  auto report_lost = [&](int k) {
+    if (worker_died_at != std::chrono::steady_clock::time_point::max()) return;
+    std::cerr << "\nlocalpar: " << Describe(children[k]) << "\n";
+    worker_died_at = std::chrono::steady_clock::now();
+  };
   while (true) {
     Reap(children);
     Child& coord = children.back();
@@ -237,6 +248,10 @@ int Launch(const LaunchOptions& o) {
     }
     if (coord.exited) {
       rc = WIFEXITED(coord.status) ? WEXITSTATUS(coord.status) : kExitFailure;
+      // The coordinator may have stopped over a lost worker before this loop saw it go.
+      for (int k = 0; k < stages; ++k) {
+        if (lost(k)) report_lost(k);
+      }
       break;
     }
     if (!status_announced) {
@@ -273,11 +288,9 @@ int Launch(const LaunchOptions& o) {
       return kExitInterrupted;
     }
     for (int k = 0; k < stages; ++k) {
-      // A worker that exits 0 left on the coordinator's in-band SHUTDOWN: not a failure.
-      bool clean = WIFEXITED(children[k].status) && WEXITSTATUS(children[k].status) == 0;
       // A crashed worker comes back on the same address; the coordinator rolls the
       // pipeline back to its last checkpoint (or gives up if it has none).
-      if (children[k].exited && !clean && restarts[k] < kMaxRestarts) {
+      if (lost(k) && restarts[k] < kMaxRestarts) {
         std::cerr << "\nlocalpar: " << Describe(children[k]) << "; restarting it\n";
         std::vector<std::string> again = worker_argv[k];
         for (std::string& a : again) {
@@ -292,11 +305,7 @@ int Launch(const LaunchOptions& o) {
         children[k].status = 0;
         continue;
       }
-      if (children[k].exited && !clean &&
-          worker_died_at == std::chrono::steady_clock::time_point::max()) {
-        std::cerr << "\nlocalpar: " << Describe(children[k]) << "\n";
-        worker_died_at = std::chrono::steady_clock::now();
-      }
+      if (lost(k)) report_lost(k);
     }
     // The coordinator notices a lost worker by itself; give it time to say so, then stop.
     if (std::chrono::steady_clock::now() - worker_died_at > std::chrono::seconds(15)) {
