@@ -35,7 +35,7 @@ import sys
 import time
 
 RULES = ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP")
-PROGRESS = re.compile(r"\] (\d+) ex/s loss((?: s\d+ [-+0-9.eEnaif]+)+)")
+PROGRESS = re.compile(r" (\d+) ex/s loss((?: s\d+ (?:[-+0-9.eEnaif]+|-))+)")
 
 
 def fail(message):
@@ -142,7 +142,7 @@ def run_one(args, spec, model, arm, seed, run_dir):
             if m:
                 fields = m.group(2).split()
                 losses = {int(fields[i][1:]): float(fields[i + 1])
-                          for i in range(0, len(fields), 2)}
+                          for i in range(0, len(fields), 2) if fields[i + 1] != "-"}
                 # All zeros: no training batch since the last snapshot (evaluation, or the
                 # end of the run), not a loss.
                 if any(v != 0 for v in losses.values()):

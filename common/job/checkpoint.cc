@@ -1,8 +1,6 @@
 // Checkpoint files.
 #include "common/job/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/atomic_file.h"
 #include "common/job/tensor_codec.h"
 
 namespace localpar {
@@ -43,14 +42,6 @@ uint32_t Crc(const std::string& s) {
   return static_cast<uint32_t>(c);
 }
 
-absl::Status SyncPath(const std::string& path, int flags) {
-  int fd = open(path.c_str(), flags);
-  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync"));
-  int rc = fsync(fd);
-  close(fd);
-  return rc == 0 ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": fsync failed"));
-}
-
 void AddTensors(const std::vector<Param*>& params, Tensor Param::*field,
                 google::protobuf::RepeatedPtrField<v1::NamedTensor>* out) {
   for (size_t i = 0; i < params.size(); ++i) {
@@ -65,22 +56,11 @@ void AddTensors(const std::vector<Param*>& params, Tensor Param::*field,
 }  // namespace
 
 absl::Status WriteChecksummedFile(const std::string& path, const std::string& payload) {
-  std::string data(kMagic, sizeof(kMagic));
-  Put<uint32_t>(&data, kCheckpointFormatVersion);
-  Put<uint64_t>(&data, payload.size());
-  Put<uint32_t>(&data, Crc(payload));
-  data += payload;
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-  }
-  if (absl::Status s = SyncPath(tmp, O_RDONLY); !s.ok()) return s;
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": rename failed: ", ec.message()));
-  return SyncPath(std::filesystem::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+  std::string header(kMagic, sizeof(kMagic));
+  Put<uint32_t>(&header, kCheckpointFormatVersion);
+  Put<uint64_t>(&header, payload.size());
+  Put<uint32_t>(&header, Crc(payload));
+  return WriteFileAtomically(path, {header, payload});
 }
 
 absl::StatusOr<std::string> ReadChecksummedFile(const std::string& path) {

@@ -51,16 +51,16 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
     case v1::Layer::kConv2D: {
       const auto& c = l.conv2d();
       if (c.out_channels() <= 0) return Invalid(at + ".conv2d.out_channels", "must be > 0");
-      if (c.kernel() < 0 || c.stride() < 0 || c.padding() < 0) {
-        return Invalid(at + ".conv2d", "kernel, stride and padding must be >= 0");
+      if (c.kernel() <= 0 || c.stride() <= 0 || c.padding() < 0) {
+        return Invalid(at + ".conv2d", "kernel and stride must be > 0, padding >= 0");
       }
       break;
     }
     case v1::Layer::kMaxPool:
     case v1::Layer::kAvgPool: {
       const auto& p = l.has_max_pool() ? l.max_pool() : l.avg_pool();
-      if (p.kernel() < 0 || p.stride() < 0 || p.padding() < 0) {
-        return Invalid(at, "pool kernel, stride and padding must be >= 0");
+      if (p.kernel() <= 0 || p.stride() <= 0 || p.padding() < 0) {
+        return Invalid(at, "pool kernel and stride must be > 0, padding >= 0");
       }
       break;
     }
@@ -70,8 +70,8 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
       }
       break;
     case v1::Layer::kLayerNorm:
-      if (!(l.layer_norm().eps() >= 0.0f) || !Finite(l.layer_norm().eps())) {
-        return Invalid(at + ".layer_norm.eps", "must be a finite number >= 0");
+      if (!(l.layer_norm().eps() > 0.0f) || !Finite(l.layer_norm().eps())) {
+        return Invalid(at + ".layer_norm.eps", "must be a finite number > 0");
       }
       break;
     case v1::Layer::kEmbedding:
@@ -83,20 +83,20 @@ absl::Status ValidateLayer(const v1::Layer& l, const std::string& at) {
       if (l.dense().in_features() < 0) return Invalid(at + ".dense.in_features", "must be >= 0");
       break;
     case v1::Layer::kBatchNorm:
-      if (!(l.batch_norm().eps() >= 0.0f) || !Finite(l.batch_norm().eps())) {
-        return Invalid(at + ".batch_norm.eps", "must be a finite number >= 0");
+      if (!(l.batch_norm().eps() > 0.0f) || !Finite(l.batch_norm().eps())) {
+        return Invalid(at + ".batch_norm.eps", "must be a finite number > 0");
       }
       if (!(l.batch_norm().momentum() >= 0.0f && l.batch_norm().momentum() <= 1.0f)) {
         return Invalid(at + ".batch_norm.momentum", "must be in [0, 1]");
       }
       break;
     case v1::Layer::kCausalSelfAttention:
-      if (l.causal_self_attention().heads() < 0) {
+      if (l.causal_self_attention().heads() <= 0) {
         return Invalid(at + ".causal_self_attention.heads", "must be > 0");
       }
       break;
     case v1::Layer::kTransformerBlock:
-      if (l.transformer_block().heads() < 0) {
+      if (l.transformer_block().heads() <= 0) {
         return Invalid(at + ".transformer_block.heads", "must be > 0");
       }
       if (l.transformer_block().mlp_hidden() < 0) {
@@ -138,7 +138,7 @@ LayerConfig ToLayerConfig(const v1::Layer& l, const Shape& cur) {
       break;
     case v1::Layer::kLayerNorm:
       c.kind = K::kLayerNorm;
-      c.eps = l.layer_norm().eps() > 0 ? l.layer_norm().eps() : 1e-5f;
+      c.eps = l.layer_norm().eps();
       break;
     case v1::Layer::kDropout:
       c.kind = K::kDropout;
@@ -147,16 +147,16 @@ LayerConfig ToLayerConfig(const v1::Layer& l, const Shape& cur) {
     case v1::Layer::kConv2D:
       c.kind = K::kConv2d;
       c.out_features = l.conv2d().out_channels();
-      c.kernel = l.conv2d().kernel() > 0 ? l.conv2d().kernel() : 3;
-      c.stride = l.conv2d().stride() > 0 ? l.conv2d().stride() : 1;
+      c.kernel = l.conv2d().kernel();
+      c.stride = l.conv2d().stride();
       c.padding = l.conv2d().padding();
       break;
     case v1::Layer::kMaxPool:
     case v1::Layer::kAvgPool: {
       const auto& p = l.has_max_pool() ? l.max_pool() : l.avg_pool();
       c.kind = l.has_max_pool() ? K::kMaxPool : K::kAvgPool;
-      c.kernel = p.kernel() > 0 ? p.kernel() : 2;
-      c.stride = p.stride() > 0 ? p.stride() : c.kernel;
+      c.kernel = p.kernel();
+      c.stride = p.stride();
       c.padding = p.padding();
       break;
     }
@@ -184,15 +184,15 @@ LayerConfig ToLayerConfig(const v1::Layer& l, const Shape& cur) {
       break;
     case v1::Layer::kBatchNorm:
       c.kind = K::kBatchNorm;
-      c.eps = l.batch_norm().eps() > 0 ? l.batch_norm().eps() : 1e-5f;
-      c.momentum = l.batch_norm().momentum() > 0 ? l.batch_norm().momentum() : 0.1f;
+      c.eps = l.batch_norm().eps();
+      c.momentum = l.batch_norm().momentum();
       break;
     case v1::Layer::kPositionalEncoding:
       c.kind = K::kPositionalEncoding;
       break;
     case v1::Layer::kCausalSelfAttention:
       c.kind = K::kCausalSelfAttention;
-      c.heads = l.causal_self_attention().heads() > 0 ? l.causal_self_attention().heads() : 1;
+      c.heads = l.causal_self_attention().heads();
       break;
     case v1::Layer::kTransformerBlock:  // expanded by AppendLayerConfigs
       break;
@@ -215,7 +215,7 @@ void AppendLayerConfigs(const v1::Layer& l, Shape* cur, std::vector<LayerConfig>
       return c;
     };
     LayerConfig attention = make(K::kCausalSelfAttention);
-    attention.heads = t.heads() > 0 ? t.heads() : 1;
+    attention.heads = t.heads();
     LayerConfig attend = make(K::kResidual), mlp = make(K::kResidual);
     attend.body = {make(K::kLayerNorm), attention};
     mlp.body = {make(K::kLayerNorm), make(K::kDense, t.mlp_hidden() > 0 ? t.mlp_hidden() : 4 * dim),
@@ -234,7 +234,9 @@ void AppendLayerConfigs(const v1::Layer& l, Shape* cur, std::vector<LayerConfig>
 
 }  // namespace
 
-absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source) {
+namespace {
+
+absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string& source) {
   v1::Job job;
   google::protobuf::TextFormat::Parser parser;
   CollectErrors errors(source);
@@ -243,7 +245,45 @@ absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& sou
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", errors.str()));
   }
   ApplyJobDefaults(job);
-  absl::Status s = ValidateJob(job);
+  return job;
+}
+
+absl::StatusOr<std::string> ReadJobFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("job file ", path, ": cannot open"));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
+  if (!o.rule().empty()) {
+    const RuleSpec* rule = FindRule(o.rule());
+    if (!rule) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rule=", o.rule(), ": expected ", RuleNameList()));
+    }
+    job->set_rule(static_cast<v1::UpdateRule>(rule->rule));
+  }
+  if (o.epochs() > 0) job->set_epochs(o.epochs());
+  if (o.max_steps() > 0) job->set_max_steps(o.max_steps());
+  if (o.has_seed()) job->set_seed(static_cast<uint64_t>(o.seed()));
+  if (o.stages() > 0) {
+    absl::StatusOr<v1::Job> regrouped = RegroupStages(*job, o.stages());
+    if (!regrouped.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", regrouped.status().message()));
+    }
+    *job = *std::move(regrouped);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source) {
+  absl::StatusOr<v1::Job> job = ParseJobText(text, source);
+  if (!job.ok()) return job.status();
+  absl::Status s = ValidateJob(*job);
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", source, ": ", s.message()));
   }
@@ -251,12 +291,64 @@ absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& sou
 }
 
 absl::StatusOr<v1::Job> LoadJobFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("job file ", path, ": cannot open"));
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseJob(buf.str(), path);
+  absl::StatusOr<std::string> text = ReadJobFile(path);
+  if (!text.ok()) return text.status();
+  return ParseJob(*text, path);
 }
+
+absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
+                                             const v1::JobOverrides& overrides) {
+  absl::StatusOr<std::string> text = ReadJobFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<v1::Job> job = ParseJobText(*text, path);
+  if (!job.ok()) return job.status();
+  if (absl::Status s = ApplyOverrides(overrides, &*job); !s.ok()) return s;
+  if (absl::Status s = ValidateJob(*job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", path, ": ", s.message()));
+  }
+  return job;
+}
+
+namespace {
+
+// Every layer field with a documented default, filled where it is zero.
+void ApplyLayerDefaults(v1::Layer& l) {
+  switch (l.kind_case()) {
+    case v1::Layer::kConv2D: {
+      v1::Conv2dLayer* c = l.mutable_conv2d();
+      if (c->kernel() == 0) c->set_kernel(3);
+      if (c->stride() == 0) c->set_stride(1);
+      break;
+    }
+    case v1::Layer::kMaxPool:
+    case v1::Layer::kAvgPool: {
+      v1::PoolLayer* p = l.has_max_pool() ? l.mutable_max_pool() : l.mutable_avg_pool();
+      if (p->kernel() == 0) p->set_kernel(2);
+      if (p->stride() == 0) p->set_stride(p->kernel());
+      break;
+    }
+    case v1::Layer::kLayerNorm:
+      if (l.layer_norm().eps() == 0.0f) l.mutable_layer_norm()->set_eps(1e-5f);
+      break;
+    case v1::Layer::kBatchNorm:
+      if (l.batch_norm().eps() == 0.0f) l.mutable_batch_norm()->set_eps(1e-5f);
+      if (l.batch_norm().momentum() == 0.0f) l.mutable_batch_norm()->set_momentum(0.1f);
+      break;
+    case v1::Layer::kCausalSelfAttention:
+      if (l.causal_self_attention().heads() == 0) l.mutable_causal_self_attention()->set_heads(1);
+      break;
+    case v1::Layer::kTransformerBlock:
+      if (l.transformer_block().heads() == 0) l.mutable_transformer_block()->set_heads(1);
+      break;  // mlp_hidden 0 stays: it means 4 x the block's width, known only from shapes
+    case v1::Layer::kResidual:
+      for (v1::Layer& b : *l.mutable_residual()->mutable_body()) ApplyLayerDefaults(b);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
 
 void ApplyJobDefaults(v1::Job& job) {
   if (job.name().empty()) job.set_name("job");
@@ -296,6 +388,7 @@ void ApplyJobDefaults(v1::Job& job) {
   }
   if (job.schedule().lr() == 0.0f) job.mutable_schedule()->set_lr(1e-3f);
   for (v1::Stage& st : *job.mutable_stages()) {
+    for (v1::Layer& l : *st.mutable_layers()) ApplyLayerDefaults(l);
     if (st.head().kind() == v1::Head::MLP && st.head().hidden() == 0) {
       st.mutable_head()->set_hidden(256);
     }
@@ -306,8 +399,8 @@ void ApplyJobDefaults(v1::Job& job) {
 }
 
 absl::Status ValidateJob(const v1::Job& job) {
-  if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED) {
-    return Invalid("rule", "required: BACKPROP, GREEDY, CHUNKED or OVERLAP");
+  if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED || !v1::UpdateRule_IsValid(job.rule())) {
+    return Invalid("rule", "required: " + RuleNameList());
   }
   if (!v1::GemmMath_IsValid(job.gemm_precision())) {
     return Invalid("gemm_precision", "expected GEMM_F32, GEMM_TF32 or GEMM_BF16");
@@ -320,8 +413,14 @@ absl::Status ValidateJob(const v1::Job& job) {
   if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
   if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
   if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
-  if (job.micro_batches() > 1 && job.rule() != v1::BACKPROP) {
-    return Invalid("micro_batches", "only BACKPROP splits a batch into micro-batches");
+  if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {
+    std::string splitting;
+    for (const RuleSpec* r : AllRules()) {
+      if (r->splits_micro_batches)
+        absl::StrAppend(&splitting, splitting.empty() ? "" : " or ", r->name);
+    }
+    return Invalid("micro_batches",
+                   absl::StrCat("only ", splitting, " splits a batch into micro-batches"));
   }
   if (job.micro_batches() > job.batch_size()) {
     return Invalid("micro_batches",
@@ -421,18 +520,9 @@ int64_t JobLabelsPerExample(const v1::Job& job) {
   return job.data().has_text() ? job.data().text().seq_len() : 1;
 }
 
-UpdateRule ToUpdateRule(v1::UpdateRule rule) {
-  switch (rule) {
-    case v1::BACKPROP:
-      return UpdateRule::kBackprop;
-    case v1::CHUNKED:
-      return UpdateRule::kChunked;
-    case v1::OVERLAP:
-      return UpdateRule::kOverlap;
-    default:
-      return UpdateRule::kGreedy;
-  }
-}
+// job.proto's UpdateRule numbers are the core's (common/nn/program.h); a test checks the
+// names agree.
+UpdateRule ToUpdateRule(v1::UpdateRule rule) { return static_cast<UpdateRule>(rule); }
 
 absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
   const int have = job.stages_size();

@@ -16,6 +16,10 @@ namespace localpar {
 // validates (see ValidateJob).
 absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source);
 absl::StatusOr<v1::Job> LoadJobFile(const std::string& path);
+// Parses the file, applies defaults, then `overrides` (so a --rule that changes what is
+// valid counts), then validates once. Errors name the file, or the flag that was wrong.
+absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
+                                             const v1::JobOverrides& overrides);
 
 // Fills documented defaults for zero-valued fields, in place.
 void ApplyJobDefaults(v1::Job& job);

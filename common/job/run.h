@@ -1,23 +1,22 @@
-// Runs a job with the in-process reference trainer: data, epochs, evaluation, report.
+// Runs a job with the in-process reference trainer: data, the batch plan, evaluation, the
+// report.
 #pragma once
 
-#include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/data/dataset.h"
+#include "common/job/batch_plan.h"
 #include "common/job/job.h"
+#include "proto/report.pb.h"
 
 namespace localpar {
 
-// Total training steps of a job over `train_examples` (epochs, capped by max_steps).
-int64_t TotalSteps(const v1::Job& job, int64_t train_examples);
-
-// Host buffers for one batch. The reference trainer and the coordinator both fill batches
-// through this, from EpochOrder(n, job.seed(), epoch) in consecutive slices of batch_size,
-// so they feed exactly the same examples in the same order.
+// Host buffers for one batch, filled from a plan item's rows of an order; the reference
+// trainer and the coordinator both assemble batches through this.
 class BatchAssembler {
  public:
   BatchAssembler(const Dataset& data, int64_t max_rows);
@@ -45,54 +44,14 @@ struct RunOptions {
   std::string out_dir;         // where report.json and weights.pb go ("" = nowhere)
 };
 
-struct EpochReport {
-  int epoch = 0;
-  std::vector<HeadStats> train, test;  // per stage
-  double seconds = 0;
-};
-
-// Per-stage figures of a distributed run.
-struct StageReport {
-  double examples_per_second = 0;    // over the stage's own compute time
-  int64_t resident_bytes = 0;        // at the end of the run
-  int64_t resident_bytes_first = 0;  // at the end of the first epoch
-  int64_t queue_max_depth = 0;
-  int64_t queue_capacity = 0;
-  int64_t overlap_max_delay = 0;  // asynchronous OVERLAP: largest delay applied, in steps
-  double overlap_mean_delay = 0;
-  int64_t rejected = 0;
-  int64_t baseline_bytes = 0;  // resident before the stage was built
-  int64_t state_bytes = 0;     // parameters, gradients, optimizer state
-  int64_t activation_bytes_per_example = 0;
-  std::vector<int64_t> resident_bytes_by_epoch;  // at the end of each epoch
-};
-
-struct RunReport {
-  std::string job;
-  std::string rule;
-  std::string backend;
-  int stages = 0;
-  int64_t parameters = 0;
-  int64_t steps = 0;
-  int64_t train_examples = 0;
-  double wall_seconds = 0;
-  double examples_per_second = 0;
-  std::vector<EpochReport> epochs;
-  std::vector<StageReport> stage_reports;  // distributed runs only
-};
-
 absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job);
 
-// The backend RunOptions ask for (cpu, cuda or auto).
+// The backend RunOptions ask for; an unknown device name is INVALID_ARGUMENT, a CUDA device
+// that is not there FAILED_PRECONDITION.
 absl::StatusOr<std::unique_ptr<Backend>> PickBackend(const RunOptions& options);
 
 // Trains `job`; reports progress to `log`. `data` comes from LoadJobData.
-absl::StatusOr<RunReport> RunReference(const v1::Job& job, const DataSplit& data,
-                                       const RunOptions& options, std::ostream& log);
-
-std::string ReportJson(const RunReport& report);
-// Writes report.json to `dir` (created if missing), atomically.
-absl::Status WriteReport(const RunReport& report, const std::string& dir);
-std::string ReportTable(const RunReport& report);
+absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& data,
+                                           const RunOptions& options, std::ostream& log);
 
 }  // namespace localpar

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/atomic_file.h"
 
 namespace localpar {
 namespace {
@@ -230,17 +231,7 @@ v1::ModelWeights SnapshotModel(Model& model) {
 }
 
 absl::Status WriteWeightsFile(const v1::ModelWeights& weights, const std::string& path) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !weights.SerializeToOstream(&out)) {
-      return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat(path, ": ", ec.message()));
-  return absl::OkStatus();
+  return WriteFileAtomically(path, weights.SerializeAsString());
 }
 
 absl::StatusOr<v1::ModelWeights> ReadWeightsFile(const std::string& path) {

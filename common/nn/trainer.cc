@@ -1,23 +1,12 @@
-// The reference trainer's update rules.
+// The reference trainer: every stage's program, run in turn over in-memory ports.
 #include "common/nn/trainer.h"
 
+#include <algorithm>
+
+#include "common/core/check.h"
 #include "common/core/rng.h"
 
 namespace localpar {
-
-const char* UpdateRuleName(UpdateRule rule) {
-  switch (rule) {
-    case UpdateRule::kBackprop:
-      return "BACKPROP";
-    case UpdateRule::kGreedy:
-      return "GREEDY";
-    case UpdateRule::kChunked:
-      return "CHUNKED";
-    case UpdateRule::kOverlap:
-      return "OVERLAP";
-  }
-  return "?";
-}
 
 void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* count) {
   int64_t base = rows / parts, extra = rows % parts;
@@ -25,136 +14,91 @@ void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* co
   *begin = m * base + (m < extra ? m : extra);
 }
 
+int StepMicroBatches(int job_micro_batches, int64_t rows) {
+  return static_cast<int>(std::clamp<int64_t>(rows, 1, std::max(1, job_micro_batches)));
+}
+
 uint64_t StepSeed(uint64_t seed, int64_t step, int micro_batch) {
   return HashCombine(HashCombine(seed, static_cast<uint64_t>(step)),
                      static_cast<uint64_t>(micro_batch));
 }
 
-ReferenceTrainer::ReferenceTrainer(Model& model, const TrainerOptions& options)
-    : model_(model), options_(options), wire_(model.num_stages()), back_(model.num_stages()) {
-  if (options_.micro_batches < 1) options_.micro_batches = 1;
+ProgramSpec StageProgramSpec(const TrainerOptions& o, int stage, int num_stages, int max_delay) {
+  const RuleSpec& rule = Rule(o.rule);
+  ProgramSpec s;
+  s.rule = o.rule;
+  s.stage = stage;
+  s.num_stages = num_stages;
+  s.micro_batches = rule.splits_micro_batches ? std::max(1, o.micro_batches) : 1;
+  s.max_delay = rule.allows_delay ? max_delay : 0;
+  return s;
 }
 
-const Tensor& ReferenceTrainer::OverWire(int k, const Tensor& y) {
-  if (options_.wire == WireFormat::kF32 || k + 1 >= model_.num_stages()) return y;
-  // Through the host, with the same conversion a worker applies when it encodes.
-  wire_host_.resize(static_cast<size_t>(y.numel()));
-  y.backend().CopyToHost(wire_host_.data(), y.raw(), y.nbytes());
-  RoundThroughWire(options_.wire, wire_host_.data(), wire_host_.size());
-  wire_[k].Ensure(y.backend(), y.shape());
-  y.backend().CopyFromHost(wire_[k].raw(), wire_host_.data(), y.nbytes());
-  return wire_[k];
+ReferenceTrainer::ReferenceTrainer(Model& model, const TrainerOptions& options)
+    : model_(model), options_(options), pipeline_(model.num_stages(), options.wire) {
+  for (int k = 0; k < model.num_stages(); ++k) {
+    executors_.push_back(std::make_unique<StageExecutor>(
+        model.stage(k), StageProgramSpec(options_, k, model.num_stages())));
+  }
 }
+
+ReferenceTrainer::~ReferenceTrainer() = default;
 
 float ReferenceTrainer::current_lr() const {
   return LearningRate(options_.schedule, step_, options_.total_steps);
 }
 
 std::vector<HeadStats> ReferenceTrainer::TrainStep(const Tensor& x, const Tensor& labels) {
-  std::vector<HeadStats> stats = Run(x, labels);
+  std::vector<HeadStats> stats = Run(x, labels, true, true);
   ++step_;
   return stats;
 }
 
 std::vector<HeadStats> ReferenceTrainer::ComputeGradients(const Tensor& x, const Tensor& labels) {
-  apply_updates_ = false;
-  std::vector<HeadStats> stats = Run(x, labels);
-  apply_updates_ = true;
-  return stats;
-}
-
-std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labels) {
-  std::vector<HeadStats> stats(model_.num_stages());
-  float lr = current_lr();
-  switch (options_.rule) {
-    case UpdateRule::kGreedy:
-    case UpdateRule::kChunked:
-      Greedy(x, labels, lr, &stats);
-      break;
-    case UpdateRule::kOverlap:
-      Overlap(x, labels, lr, &stats);
-      break;
-    case UpdateRule::kBackprop:
-      Backprop(x, labels, lr, &stats);
-      break;
-  }
-  return stats;
-}
-
-// Stage by stage: forward, own head, backward (no input gradient), update. Stage k+1
-// consumes stage k's output, computed before stage k's update, exactly as a pipeline of
-// workers does.
-void ReferenceTrainer::Greedy(const Tensor& x, const Tensor& labels, float lr,
-                              std::vector<HeadStats>* out) {
-  ForwardContext ctx{true, StepSeed(options_.seed, step_, 0)};
-  float scale = LossScale(x.rows(), labels.numel() / x.rows());
-  const Tensor* in = &x;
-  for (int k = 0; k < model_.num_stages(); ++k) {
-    Stage& st = model_.stage(k);
-    const Tensor& y = st.Forward(*in, 0, ctx);
-    (*out)[k] = st.Head(0, labels, HeadMode::kLocal, scale, ctx);
-    st.Backward(0, st.head_grad(0), nullptr);
-    Update(st, lr);
-    in = &OverWire(k, y);
-  }
-}
-
-// Synchronous OVERLAP. Each stage backpropagates its own head's gradient first (which also
-// yields the gradient it returns to the stage before), then the gradient returned by the
-// next stage, then updates. A worker does the same two passes in the same order.
-void ReferenceTrainer::Overlap(const Tensor& x, const Tensor& labels, float lr,
-                               std::vector<HeadStats>* out) {
-  ForwardContext ctx{true, StepSeed(options_.seed, step_, 0)};
-  float scale = LossScale(x.rows(), labels.numel() / x.rows());
-  int n = model_.num_stages();
-  const Tensor* in = &x;
-  for (int k = 0; k < n; ++k) in = &OverWire(k, model_.stage(k).Forward(*in, 0, ctx));
-  for (int k = 0; k < n; ++k) {
-    Stage& st = model_.stage(k);
-    (*out)[k] = st.Head(0, labels, HeadMode::kLocal, scale, ctx);
-    st.Backward(0, st.head_grad(0), k > 0 ? &back_[k] : nullptr);
-  }
-  for (int k = 0; k + 1 < n; ++k) model_.stage(k).Backward(0, back_[k + 1], nullptr);
-  for (int k = 0; k < n; ++k) Update(model_.stage(k), lr);
-}
-
-// End-to-end backprop from the last head, micro-batch by micro-batch, gradients
-// accumulating in micro-batch order; one update per batch. Side heads train as probes.
-void ReferenceTrainer::Backprop(const Tensor& x, const Tensor& labels, float lr,
-                                std::vector<HeadStats>* out) {
-  int n = model_.num_stages();
-  float scale = LossScale(x.rows(), labels.numel() / x.rows());
-  for (int m = 0; m < options_.micro_batches; ++m) {
-    int64_t begin, count;
-    MicroBatchRange(x.rows(), options_.micro_batches, m, &begin, &count);
-    if (count == 0) continue;
-    ForwardContext ctx{true, StepSeed(options_.seed, step_, m)};
-    Tensor xm = x.Slice(begin, count), lm = labels.Slice(begin, count);
-    const Tensor* in = &xm;
-    for (int k = 0; k < n; ++k) in = &OverWire(k, model_.stage(k).Forward(*in, 0, ctx));
-    for (int k = 0; k < n; ++k) {
-      HeadMode mode = k + 1 == n ? HeadMode::kLocal : HeadMode::kProbe;
-      (*out)[k].Add(model_.stage(k).Head(0, lm, mode, scale, ctx));
-    }
-    const Tensor* g = &model_.stage(n - 1).head_grad(0);
-    for (int k = n - 1; k >= 0; --k) {
-      model_.stage(k).Backward(0, *g, k > 0 ? &back_[k] : nullptr);
-      g = &back_[k];
-    }
-  }
-  for (int k = 0; k < n; ++k) Update(model_.stage(k), lr);
+  return Run(x, labels, true, false);
 }
 
 std::vector<HeadStats> ReferenceTrainer::EvalBatch(const Tensor& x, const Tensor& labels) {
-  std::vector<HeadStats> stats(model_.num_stages());
-  ForwardContext ctx{false, 0};
-  const Tensor* in = &x;
-  for (int k = 0; k < model_.num_stages(); ++k) {
-    Stage& st = model_.stage(k);
-    const Tensor& y = st.Forward(*in, 0, ctx);
-    stats[k] = st.Head(0, labels, HeadMode::kEval, 1.0f, ctx);
-    in = &OverWire(k, y);
+  return Run(x, labels, false, false);
+}
+
+// Every stage runs until its program ends or it waits on a port, in stage order, round after
+// round. A stage's own actions keep their order whatever the interleaving, and stages share
+// no state, so the result is the same as any pipeline of workers computes.
+std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labels, bool train,
+                                             bool update) {
+  const int n = model_.num_stages();
+  StepContext ctx;
+  ctx.step = step_;
+  ctx.lr = current_lr();
+  ctx.seed = options_.seed;
+  ctx.loss_scale = LossScale(x.rows(), labels.numel() / std::max<int64_t>(x.rows(), 1));
+  ctx.train = train;
+  ctx.apply_update = update;
+  ctx.micro_batches = train && Rule(options_.rule).splits_micro_batches
+                          ? StepMicroBatches(options_.micro_batches, x.rows())
+                          : 1;
+  pipeline_.Load(x, labels, ctx.micro_batches);
+  for (auto& e : executors_) e->Begin(ctx);
+  std::vector<bool> done(static_cast<size_t>(n), false);
+  for (int remaining = n; remaining > 0;) {
+    bool moved = false;
+    for (int k = 0; k < n; ++k) {
+      if (done[k]) continue;
+      size_t before = executors_[k]->position();
+      StageExecutor::Result r = executors_[k]->Run(pipeline_.ports(k));
+      LP_CHECK_MSG(r != StageExecutor::Result::kAborted, "stage %d lost its input", k);
+      moved = moved || executors_[k]->position() != before || r == StageExecutor::Result::kDone;
+      if (r == StageExecutor::Result::kDone) {
+        done[k] = true;
+        --remaining;
+      }
+    }
+    LP_CHECK_MSG(moved, "the stage programs wait on each other (a rule's programs do not match)");
   }
+  pipeline_.Clear();
+  std::vector<HeadStats> stats;
+  for (auto& e : executors_) stats.push_back(e->stats());
   return stats;
 }
 

@@ -1,23 +1,21 @@
 // The reference trainer: runs a Model in one process, batch by batch, for every update rule.
-// It is the ground truth the distributed system is compared against, bit for bit on CPU.
+// Each stage runs its rule's program (program.h) through the same executor a worker uses,
+// over in-memory ports; the rules' losses are checked against finite differences
+// (tests/common/nn/trainer_test.cc), and the distributed system is compared against this,
+// bit for bit on CPU.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/nn/executor.h"
+#include "common/nn/local_ports.h"
 #include "common/nn/model.h"
+#include "common/nn/rule.h"
 
 namespace localpar {
-
-enum class UpdateRule {
-  kBackprop,  // one loss at the end, gradients through every stage (side heads are probes)
-  kGreedy,    // each stage learns from its own head; stop-gradient at every stage input
-  kChunked,   // GREEDY with several layers per stage: backprop inside, stop-gradient between
-  kOverlap,   // a stage's loss also reaches one stage back
-};
-
-const char* UpdateRuleName(UpdateRule rule);
 
 struct TrainerOptions {
   UpdateRule rule = UpdateRule::kGreedy;
@@ -34,6 +32,8 @@ struct TrainerOptions {
 // Rows [begin, begin + count) of micro-batch m when `rows` are split into `parts`: the
 // first rows % parts micro-batches get one extra row.
 void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* count);
+// Micro-batches in a step of `rows` rows: the job's count, but never an empty one.
+int StepMicroBatches(int job_micro_batches, int64_t rows);
 
 // The factor that turns summed per-prediction loss gradients into the gradient of the
 // batch's mean loss: 1 / (examples * labels per example).
@@ -45,9 +45,14 @@ inline float LossScale(int64_t batch_rows, int64_t labels_per_example) {
 // The seed the layers see at a given step and micro-batch.
 uint64_t StepSeed(uint64_t seed, int64_t step, int micro_batch);
 
+// What stage k of `num_stages` runs under `options` (delay: asynchronous OVERLAP's bound).
+ProgramSpec StageProgramSpec(const TrainerOptions& options, int stage, int num_stages,
+                             int max_delay = 0);
+
 class ReferenceTrainer {
  public:
   ReferenceTrainer(Model& model, const TrainerOptions& options);
+  ~ReferenceTrainer();
 
   // One training step on a batch. Returns each stage's head statistics on that batch
   // (computed before the update).
@@ -62,25 +67,13 @@ class ReferenceTrainer {
   float current_lr() const;
 
  private:
-  void Greedy(const Tensor& x, const Tensor& labels, float lr, std::vector<HeadStats>* out);
-  void Overlap(const Tensor& x, const Tensor& labels, float lr, std::vector<HeadStats>* out);
-  void Backprop(const Tensor& x, const Tensor& labels, float lr, std::vector<HeadStats>* out);
-
-  std::vector<HeadStats> Run(const Tensor& x, const Tensor& labels);
-  void Update(Stage& stage, float lr) {
-    if (apply_updates_) stage.Step(lr);
-  }
-
-  // Stage k's output as stage k+1 receives it: itself, or its wire-rounded copy.
-  const Tensor& OverWire(int k, const Tensor& y);
+  std::vector<HeadStats> Run(const Tensor& x, const Tensor& labels, bool train, bool update);
 
   Model& model_;
   TrainerOptions options_;
-  std::vector<Tensor> wire_;      // wire_[k]: stage k's output after the trip
-  std::vector<float> wire_host_;  // staging for the rounding
-  bool apply_updates_ = true;
+  LocalPipeline pipeline_;
+  std::vector<std::unique_ptr<StageExecutor>> executors_;
   int64_t step_ = 0;
-  std::vector<Tensor> back_;  // back_[k]: gradient w.r.t. stage k's input
 };
 
 }  // namespace localpar

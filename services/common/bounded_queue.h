@@ -26,6 +26,16 @@ class BoundedQueue {
     return true;
   }
 
+  // Never blocks: false (leaving `item` as it was) when the queue is full or closed.
+  bool TryPush(T& item) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || items_.size() >= capacity_) return false;
+    items_.push_back(std::move(item));
+    if (items_.size() > max_depth_) max_depth_ = items_.size();
+    not_empty_.notify_one();
+    return true;
+  }
+
   // Blocks while empty; returns nullopt once the queue is closed and drained.
   std::optional<T> Pop() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -47,6 +57,10 @@ class BoundedQueue {
   }
 
   size_t capacity() const { return capacity_; }
+  bool closed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_;
+  }
   size_t size() const {
     std::lock_guard<std::mutex> lock(mu_);
     return items_.size();

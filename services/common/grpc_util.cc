@@ -84,7 +84,7 @@ void AddToken(grpc::ClientContext& ctx, const SecurityOptions& s) {
   if (!s.token.empty()) ctx.AddMetadata("authorization", "Bearer " + s.token);
 }
 
-grpc::Status CheckToken(const grpc::ServerContext& ctx, const SecurityOptions& s) {
+grpc::Status CheckToken(const grpc::ServerContextBase& ctx, const SecurityOptions& s) {
   if (s.token.empty()) return grpc::Status::OK;
   auto it = ctx.client_metadata().find("authorization");
   std::string want = "Bearer " + s.token;

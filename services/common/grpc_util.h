@@ -31,7 +31,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const SecurityOptions
 // Adds the bearer token (if any) to an outgoing call.
 void AddToken(grpc::ClientContext& ctx, const SecurityOptions& s);
 // OK when no token is configured or the call carries the right one; else UNAUTHENTICATED.
-grpc::Status CheckToken(const grpc::ServerContext& ctx, const SecurityOptions& s);
+grpc::Status CheckToken(const grpc::ServerContextBase& ctx, const SecurityOptions& s);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -31,9 +31,10 @@ inline constexpr char kReason[] = "reason";
 // Why a worker refuses an item: the `reason` label of localpar_rejected_total. Every reason
 // is exported from the start (at zero), so dashboards and alerts see the series.
 inline constexpr const char* kRejectReasons[] = {
-    "before_configure", "unknown_control", "empty_item",   "malformed_tensor",
-    "wrong_dtype",      "wrong_shape",     "wrong_labels", "label_out_of_range",
-    "unknown_phase",    "bad_micro_batch", "non_finite",   "non_finite_skipped"};
+    "before_configure",   "malformed_item",    "unknown_control", "empty_item",
+    "malformed_tensor",   "wrong_dtype",       "wrong_shape",     "wrong_labels",
+    "label_out_of_range", "unknown_phase",     "bad_position",    "bad_micro_batch",
+    "non_finite",         "non_finite_skipped"};
 
 // Owns the registry and serves it as Prometheus text on GET /metrics.
 //

@@ -8,7 +8,9 @@
 #include "absl/strings/str_format.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/localpar.grpc.pb.h"
+#include "services/common/exit_codes.h"
 #include "services/common/grpc_util.h"
+#include "services/localpar/command_flags.h"
 
 namespace localpar {
 
@@ -70,6 +72,66 @@ int RequestCheckpoint(const std::string& address, const SecurityOptions& securit
   }
   std::cout << resp.message() << "\n";
   return 0;
+}
+
+namespace {
+
+// Parses a client command's flags and loads its security files.
+bool ParseClient(const char* command, const char* usage, const Args& args, v1::ClientCommand* c,
+                 std::string* address, SecurityOptions* security, int* rc) {
+  *c = ClientDefaults();
+  if (!ParseCommand(command, usage, args, c, {}, address, rc)) return false;
+  if (absl::Status s = LoadSecurity(c->security(), security); !s.ok()) {
+    *rc = Fail(kExitUsage, std::string(s.message()));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int ProbeCommandMain(const Args& args) {
+  v1::ClientCommand c;
+  std::string address;
+  SecurityOptions security;
+  int rc = 0;
+  if (!ParseClient("probe",
+                   "localpar probe HOST:PORT [flags]\n"
+                   "The standard gRPC health check of a worker or coordinator: exit 0 when it "
+                   "reports SERVING.",
+                   args, &c, &address, &security, &rc)) {
+    return rc;
+  }
+  return Probe(address, c.timeout_ms(), security);
+}
+
+int StatusCommandMain(const Args& args) {
+  v1::ClientCommand c;
+  std::string address;
+  SecurityOptions security;
+  int rc = 0;
+  if (!ParseClient("status",
+                   "localpar status HOST:PORT [flags]\n"
+                   "A running job's stages, from its coordinator: throughput (sampled over a "
+                   "second), loss,\nqueues and refusals.",
+                   args, &c, &address, &security, &rc)) {
+    return rc;
+  }
+  return Status(address, 1000, security);
+}
+
+int CheckpointCommandMain(const Args& args) {
+  v1::ClientCommand c;
+  std::string address;
+  SecurityOptions security;
+  int rc = 0;
+  if (!ParseClient("checkpoint",
+                   "localpar checkpoint HOST:PORT [flags]\n"
+                   "Asks the job's coordinator for a checkpoint after the next training step.",
+                   args, &c, &address, &security, &rc)) {
+    return rc;
+  }
+  return RequestCheckpoint(address, security);
 }
 
 }  // namespace localpar

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     RunOptions ro;
     ro.progress = false;
     std::ostringstream log;
-    absl::StatusOr<RunReport> ref = RunReference(*job, *data, ro, log);
+    absl::StatusOr<v1::RunReport> ref = RunReference(*job, *data, ro, log);
     if (!ref.ok()) return 1;
     std::string out = dir + "/run" + std::to_string(k);
     std::string cmd = (bin / "localpar").string() + " run " + job_path + " --quiet --out=" + out +
@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     double cluster = ReportNumber(out + "/report.json", "examples_per_second");
-    std::printf("  %-8d %16.0f %16.0f %10.2f\n", k, ref->examples_per_second, cluster,
-                cluster / ref->examples_per_second);
+    std::printf("  %-8d %16.0f %16.0f %10.2f\n", k, ref->examples_per_second(), cluster,
+                cluster / ref->examples_per_second());
   }
   std::filesystem::remove_all(dir);
   return 0;

@@ -15,6 +15,8 @@
 
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/report.pb.h"
 #include "tests/services/cluster_util.h"
 
 namespace localpar {
@@ -55,7 +57,7 @@ v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string
   o.progress = false;
   o.out_dir = out;
   std::ostringstream log;
-  absl::StatusOr<RunReport> r = RunReference(*job, *data, o, log);
+  absl::StatusOr<v1::RunReport> r = RunReference(*job, *data, o, log);
   EXPECT_TRUE(r.ok()) << r.status();
   absl::StatusOr<v1::ModelWeights> w = ReadWeightsFile(out + "/weights.pb");
   EXPECT_TRUE(w.ok()) << w.status();
@@ -157,7 +159,7 @@ TEST_P(LanguageModelCluster, EndsBitwiseEqualToTheReference) {
   o.progress = false;
   o.out_dir = dir.path() + "/ref";
   std::ostringstream log;
-  absl::StatusOr<RunReport> ref = RunReference(*two, *data, o, log);
+  absl::StatusOr<v1::RunReport> ref = RunReference(*two, *data, o, log);
   ASSERT_TRUE(ref.ok()) << ref.status();
   absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(o.out_dir + "/weights.pb");
   ASSERT_TRUE(want.ok()) << want.status();
@@ -375,21 +377,15 @@ struct Interval {
   double seq, start, end;
 };
 
-// Parses trace.json: {"stages": [{"stage": k, "intervals": [[seq, start, end], ...]}, ...]}.
+// Reads trace.json (a localpar.v1.Trace in JSON): each stage's intervals.
 std::vector<std::vector<Interval>> ReadTrace(const std::string& text) {
+  v1::Trace trace;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(text, &trace).ok()) << text;
   std::vector<std::vector<Interval>> stages;
-  size_t pos = 0;
-  while ((pos = text.find("\"intervals\": [", pos)) != std::string::npos) {
-    pos += 14;
-    size_t end = text.find("]}", pos);
+  for (const v1::StageTrace& st : trace.stages()) {
     std::vector<Interval> ivs;
-    std::string body = text.substr(pos, end - pos);
-    for (char& c : body) {
-      if (c == '[' || c == ']' || c == ',') c = ' ';
-    }
-    std::istringstream in(body);
-    Interval iv;
-    while (in >> iv.seq >> iv.start >> iv.end) ivs.push_back(iv);
+    for (const v1::TraceInterval& iv : st.intervals())
+      ivs.push_back({iv.seq(), iv.start_ns(), iv.end_ns()});
     stages.push_back(ivs);
   }
   return stages;

@@ -92,6 +92,7 @@ echo "s3cret-token" > token
         "stages { layers { linear { out_features: 2 } } }",
         "test");
     req.set_stage(0);
+    req.set_total_steps(10);
     v1::ConfigureResponse resp;
     return stub->Configure(&ctx, req, &resp);
   }

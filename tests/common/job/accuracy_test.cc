@@ -5,12 +5,13 @@
 
 #include <sstream>
 
+#include "common/job/report.h"
 #include "common/job/run.h"
 
 namespace localpar {
 namespace {
 
-RunReport Train(v1::UpdateRule rule) {
+v1::RunReport Train(v1::UpdateRule rule) {
   absl::StatusOr<v1::Job> job =
       LoadJobFile(std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/fashion_mlp.textproto");
   EXPECT_TRUE(job.ok()) << job.status();
@@ -22,25 +23,25 @@ RunReport Train(v1::UpdateRule rule) {
   RunOptions options;
   options.progress = false;
   std::ostringstream log;
-  absl::StatusOr<RunReport> report = RunReference(*job, *data, options, log);
+  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, log);
   EXPECT_TRUE(report.ok()) << report.status();
   std::cout << log.str() << ReportTable(*report);
   return *report;
 }
 
 TEST(FashionMlp, GreedyLastStageReaches85Point5Percent) {
-  RunReport r = Train(v1::GREEDY);
-  ASSERT_EQ(r.epochs.size(), 3u);
-  ASSERT_EQ(r.stages, 4);
-  EXPECT_GE(r.epochs.back().test[3].accuracy(), 0.855);
+  v1::RunReport r = Train(v1::GREEDY);
+  ASSERT_EQ(r.epochs_size(), 3);
+  ASSERT_EQ(r.stages(), 4);
+  EXPECT_GE(r.epochs(2).test(3).accuracy(), 0.855);
   // Every stage's head learned (the paper's per-layer accuracy curve).
-  for (int k = 0; k < 4; ++k) EXPECT_GE(r.epochs.back().test[k].accuracy(), 0.84) << k;
+  for (int k = 0; k < 4; ++k) EXPECT_GE(r.epochs(2).test(k).accuracy(), 0.84) << k;
 }
 
 TEST(FashionMlp, BackpropReaches86Percent) {
-  RunReport r = Train(v1::BACKPROP);
-  ASSERT_EQ(r.epochs.size(), 3u);
-  EXPECT_GE(r.epochs.back().test[3].accuracy(), 0.86);
+  v1::RunReport r = Train(v1::BACKPROP);
+  ASSERT_EQ(r.epochs_size(), 3);
+  EXPECT_GE(r.epochs(2).test(3).accuracy(), 0.86);
 }
 
 }  // namespace

@@ -1,0 +1,77 @@
+// Atomic file writes.
+#include "common/io/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace localpar {
+namespace {
+
+std::string DirectoryOf(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+absl::Status WriteAll(int fd, const std::string& tmp, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return FileError(tmp, "write", errno);
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status FileError(const std::string& path, const char* what, int e) {
+  std::string message =
+      absl::StrCat(path, ": ", what, " failed: ", std::strerror(e), " (errno ", e, ")");
+  switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::DataLossError(message);
+  }
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::initializer_list<std::string_view> pieces) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return FileError(tmp, "create", errno);
+  absl::Status s;
+  for (std::string_view piece : pieces) {
+    if (s = WriteAll(fd, tmp, piece); !s.ok()) break;
+  }
+  if (s.ok() && fsync(fd) != 0) s = FileError(tmp, "fsync", errno);
+  if (close(fd) != 0 && s.ok()) s = FileError(tmp, "close", errno);
+  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) s = FileError(path, "rename", errno);
+  if (!s.ok()) {
+    unlink(tmp.c_str());
+    return s;
+  }
+  const std::string dir = DirectoryOf(path);
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return FileError(dir, "open to fsync", errno);
+  int rc = fsync(dfd);
+  int e = errno;
+  close(dfd);
+  return rc == 0 ? absl::OkStatus() : FileError(dir, "fsync", e);
+}
+
+}  // namespace localpar

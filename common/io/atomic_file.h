@@ -1,0 +1,26 @@
+// The one way files are written: atomically and durably, with every error checked.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace localpar {
+
+// Writes the concatenation of `pieces` to `path`: a temporary file beside it, every write
+// checked, fsync and close checked, renamed over `path`, then the directory fsynced. On any
+// failure `path` is untouched, the temporary file is removed, and the error names the file,
+// the step that failed and the system's reason (errno). A full disk is RESOURCE_EXHAUSTED, a
+// missing directory NOT_FOUND, no permission PERMISSION_DENIED, anything else DATA_LOSS.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::initializer_list<std::string_view> pieces);
+inline absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) {
+  return WriteFileAtomically(path, {contents});
+}
+
+// The status for a failed system call on `path` (`what` says which step), from errno.
+absl::Status FileError(const std::string& path, const char* what, int error_number);
+
+}  // namespace localpar

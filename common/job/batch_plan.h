@@ -1,0 +1,54 @@
+// The order in which a run feeds its data: training batches of each epoch (shuffled by
+// EpochOrder(seed, epoch)), then the epoch's evaluation batches. The reference trainer and
+// the coordinator walk the same plan, so they feed the same examples in the same order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/job.pb.h"
+
+namespace localpar {
+
+// Where a run stands in its data; what a checkpoint records to resume from.
+struct DataCursor {
+  int64_t step = 0;            // training steps done
+  int epoch = 0;               // 0-based epoch of the next batch
+  int64_t batch_in_epoch = 0;  // batches of that epoch already fed
+};
+
+struct PlanItem {
+  enum Kind { kTrain, kEndOfEpoch, kEval, kEndOfEval };
+  Kind kind = kTrain;
+  int epoch = 0;      // 1-based
+  int64_t step = 0;   // kTrain: this batch's step; otherwise the steps done so far
+  int64_t begin = 0;  // first row, into order() (kTrain) or test_order() (kEval)
+  int64_t rows = 0;
+  DataCursor after;  // kTrain: where the run stands once this step is done
+};
+
+// Total training steps of a job over `train_examples` (epochs, capped by max_steps).
+int64_t TotalSteps(const v1::Job& job, int64_t train_examples);
+
+class BatchPlan {
+ public:
+  BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_examples,
+            const DataCursor& start = {});
+  // The next item; false once the run is complete.
+  bool Next(PlanItem* item);
+  const std::vector<int64_t>& order() const { return order_; }  // the current epoch's
+  const std::vector<int64_t>& test_order() const { return test_order_; }
+  int64_t total_steps() const { return total_steps_; }
+
+ private:
+  enum State { kStartEpoch, kTraining, kEvaluating };
+  const int64_t batch_, eval_batch_, train_n_, test_n_, total_steps_;
+  const int epochs_;
+  const uint64_t seed_;
+  State state_ = kStartEpoch;
+  int epoch_;
+  int64_t step_, row_, eval_row_ = 0;
+  std::vector<int64_t> order_, test_order_;
+};
+
+}  // namespace localpar

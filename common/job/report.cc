@@ -1,0 +1,62 @@
+// Run reports.
+#include "common/job/report.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/io/atomic_file.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace localpar {
+
+std::string ToJson(const google::protobuf::Message& message, bool every_field) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = every_field;
+  o.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, o);  // cannot fail for these
+  return out;
+}
+
+absl::Status WriteJsonFile(const google::protobuf::Message& message, const std::string& path) {
+  return WriteFileAtomically(path, ToJson(message));
+}
+
+absl::Status WriteReport(const v1::RunReport& report, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  return WriteJsonFile(report, dir + "/report.json");
+}
+
+void AddHeadFigures(const std::vector<HeadStats>& stats,
+                    google::protobuf::RepeatedPtrField<v1::HeadFigures>* out) {
+  for (size_t k = 0; k < stats.size(); ++k) {
+    v1::HeadFigures* f = out->Add();
+    f->set_stage(static_cast<int>(k));
+    f->set_loss(stats[k].mean_loss());
+    f->set_accuracy(stats[k].accuracy());
+  }
+}
+
+std::string ReportTable(const v1::RunReport& r) {
+  std::string out = absl::StrFormat("\n%s (%s), %d steps, %.1f s, %.0f examples/s\n", r.job(),
+                                    r.rule(), r.steps(), r.wall_seconds(), r.examples_per_second());
+  if (r.epochs().empty()) return out;
+  const v1::EpochFigures& last = *r.epochs().rbegin();
+  out += "stage  train loss  train acc  test loss  test acc\n";
+  for (int k = 0; k < r.stages() && k < last.train_size() && k < last.test_size(); ++k) {
+    absl::StrAppendFormat(&out, "%5d  %10.4f  %8.2f%%  %9.4f  %7.2f%%", k, last.train(k).loss(),
+                          100 * last.train(k).accuracy(), last.test(k).loss(),
+                          100 * last.test(k).accuracy());
+    if (k < r.stage_reports_size()) {
+      absl::StrAppendFormat(&out, "  %8.0f ex/s", r.stage_reports(k).examples_per_second());
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace localpar

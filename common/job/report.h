@@ -1,0 +1,29 @@
+// Run reports: report.json (and trace.json) through protobuf's JSON printer, and the table
+// printed at the end of a run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/nn/stage.h"
+#include "proto/report.pb.h"
+
+namespace localpar {
+
+// A message as JSON with its proto field names, indented; with `every_field`, fields at
+// their default value too (not for google.protobuf.Struct and its kin, whose JSON form
+// that option breaks).
+std::string ToJson(const google::protobuf::Message& message, bool every_field = true);
+// Writes `message` as JSON to `path`, atomically.
+absl::Status WriteJsonFile(const google::protobuf::Message& message, const std::string& path);
+// Writes report.json into `dir` (created if missing).
+absl::Status WriteReport(const v1::RunReport& report, const std::string& dir);
+
+// Each stage's head figures, numbered from stage 0.
+void AddHeadFigures(const std::vector<HeadStats>& stats,
+                    google::protobuf::RepeatedPtrField<v1::HeadFigures>* out);
+
+std::string ReportTable(const v1::RunReport& report);
+
+}  // namespace localpar

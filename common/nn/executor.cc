@@ -1,0 +1,161 @@
+// The stage executor: each action of a program applied to the stage.
+#include "common/nn/executor.h"
+
+#include <algorithm>
+
+#include "common/core/check.h"
+#include "common/nn/trainer.h"
+
+namespace localpar {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+int StageExecutor::SlotsNeeded(const ProgramSpec& spec) {
+  return std::max(spec.micro_batches, spec.max_delay + 1) + 1;
+}
+
+StageExecutor::StageExecutor(Stage& stage, const ProgramSpec& spec)
+    : stage_(stage),
+      spec_(spec),
+      eval_slot_(SlotsNeeded(spec) - 1),
+      eval_program_(EvalProgram()),
+      dx_(static_cast<size_t>(SlotsNeeded(spec))) {}
+
+const StageProgram& StageExecutor::TrainProgramFor(int micro_batches) {
+  auto it = train_programs_.find(micro_batches);
+  if (it != train_programs_.end()) return it->second;
+  ProgramSpec s = spec_;
+  s.micro_batches = micro_batches;
+  return train_programs_[micro_batches] = TrainProgram(s);
+}
+
+void StageExecutor::Begin(const StepContext& ctx) {
+  LP_CHECK(ctx.micro_batches >= 1 && ctx.micro_batches <= std::max(1, spec_.micro_batches));
+  ctx_ = ctx;
+  program_ = ctx.train ? &TrainProgramFor(ctx.micro_batches) : &eval_program_;
+  pc_ = 0;
+  micro_.assign(static_cast<size_t>(ctx.train ? ctx.micro_batches : 1), MicroBatch());
+  stats_ = HeadStats();
+  times_ = StepTimes();
+  stepped_ = false;
+}
+
+int StageExecutor::SlotFor(int micro_batch) const {
+  if (!ctx_.train) return eval_slot_;
+  if (spec_.max_delay > 0) return static_cast<int>(ctx_.step % (spec_.max_delay + 1));
+  return micro_batch;
+}
+
+ForwardContext StageExecutor::Context(int micro_batch) const {
+  if (!ctx_.train) return ForwardContext{false, 0};
+  return ForwardContext{true, StepSeed(ctx_.seed, ctx_.step, micro_batch)};
+}
+
+StageExecutor::Result StageExecutor::Run(StagePorts& ports) {
+  while (pc_ < program_->size()) {
+    const Action& a = (*program_)[pc_];
+    Clock::time_point start = Clock::now();
+    PortState s = Execute(a, ports);
+    double took = Since(start);
+    if (a.op == Op::kReceive || a.op == Op::kForward) {
+      times_.forward += took;
+    } else if (a.op == Op::kStep) {
+      times_.update += took;
+    } else if (a.op != Op::kSendActivations) {
+      times_.backward += took;
+    }
+    if (s == PortState::kPending) return Result::kBlocked;
+    if (s == PortState::kGone) return Result::kAborted;
+    ++pc_;
+  }
+  return Result::kDone;
+}
+
+PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
+  MicroBatch& mb = micro_[static_cast<size_t>(a.micro_batch)];
+  const int slot = SlotFor(a.micro_batch);
+  switch (a.op) {
+    case Op::kReceive:
+      return ports.Receive(a.micro_batch, &mb.x, &mb.labels);
+    case Op::kForward:
+      mb.y = &stage_.Forward(*mb.x, slot, Context(a.micro_batch));
+      break;
+    case Op::kSendActivations:
+      ports.SendActivations(a.micro_batch, *mb.y);
+      break;
+    case Op::kHead: {
+      HeadMode mode = ctx_.train ? a.mode : HeadMode::kEval;
+      float scale = ctx_.train ? ctx_.loss_scale : 1.0f;
+      stats_.Add(stage_.Head(slot, *mb.labels, mode, scale, Context(a.micro_batch)));
+      break;
+    }
+    case Op::kBackwardHead:
+      Backward(a, stage_.head_grad(slot));
+      break;
+    case Op::kAwaitGradient: {
+      PortState s = ports.AwaitGradient(a.micro_batch, &mb.grad);
+      if (s == PortState::kPending) return s;
+      mb.grad_gone = s == PortState::kGone;  // that batch died downstream: skip its backward
+      break;
+    }
+    case Op::kBackwardReturned:
+      if (!mb.grad_gone) Backward(a, *mb.grad);
+      break;
+    case Op::kSendInputGradient:
+      if (mb.has_dx) ports.SendInputGradient(a.micro_batch, dx_[static_cast<size_t>(slot)]);
+      break;
+    case Op::kApplyArrived:
+      awaiting_.push_back(ctx_.step);
+      ApplyArrived(ports, false);
+      break;
+    case Op::kStep:
+      if (ctx_.apply_update) {
+        stage_.Step(ctx_.lr);
+        stepped_ = true;
+      }
+      break;
+  }
+  return PortState::kReady;
+}
+
+void StageExecutor::Backward(const Action& a, const Tensor& dy) {
+  const int slot = SlotFor(a.micro_batch);
+  MicroBatch& mb = micro_[static_cast<size_t>(a.micro_batch)];
+  stage_.Backward(slot, dy, a.input_gradient ? &dx_[static_cast<size_t>(slot)] : nullptr);
+  mb.has_dx = a.input_gradient;
+}
+
+// Applies returned gradients oldest first: those that have arrived, and those that must not
+// wait any longer (all of them when flushing).
+void StageExecutor::ApplyArrived(StagePorts& ports, bool flush) {
+  const int64_t now = ctx_.step;
+  while (!awaiting_.empty()) {
+    const bool must_wait = flush || awaiting_.front() + spec_.max_delay <= now;
+    const Tensor* grad = nullptr;
+    PortState s = ports.TakeGradient(must_wait, &grad);
+    if (s == PortState::kPending) return;  // not arrived, and not due yet
+    if (s == PortState::kGone) {
+      awaiting_.clear();  // the link is down: nothing more will come
+      return;
+    }
+    const int64_t sent = awaiting_.front();
+    awaiting_.pop_front();
+    // No tensor: that batch died downstream, so there is nothing to apply for it.
+    if (grad) stage_.Backward(static_cast<int>(sent % (spec_.max_delay + 1)), *grad, nullptr);
+    const int64_t delay = now - sent;
+    ++delays_.applied;
+    delays_.sum += static_cast<double>(delay);
+    delays_.max = std::max(delays_.max, delay);
+  }
+}
+
+void StageExecutor::Flush(StagePorts& ports) {
+  if (spec_.max_delay > 0) ApplyArrived(ports, true);
+}
+
+}  // namespace localpar

@@ -1,0 +1,31 @@
+// GREEDY and CHUNKED: every stage learns from its own head alone; nothing flows back.
+// (CHUNKED is the same program over stages of several layers each.)
+#include "common/nn/rules/rules.h"
+
+namespace localpar {
+namespace {
+
+StageProgram Greedy(const ProgramSpec&) {
+  return {{Op::kReceive}, {Op::kForward},      {Op::kSendActivations},
+          {Op::kHead},    {Op::kBackwardHead}, {Op::kStep}};
+}
+
+}  // namespace
+
+const RuleSpec kGreedyRule = {UpdateRule::kGreedy,
+                              "GREEDY",
+                              "each stage learns from its own head; stop-gradient between stages",
+                              false,
+                              false,
+                              false,
+                              Greedy};
+
+const RuleSpec kChunkedRule = {UpdateRule::kChunked,
+                               "CHUNKED",
+                               "GREEDY with several layers per stage: backprop inside each chunk",
+                               false,
+                               false,
+                               false,
+                               Greedy};
+
+}  // namespace localpar

@@ -1,0 +1,16 @@
+// Exit codes of localpar, localpar_coordinator and localpar_worker.
+#pragma once
+
+namespace localpar {
+
+enum ExitCode {
+  kExitOk = 0,
+  kExitFailure = 1,
+  kExitUsage = 2,
+  kExitBadJob = 3,
+  kExitBadData = 4,
+  kExitWorkerLost = 5,
+  kExitInterrupted = 130,
+};
+
+}  // namespace localpar

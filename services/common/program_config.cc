@@ -1,0 +1,104 @@
+// Program configuration defaults and flag handling.
+#include "services/common/program_config.h"
+
+#include <iostream>
+
+#include "services/common/exit_codes.h"
+
+#ifndef LOCALPAR_VERSION
+#define LOCALPAR_VERSION "0.0"
+#endif
+#ifndef LOCALPAR_GIT_REVISION
+#define LOCALPAR_GIT_REVISION "unknown"
+#endif
+
+namespace localpar {
+
+v1::CoordinatorConfig CoordinatorDefaults() {
+  v1::CoordinatorConfig c;
+  c.set_configure_timeout_s(30);
+  c.set_metrics_listen("127.0.0.1:0");
+  c.set_status_listen("127.0.0.1:0");
+  c.set_keep_checkpoints(3);
+  c.set_max_recoveries(10);
+  c.set_recovery_timeout_s(60);
+  return c;
+}
+
+v1::WorkerConfig WorkerDefaults() {
+  v1::WorkerConfig w;
+  w.set_listen("127.0.0.1:0");
+  w.set_device("cpu");
+  w.set_threads(1);
+  w.set_queue_capacity(4);
+  w.set_metrics_listen("127.0.0.1:0");
+  return w;
+}
+
+v1::RunCommand RunDefaults() {
+  v1::RunCommand r;
+  *r.mutable_coordinator() = CoordinatorDefaults();
+  r.set_device("cpu");
+  r.set_threads(1);
+  r.set_queue_capacity(4);
+  r.set_slow_stage(-1);
+  return r;
+}
+
+v1::TrainCommand TrainDefaults() {
+  v1::TrainCommand t;
+  t.set_device("cpu");
+  t.set_threads(1);
+  return t;
+}
+
+v1::ProfileCommand ProfileDefaults() {
+  v1::ProfileCommand p;
+  p.set_device("cpu");
+  p.set_threads(1);
+  p.set_project_stages("1,2,4");
+  return p;
+}
+
+v1::ClientCommand ClientDefaults() {
+  v1::ClientCommand c;
+  c.set_timeout_ms(2000);
+  return c;
+}
+
+absl::Status LoadSecurity(const v1::SecurityConfig& c, SecurityOptions* out) {
+  return LoadSecurity(c.tls_cert(), c.tls_key(), c.tls_ca(), c.mtls(), c.auth_token_file(), out);
+}
+
+std::string VersionString() {
+  return std::string("localpar ") + LOCALPAR_VERSION + " (git " + LOCALPAR_GIT_REVISION + ")";
+}
+
+bool ParseProgramFlags(const std::string& program, const std::string& usage,
+                       const std::vector<std::string>& args, google::protobuf::Message* message,
+                       const FlagOptions& options, std::vector<std::string>* positional,
+                       int* exit_code) {
+  const std::unique_ptr<google::protobuf::Message> defaults(message->New());
+  defaults->CopyFrom(*message);
+  absl::StatusOr<ParsedFlags> parsed = ParseFlags(args, message, options);
+  if (!parsed.ok()) {
+    std::cerr << program << ": " << parsed.status().message() << " (see " << program
+              << " --help)\n";
+    *exit_code = kExitUsage;
+    return false;
+  }
+  if (parsed->help) {
+    std::cout << usage << "\n\nFlags:\n" << FlagHelp(*defaults, options);
+    *exit_code = kExitOk;
+    return false;
+  }
+  if (parsed->version) {
+    std::cout << VersionString() << "\n";
+    *exit_code = kExitOk;
+    return false;
+  }
+  *positional = std::move(parsed->positional);
+  return true;
+}
+
+}  // namespace localpar

@@ -1,0 +1,37 @@
+// Every program's configuration message with its defaults (the values --help shows), and
+// the common steps of turning flags into one: parse, --help, --version, usage errors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/config.pb.h"
+#include "services/common/grpc_util.h"
+#include "services/common/proto_flags.h"
+
+namespace localpar {
+
+v1::CoordinatorConfig CoordinatorDefaults();
+v1::WorkerConfig WorkerDefaults();
+v1::RunCommand RunDefaults();
+v1::TrainCommand TrainDefaults();
+v1::ProfileCommand ProfileDefaults();
+v1::ClientCommand ClientDefaults();
+
+// Reads the files a SecurityConfig names (certificates, key, CA, token).
+absl::Status LoadSecurity(const v1::SecurityConfig& config, SecurityOptions* out);
+
+// "localpar 0.x (git REVISION)".
+std::string VersionString();
+
+// Parses `args` into `message` (holding its defaults). On --help prints `usage` and the
+// flags to stdout and returns 0 in *exit_code; on --version prints the version; on a usage
+// error prints it (naming `program`) and sets 2. Returns false when the program should
+// exit with *exit_code.
+bool ParseProgramFlags(const std::string& program, const std::string& usage,
+                       const std::vector<std::string>& args, google::protobuf::Message* message,
+                       const FlagOptions& options, std::vector<std::string>* positional,
+                       int* exit_code);
+
+}  // namespace localpar

@@ -1,0 +1,338 @@
+// Running a job on its workers.
+#include "services/coordinator/job_runner.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/job/report.h"
+#include "common/job/tensor_codec.h"
+#include "common/nn/rule.h"
+#include "services/common/exit_codes.h"
+#include "services/coordinator/cluster_report.h"
+
+namespace localpar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void SetWireTensor(v1::Tensor* t, v1::DType dtype, Shape shape, int64_t rows, const void* data) {
+  shape[0] = rows;
+  t->set_dtype(dtype);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_data(data, static_cast<size_t>(NumElements(shape)) * 4);
+}
+
+}  // namespace
+
+JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security,
+                     v1::Job job, DataSplit data, CoordinatorMetrics* metrics)
+    : config_(config),
+      security_(security),
+      job_(std::move(job)),
+      data_(std::move(data)),
+      metrics_(metrics),
+      pool_({config.workers().begin(), config.workers().end()}, security),
+      checkpointer_(config, job_, metrics),
+      total_steps_(TotalSteps(job_, data_.train.size())),
+      monitor_(job_, total_steps_, config.quiet(), pool_, board_, checkpointer_, metrics, feed_,
+               epoch_stats_) {}
+
+JobRunner::~JobRunner() = default;
+
+int JobRunner::Run() {
+  monitor_.Start();
+  std::unique_ptr<PipelineLink> link;
+  bool drained = false;
+  int rc = kExitOk;
+  for (int attempt = 0;; ++attempt) {
+    if ((rc = Configure()) != kExitOk) break;
+    link = std::make_unique<PipelineLink>(pool_.stub(0), security_);
+    StartEvents(*link);
+    const bool fed = Feed(*link);
+    const uint64_t drain = NextSeq();
+    drained = fed && SendControl(*link, v1::Control::DRAIN, 0, drain) && WaitAck(drain);
+    if (drained) break;
+    StopEvents(*link);
+    if ((rc = Recover(*link, attempt)) != kExitOk) break;
+  }
+  monitor_.Stop();
+  if (!drained) {
+    if (link) StopEvents(*link);
+    return rc;
+  }
+  rc = Collect();
+  // Shutdown travels in-band like every control item: each worker passes it on, then exits
+  // once its upstream stream closes.
+  const uint64_t bye = NextSeq();
+  if (SendControl(*link, v1::Control::SHUTDOWN, 0, bye)) WaitAck(bye);
+  grpc::Status fin = link->Finish();
+  StopEvents(*link);
+  if (!fin.ok() && rc == kExitOk) return LostWorker(fin);
+  if (stopped_early_) {
+    std::cerr << "localpar: stopped after step " << steps_ << " at checkpoint "
+              << checkpointer_.last_committed() << "; continue with --resume\n";
+  }
+  return rc;
+}
+
+// ---- events ---------------------------------------------------------------------------
+
+void JobRunner::StartEvents(PipelineLink& link) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    acked_.clear();
+    link_ended_ = false;
+  }
+  events_ = std::thread([this, &link] { EventLoop(link); });
+}
+
+void JobRunner::StopEvents(PipelineLink& link) {
+  if (!events_.joinable()) return;
+  link.Finish();
+  events_.join();
+}
+
+void JobRunner::EventLoop(PipelineLink& link) {
+  while (std::optional<v1::UpItem> up = link.Next()) {
+    if (up->has_ack()) {
+      const v1::Ack& a = up->ack();
+      if (a.kind() == v1::Control::END_OF_EVAL) {
+        // Every stage has scored this epoch: keep the figures (a later recovery configures
+        // the workers again, which forgets them).
+        std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(false, 5);
+        std::vector<v1::StatsResponse> stats;
+        for (auto& s : polled) stats.push_back(s ? *s : v1::StatsResponse());
+        epoch_stats_.Put(a.epoch(), std::move(stats));
+      }
+      checkpointer_.OnAck(a.seq());  // commits, if this was a checkpoint's marker
+      std::lock_guard<std::mutex> lock(mu_);
+      acked_.insert(a.seq());
+      acked_cv_.notify_all();
+    } else if (up->has_error() && !checkpointer_.OnError(up->error())) {
+      std::cerr << "\nlocalpar: stage " << up->error().stage() << " refused item "
+                << up->error().seq() << ": " << up->error().message() << "\n";
+      if (metrics_) metrics_->AddError();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  link_ended_ = true;
+  acked_cv_.notify_all();
+}
+
+bool JobRunner::WaitAck(uint64_t seq) {
+  std::unique_lock<std::mutex> lock(mu_);
+  acked_cv_.wait(lock, [&] { return link_ended_ || acked_.count(seq) > 0; });
+  return acked_.count(seq) > 0;
+}
+
+// ---- feeding --------------------------------------------------------------------------
+
+bool JobRunner::SendControl(PipelineLink& link, v1::Control::Kind kind, int epoch, uint64_t seq) {
+  v1::DownItem item;
+  v1::Control* c = item.mutable_control();
+  c->set_seq(seq);
+  c->set_kind(kind);
+  c->set_epoch(epoch);
+  return link.Send(item);
+}
+
+bool JobRunner::SendRows(PipelineLink& link, const BatchAssembler& a, int64_t begin, int64_t rows,
+                         const v1::Batch& meta) {
+  v1::DownItem item;
+  v1::Batch* b = item.mutable_batch();
+  *b = meta;
+  b->set_seq(NextSeq());
+  const int64_t per_x = NumElements(a.x_shape()) / std::max<int64_t>(a.rows(), 1);
+  const int64_t per_y = NumElements(a.y_shape()) / std::max<int64_t>(a.rows(), 1);
+  SetWireTensor(b->mutable_activations(), v1::F32, a.x_shape(), rows, a.x() + begin * per_x);
+  SetWireTensor(b->mutable_labels(), v1::I32, a.y_shape(), rows, a.y() + begin * per_y);
+  return link.Send(item);
+}
+
+bool JobRunner::StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor& cursor) {
+  std::optional<v1::DownItem> marker = checkpointer_.Start(NextSeq(), step, cursor);
+  return !marker || link.Send(*marker);  // a checkpoint that cannot start is skipped
+}
+
+// The same batches in the same order as the reference trainer (RunReference).
+bool JobRunner::Feed(PipelineLink& link) {
+  DataCursor start;
+  if (resume_) {
+    start = {resume_->manifest.step(), resume_->manifest.epoch(),
+             resume_->manifest.batch_in_epoch()};
+  }
+  BatchPlan plan(job_, data_.train.size(), data_.test.size(), start);
+  BatchAssembler train(data_.train, job_.batch_size()), test(data_.test, job_.eval_batch_size());
+  const int job_micro =
+      Rule(ToUpdateRule(job_.rule())).splits_micro_batches ? job_.micro_batches() : 1;
+  feed_.fed_steps = start.step;
+  steps_ = start.step;
+  for (PlanItem item; plan.Next(&item);) {
+    v1::Batch meta;
+    meta.set_epoch(item.epoch);
+    meta.set_step(item.step);
+    if (item.kind == PlanItem::kTrain) {
+      feed_.epoch = item.epoch;
+      if (metrics_) metrics_->SetEpoch(item.epoch);
+      train.Gather(plan.order(), item.begin, item.rows);
+      const int parts = StepMicroBatches(job_micro, item.rows);
+      meta.set_phase(v1::TRAIN);
+      meta.set_batch_rows(item.rows);
+      meta.set_micro_batches(parts);
+      for (int m = 0; m < parts; ++m) {
+        int64_t begin, rows;
+        MicroBatchRange(item.rows, parts, m, &begin, &rows);
+        meta.set_micro_batch(m);
+        if (!SendRows(link, train, begin, rows, meta)) return false;
+      }
+      const int64_t done = item.step + 1;
+      feed_.fed_steps = steps_ = done;
+      train_examples_ += static_cast<double>(item.rows);
+      if (metrics_) {
+        metrics_->AddIngested(item.rows);
+        metrics_->SetProgress(static_cast<double>(done) / static_cast<double>(total_steps_));
+      }
+      if (checkpointer_.Due(done) && !StartCheckpoint(link, done, item.after)) return false;
+      const int64_t stop = config_.stop_after_steps();
+      if (stop > 0 && done >= stop && done < total_steps_) {
+        if (checkpointer_.last_started_step() != done && !StartCheckpoint(link, done, item.after)) {
+          return false;
+        }
+        stopped_early_ = true;
+        return true;
+      }
+    } else if (item.kind == PlanItem::kEval) {
+      test.Gather(plan.test_order(), item.begin, item.rows);
+      meta.set_phase(v1::EVAL);
+      meta.set_batch_rows(item.rows);
+      meta.set_micro_batches(1);
+      if (!SendRows(link, test, 0, item.rows, meta)) return false;
+    } else {
+      const bool end_of_epoch = item.kind == PlanItem::kEndOfEpoch;
+      if (!SendControl(link, end_of_epoch ? v1::Control::END_OF_EPOCH : v1::Control::END_OF_EVAL,
+                       item.epoch, NextSeq())) {
+        return false;
+      }
+      if (!end_of_epoch) epochs_sent_ = item.epoch;
+    }
+  }
+  // A final checkpoint, so a finished run can be extended or evaluated later.
+  if (checkpointer_.enabled() && checkpointer_.last_started_step() != steps_) {
+    DataCursor end{steps_, std::min(job_.epochs(), epochs_sent_), 0};
+    if (!StartCheckpoint(link, steps_, end)) return false;
+  }
+  return true;
+}
+
+// ---- configuration and recovery -------------------------------------------------------
+
+int JobRunner::Configure() {
+  StageSettings s;
+  s.total_steps = total_steps_;
+  s.non_finite = config_.non_finite();
+  s.overlap_max_delay = config_.overlap_max_delay();
+  if (resume_) s.restore_path = resume_->dir;
+  ConfigureOutcome out = pool_.ConfigureAll(job_, s, config_.configure_timeout_s());
+  backend_ = out.backend;
+  parameters_ = out.parameters;
+  return out.exit_code;
+}
+
+int JobRunner::Recover(PipelineLink& link, int attempt) {
+  grpc::Status st = link.Finish();
+  std::string lost = pool_.Unreachable(2);
+  const std::string last =
+      checkpointer_.last_committed().empty() ? "none" : checkpointer_.last_committed();
+  if (!checkpointer_.enabled() || attempt >= config_.max_recoveries()) {
+    std::cerr << "\nlocalpar: the pipeline broke ("
+              << (lost.empty() ? "every stage still answers" : "lost " + lost) << "; "
+              << st.error_message() << ")"
+              << (!checkpointer_.enabled()
+                      ? "; no --checkpoint_dir to recover from"
+                      : "; giving up after " + std::to_string(attempt) + " recoveries")
+              << "; last checkpoint: " << last << "\n";
+    return kExitWorkerLost;
+  }
+  std::cerr << "\nlocalpar: the pipeline broke ("
+            << (lost.empty() ? "a stream failed" : "lost " + lost) << "); waiting up to "
+            << config_.recovery_timeout_s() << " s for every stage\n";
+  // Exponential backoff up to 2 s between probes, within the deadline.
+  const auto deadline = Clock::now() + std::chrono::seconds(config_.recovery_timeout_s());
+  std::chrono::milliseconds backoff(100);
+  while (!(lost = pool_.Unreachable(1)).empty()) {
+    if (Clock::now() > deadline) {
+      std::cerr << "localpar: " << lost << " did not come back within "
+                << config_.recovery_timeout_s() << " s; last checkpoint: " << last << "\n";
+      return kExitWorkerLost;
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+  resume_ = checkpointer_.RollBack(std::cerr);
+  if (resume_) {
+    std::cerr << "localpar: rolling every stage back to " << resume_->dir << " (step "
+              << resume_->manifest.step() << ") and replaying\n";
+  } else {
+    std::cerr << "localpar: no committed checkpoint yet; restarting from step 0\n";
+  }
+  return kExitOk;
+}
+
+int JobRunner::LostWorker(const grpc::Status& final_status) {
+  std::string lost = pool_.Unreachable(2);
+  std::cerr << "\nlocalpar: the pipeline broke: "
+            << (lost.empty() ? std::string("no stage is unreachable") : "lost " + lost) << "; "
+            << final_status.error_message() << "\n";
+  return kExitWorkerLost;
+}
+
+// ---- the end of a run -----------------------------------------------------------------
+
+int JobRunner::Collect() {
+  std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(config_.trace(), 10);
+  std::vector<v1::StatsResponse> stats;
+  v1::ModelWeights weights;
+  for (int k = 0; k < pool_.size(); ++k) {
+    if (!polled[k]) {
+      std::cerr << "localpar: stage " << k << " at " << pool_.address(k) << " stopped answering\n";
+      return kExitWorkerLost;
+    }
+    stats.push_back(*polled[k]);
+    absl::StatusOr<v1::StageWeights> w = pool_.Weights(k);
+    if (!w.ok()) {
+      std::cerr << "localpar: stage " << k << ": GetWeights failed: " << w.status().message()
+                << "\n";
+      return kExitWorkerLost;
+    }
+    *weights.add_stages() = *std::move(w);
+  }
+  v1::RunReport report;
+  report.set_job(job_.name());
+  report.set_rule(v1::UpdateRule_Name(job_.rule()));
+  report.set_backend(backend_);
+  report.set_stages(pool_.size());
+  report.set_parameters(static_cast<double>(parameters_));
+  report.set_steps(static_cast<int32_t>(steps_));
+  report.set_train_examples(train_examples_);
+  report.set_wall_seconds(SecondsSince(started_));
+  report.set_examples_per_second(train_examples_ / std::max(report.wall_seconds(), 1e-9));
+  AddClusterFigures(stats, epoch_stats_.All(), epochs_sent_, &report);
+  std::cout << ReportTable(report);
+  if (config_.out().empty()) return kExitOk;
+  absl::Status st = WriteReport(report, config_.out());
+  if (st.ok()) st = WriteWeightsFile(weights, config_.out() + "/weights.pb");
+  if (st.ok() && config_.trace())
+    st = WriteJsonFile(ClusterTrace(stats), config_.out() + "/trace.json");
+  if (!st.ok()) {
+    std::cerr << "localpar: " << st.message() << "\n";
+    return kExitFailure;
+  }
+  std::cout << "report: " << config_.out() << "/report.json\n";
+  return kExitOk;
+}
+
+}  // namespace localpar

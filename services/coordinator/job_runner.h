@@ -1,0 +1,89 @@
+// A job on running workers: configure every stage, feed the batch plan into stage 0, drain,
+// collect the report and the weights. When the pipeline breaks and checkpoints exist, it
+// waits for every stage to come back (the launcher, Compose or Kubernetes restarts them),
+// rolls all of them back to the last committed checkpoint and replays from its data cursor.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "common/data/dataset.h"
+#include "common/job/run.h"
+#include "proto/config.pb.h"
+#include "services/coordinator/checkpointer.h"
+#include "services/coordinator/pipeline_link.h"
+#include "services/coordinator/run_monitor.h"
+#include "services/coordinator/status_service.h"
+#include "services/coordinator/worker_pool.h"
+
+namespace localpar {
+
+class JobRunner {
+ public:
+  JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security, v1::Job job,
+            DataSplit data, CoordinatorMetrics* metrics);
+  ~JobRunner();
+
+  Checkpointer& checkpointer() { return checkpointer_; }
+  const StatusBoard& status_board() const { return board_; }
+  // Start from this checkpoint instead of step 0 (--resume).
+  void ResumeFrom(FoundCheckpoint found) { resume_ = std::move(found); }
+  // Returns the exit code (ExitCode).
+  int Run();
+
+ private:
+  // One attempt's event loop: acknowledgements (checkpoint commits, each epoch's figures)
+  // and in-band errors, in the order they came back.
+  void EventLoop(PipelineLink& link);
+  void StartEvents(PipelineLink& link);
+  void StopEvents(PipelineLink& link);
+  bool WaitAck(uint64_t seq);
+  uint64_t NextSeq() { return ++seq_; }
+
+  bool Feed(PipelineLink& link);
+  bool SendControl(PipelineLink& link, v1::Control::Kind kind, int epoch, uint64_t seq);
+  bool SendRows(PipelineLink& link, const BatchAssembler& batch, int64_t begin, int64_t rows,
+                const v1::Batch& meta);
+  bool StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor& cursor);
+  int Configure();
+  int Recover(PipelineLink& link, int attempt);
+  int Collect();
+  int LostWorker(const grpc::Status& final_status);
+
+  const v1::CoordinatorConfig& config_;
+  const SecurityOptions& security_;
+  const v1::Job job_;
+  const DataSplit data_;
+  CoordinatorMetrics* const metrics_;
+  WorkerPool pool_;
+  Checkpointer checkpointer_;
+  StatusBoard board_;
+  std::optional<FoundCheckpoint> resume_;
+  const int64_t total_steps_;
+  std::atomic<uint64_t> seq_{0};
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+
+  // The event loop's state (guarded by mu_).
+  std::thread events_;
+  std::mutex mu_;
+  std::condition_variable acked_cv_;
+  std::set<uint64_t> acked_;
+  bool link_ended_ = false;
+  EpochStatsStore epoch_stats_;
+
+  FeedProgress feed_;
+  int epochs_sent_ = 0;
+  int64_t steps_ = 0;
+  double train_examples_ = 0;
+  bool stopped_early_ = false;
+  std::string backend_;
+  int64_t parameters_ = 0;
+  RunMonitor monitor_;
+};
+
+}  // namespace localpar

@@ -1,0 +1,42 @@
+// The coordinator's link to stage 0: it writes batches and control items, and a reader
+// thread queues what comes back up the pipeline (acknowledgements, in-band errors) for the
+// coordinator's event loop. The reader does nothing else.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "proto/localpar.grpc.pb.h"
+#include "services/common/bounded_queue.h"
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+
+class PipelineLink {
+ public:
+  PipelineLink(v1::Worker::Stub& first, const SecurityOptions& security);
+  ~PipelineLink();
+
+  // False once the link is broken.
+  bool Send(const v1::DownItem& item);
+  // The next item that came back up, in order; nullopt once the stream has ended.
+  std::optional<v1::UpItem> Next() { return up_.Pop(); }
+  // Closes the sending side (once) and waits for the stream's end; returns its status.
+  grpc::Status Finish();
+  bool broken() const { return broken_; }
+
+ private:
+  void ReadLoop();
+
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> stream_;
+  BoundedQueue<v1::UpItem> up_;
+  std::thread reader_;
+  std::atomic<bool> broken_{false};
+  bool finished_ = false;
+  grpc::Status status_;
+};
+
+}  // namespace localpar

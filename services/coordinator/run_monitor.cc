@@ -1,0 +1,138 @@
+// The run monitor.
+#include "services/coordinator/run_monitor.h"
+
+#include <unistd.h>
+
+#include <iostream>
+
+namespace localpar {
+namespace {
+
+HeadStats FromProto(const v1::HeadStatistics& s) { return {s.loss_sum(), s.correct(), s.count()}; }
+
+}  // namespace
+
+void EpochStatsStore::Put(int epoch, std::vector<v1::StatsResponse> stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_epoch_[epoch] = std::move(stats);
+}
+
+std::optional<std::vector<v1::StatsResponse>> EpochStatsStore::Get(int epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_epoch_.find(epoch);
+  if (it == by_epoch_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::map<int, std::vector<v1::StatsResponse>> EpochStatsStore::All() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_epoch_;
+}
+
+RunMonitor::RunMonitor(const v1::Job& job, int64_t total_steps, bool quiet, WorkerPool& pool,
+                       StatusBoard& board, const Checkpointer& checkpointer,
+                       CoordinatorMetrics* metrics, const FeedProgress& feed,
+                       const EpochStatsStore& epochs)
+    : job_(job),
+      total_steps_(total_steps),
+      pool_(pool),
+      board_(board),
+      checkpointer_(checkpointer),
+      metrics_(metrics),
+      feed_(feed),
+      epochs_(epochs),
+      progress_(std::cerr, isatty(STDERR_FILENO), !quiet) {}
+
+RunMonitor::~RunMonitor() { Stop(); }
+
+void RunMonitor::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void RunMonitor::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  progress_.Done();
+  PrintFinishedEpochs();
+}
+
+void RunMonitor::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return done_; });
+      if (done_) return;
+    }
+    Tick();
+  }
+}
+
+void RunMonitor::Tick() {
+  const double uptime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  std::vector<std::optional<v1::StatsResponse>> stats = pool_.PollStats(false, 1);
+  Publish(stats, uptime);
+  PrintFinishedEpochs();
+  if (metrics_) metrics_->SetCheckpointAge(checkpointer_.seconds_since_commit());
+  ProgressLine line;
+  line.epoch = feed_.epoch;
+  line.epochs = job_.epochs();
+  line.total_steps = total_steps_;
+  if (!stats.empty() && stats.back()) {
+    line.step = stats.back()->steps();
+    line.examples_per_second =
+        static_cast<double>(stats.back()->examples()) / std::max(uptime, 1e-9);
+  }
+  for (const auto& s : stats) line.recent.push_back(s ? FromProto(s->recent()) : HeadStats());
+  progress_.Update(line);
+}
+
+void RunMonitor::PrintFinishedEpochs() {
+  while (std::optional<std::vector<v1::StatsResponse>> s = epochs_.Get(printed_epochs_ + 1)) {
+    ++printed_epochs_;
+    std::vector<HeadStats> test;
+    for (const v1::StatsResponse& st : *s) {
+      HeadStats h;
+      for (const auto& e : st.epochs()) {
+        if (e.epoch() == printed_epochs_) h = FromProto(e.eval());
+      }
+      test.push_back(h);
+    }
+    progress_.EpochResult(printed_epochs_, test, -1);
+  }
+}
+
+void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& stats,
+                         double uptime) {
+  v1::JobStatus out;
+  out.set_job(job_.name());
+  out.set_rule(v1::UpdateRule_Name(job_.rule()));
+  out.set_epoch(feed_.epoch);
+  out.set_epochs(job_.epochs());
+  out.set_progress(total_steps_ > 0 ? static_cast<double>(feed_.fed_steps) / total_steps_ : 0.0);
+  out.set_uptime_seconds(uptime);
+  for (size_t k = 0; k < stats.size(); ++k) {
+    v1::StageStatus* s = out.add_stages();
+    s->set_stage(static_cast<int>(k));
+    s->set_address(pool_.address(static_cast<int>(k)));
+    s->set_reachable(stats[k].has_value());
+    if (!stats[k]) continue;
+    const v1::StatsResponse& st = *stats[k];
+    s->set_examples(st.examples());
+    s->set_steps(st.steps());
+    s->set_loss(FromProto(st.recent()).mean_loss());
+    s->set_queue_depth(st.queue_depth());
+    s->set_queue_capacity(st.queue_capacity());
+    int64_t rejected = 0;
+    for (const auto& [reason, n] : st.rejected()) rejected += n;
+    s->set_rejected(rejected);
+  }
+  board_.Publish(std::move(out));
+}
+
+}  // namespace localpar

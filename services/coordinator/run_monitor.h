@@ -1,0 +1,74 @@
+// What a running job shows: every quarter second the monitor polls the workers' statistics,
+// publishes the status snapshot (`localpar status`), updates the progress line, prints each
+// epoch's results once the epoch is scored, and sets the checkpoint-age metric.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "common/job/progress.h"
+#include "services/coordinator/checkpointer.h"
+#include "services/coordinator/status_service.h"
+#include "services/coordinator/worker_pool.h"
+
+namespace localpar {
+
+// Every stage's statistics as they were when each epoch's evaluation ended: written by the
+// event loop, read by the monitor and the report. They survive a recovery, which
+// configures the workers again (and so resets their figures).
+class EpochStatsStore {
+ public:
+  void Put(int epoch, std::vector<v1::StatsResponse> stats);
+  std::optional<std::vector<v1::StatsResponse>> Get(int epoch) const;
+  std::map<int, std::vector<v1::StatsResponse>> All() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, std::vector<v1::StatsResponse>> by_epoch_;
+};
+
+// The feeder's position, read by the monitor.
+struct FeedProgress {
+  std::atomic<int64_t> fed_steps{0};
+  std::atomic<int> epoch{0};
+};
+
+class RunMonitor {
+ public:
+  RunMonitor(const v1::Job& job, int64_t total_steps, bool quiet, WorkerPool& pool,
+             StatusBoard& board, const Checkpointer& checkpointer, CoordinatorMetrics* metrics,
+             const FeedProgress& feed, const EpochStatsStore& epochs);
+  ~RunMonitor();
+  void Start();
+  // Stops polling, clears the progress line and prints the epochs not printed yet.
+  void Stop();
+
+ private:
+  void Loop();
+  void Tick();
+  void PrintFinishedEpochs();
+  void Publish(const std::vector<std::optional<v1::StatsResponse>>& stats, double uptime);
+
+  const v1::Job& job_;
+  const int64_t total_steps_;
+  WorkerPool& pool_;
+  StatusBoard& board_;
+  const Checkpointer& checkpointer_;
+  CoordinatorMetrics* const metrics_;
+  const FeedProgress& feed_;
+  const EpochStatsStore& epochs_;
+  ProgressPrinter progress_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  int printed_epochs_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+}  // namespace localpar

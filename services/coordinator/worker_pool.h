@@ -1,0 +1,56 @@
+// The coordinator's side of the workers: one stub per stage, configuring them (with retry
+// while a worker winds down its previous stream), polling statistics, reading weights, and
+// naming the stages that do not answer.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/localpar.grpc.pb.h"
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+
+// What every stage is configured with, besides the job.
+struct StageSettings {
+  int64_t total_steps = 0;
+  v1::ConfigureRequest::NonFinite non_finite = v1::ConfigureRequest::REJECT;
+  int overlap_max_delay = 0;
+  std::string restore_path;  // a checkpoint directory, or empty
+};
+
+struct ConfigureOutcome {
+  int exit_code = 0;  // ExitCode
+  std::string backend;
+  int64_t parameters = 0;
+};
+
+class WorkerPool {
+ public:
+  WorkerPool(std::vector<std::string> addresses, const SecurityOptions& security);
+  int size() const { return static_cast<int>(addresses_.size()); }
+  const std::string& address(int k) const { return addresses_[k]; }
+  v1::Worker::Stub& stub(int k) { return *stubs_[k]; }
+
+  // Configures every stage in order; the first failure is printed and decides the exit
+  // code: INVALID_ARGUMENT a bad job (3), DATA_LOSS a checkpoint that does not restore and
+  // FAILED_PRECONDITION a device that is missing (1), anything else a lost worker (5).
+  ConfigureOutcome ConfigureAll(const v1::Job& job, const StageSettings& settings, int timeout_s);
+  // Each stage's statistics; nullopt for a stage that does not answer within the deadline.
+  std::vector<std::optional<v1::StatsResponse>> PollStats(bool intervals, double deadline_s);
+  // "stage 1 (HOST:PORT), ..." for the stages that do not answer; empty when all do.
+  std::string Unreachable(double deadline_s);
+  static std::string Describe(const std::vector<std::optional<v1::StatsResponse>>& stats,
+                              const std::vector<std::string>& addresses);
+  absl::StatusOr<v1::StageWeights> Weights(int k);
+
+ private:
+  std::vector<std::string> addresses_;
+  const SecurityOptions& security_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+};
+
+}  // namespace localpar

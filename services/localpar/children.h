@@ -1,0 +1,35 @@
+// The launcher's child processes: starting, reaping, describing and stopping them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace localpar {
+
+struct Child {
+  std::string name;  // "worker for stage 2", "coordinator"
+  std::vector<std::string> argv;
+  std::string log_path;  // empty: the launcher's own stdout and stderr
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;  // from waitpid
+  int restarts = 0;
+
+  void Start();
+  // "worker for stage 2 exited with code 1" / "... was killed by signal 9".
+  std::string Describe() const;
+  // Exited, and not with code 0 (a worker leaves with 0 after the in-band SHUTDOWN).
+  bool Lost() const;
+};
+
+// Notes every child that has exited, without waiting.
+void Reap(std::vector<Child>& children);
+// SIGTERM (workers drain), then SIGKILL whatever is still running after `grace`.
+void StopAll(std::vector<Child>& children, std::chrono::milliseconds grace);
+// The last lines of a log, indented, to stderr.
+void PrintLogTail(const std::string& path);
+
+}  // namespace localpar

@@ -1,0 +1,35 @@
+// Subcommand flags.
+#include "services/localpar/command_flags.h"
+
+#include <iostream>
+
+#include "services/common/exit_codes.h"
+
+namespace localpar {
+
+bool ParseCommand(const std::string& command, const std::string& usage, const Args& args,
+                  google::protobuf::Message* message, const FlagOptions& options,
+                  std::string* argument, int* exit_code) {
+  const std::string program = "localpar " + command;
+  std::vector<std::string> positional;
+  if (!ParseProgramFlags(program, usage, args, message, options, &positional, exit_code)) {
+    return false;
+  }
+  if (positional.size() != 1) {
+    std::cerr << program << ": expected one "
+              << (usage.find("HOST:PORT") != std::string::npos ? "address" : "job file")
+              << (positional.empty() ? "" : ", got " + std::to_string(positional.size()))
+              << "; see " << program << " --help\n";
+    *exit_code = kExitUsage;
+    return false;
+  }
+  *argument = positional[0];
+  return true;
+}
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "localpar: " << message << "\n";
+  return code;
+}
+
+}  // namespace localpar

@@ -1,0 +1,20 @@
+// What every `localpar` subcommand does first: parse its flags, and take exactly one
+// argument (the job file, or an address).
+#pragma once
+
+#include <string>
+
+#include "services/common/program_config.h"
+#include "services/localpar/commands.h"
+
+namespace localpar {
+
+// False when the command should exit with *exit_code (--help, a usage error).
+bool ParseCommand(const std::string& command, const std::string& usage, const Args& args,
+                  google::protobuf::Message* message, const FlagOptions& options,
+                  std::string* argument, int* exit_code);
+
+// Prints "localpar: MESSAGE" and returns `code`.
+int Fail(int code, const std::string& message);
+
+}  // namespace localpar

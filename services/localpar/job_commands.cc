@@ -1,0 +1,105 @@
+// `localpar train`, `localpar validate` and `localpar data`.
+#include <iostream>
+
+#include "common/job/report.h"
+#include "common/job/run.h"
+#include "google/protobuf/struct.pb.h"
+#include "services/common/exit_codes.h"
+#include "services/localpar/command_flags.h"
+
+namespace localpar {
+namespace {
+
+// Every stage's program for one training step of `job`.
+void Explain(const v1::Job& job) {
+  TrainerOptions t = ToTrainerOptions(job, 1);
+  const RuleSpec& rule = Rule(t.rule);
+  std::cout << "\n# " << rule.name << ": " << rule.summary << "\n";
+  for (int k = 0; k < job.stages_size(); ++k) {
+    ProgramSpec spec = StageProgramSpec(t, k, job.stages_size());
+    std::cout << "# stage " << k << ": " << ProgramString(TrainProgram(spec)) << "\n";
+  }
+  std::cout << "# evaluation, every stage: " << ProgramString(EvalProgram()) << "\n";
+}
+
+}  // namespace
+
+int TrainCommandMain(const Args& args) {
+  v1::TrainCommand t = TrainDefaults();
+  std::string path;
+  int rc = 0;
+  if (!ParseCommand("train",
+                    "localpar train JOB_FILE [flags]\n"
+                    "Trains JOB_FILE with the in-process reference trainer (every stage in this "
+                    "process).",
+                    args, &t, {}, &path, &rc)) {
+    return rc;
+  }
+  if (t.threads() < 1) return Fail(kExitUsage, "--threads must be >= 1");
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, t.overrides());
+  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
+  absl::StatusOr<DataSplit> data = LoadJobData(*job);
+  if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
+  RunOptions options;
+  options.device = t.device();
+  options.threads = t.threads();
+  options.out_dir = t.out();
+  options.progress = !t.quiet();
+  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);
+  if (!report.ok()) {
+    const bool usage = report.status().code() == absl::StatusCode::kInvalidArgument &&
+                       report.status().message().rfind("--device", 0) == 0;
+    return Fail(usage ? kExitUsage : kExitFailure, std::string(report.status().message()));
+  }
+  std::cout << ReportTable(*report);
+  if (!options.out_dir.empty()) std::cout << "report: " << options.out_dir << "/report.json\n";
+  return kExitOk;
+}
+
+int ValidateCommandMain(const Args& args) {
+  v1::JobCommand c;
+  std::string path;
+  int rc = 0;
+  if (!ParseCommand("validate",
+                    "localpar validate JOB_FILE [flags]\n"
+                    "Checks JOB_FILE (with any overrides) and prints it with every default "
+                    "filled in.",
+                    args, &c, {}, &path, &rc)) {
+    return rc;
+  }
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, c.overrides());
+  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
+  std::cout << path << ": ok\n" << job->DebugString();
+  if (c.explain()) Explain(*job);
+  return kExitOk;
+}
+
+int DataCommandMain(const Args& args) {
+  v1::JobCommand c;
+  std::string path;
+  int rc = 0;
+  if (!ParseCommand("data",
+                    "localpar data JOB_FILE [flags]\n"
+                    "Loads the job's data and prints its figures as JSON (examples, classes, the "
+                    "unigram baseline in bits).",
+                    args, &c, {}, &path, &rc)) {
+    return rc;
+  }
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, c.overrides());
+  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
+  absl::StatusOr<DataSplit> data = LoadJobData(*job);
+  if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
+  google::protobuf::Struct figures;
+  auto set = [&](const char* key, double v) {
+    (*figures.mutable_fields())[key].set_number_value(v);
+  };
+  set("train_examples", static_cast<double>(data->train.size()));
+  set("test_examples", static_cast<double>(data->test.size()));
+  set("classes", data->train.classes);
+  set("labels_per_example", static_cast<double>(data->train.label_size));
+  set("unigram_bits_per_label", UnigramBitsPerLabel(*data));
+  std::cout << ToJson(figures, false);
+  return kExitOk;
+}
+
+}  // namespace localpar

@@ -1,0 +1,136 @@
+// `localpar plan` and `localpar project`: both time every layer of the job first.
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/job/plan.h"
+#include "common/job/run.h"
+#include "google/protobuf/text_format.h"
+#include "services/common/exit_codes.h"
+#include "services/localpar/command_flags.h"
+
+namespace localpar {
+namespace {
+
+constexpr char kPlanUsage[] =
+    "localpar plan JOB_FILE --stages=K [flags]\n"
+    "Times every layer and prints the job cut into K stages so that the slowest stage is\n"
+    "fastest (--naive: equal layer counts instead); the reasoning goes to stderr.";
+constexpr char kProjectUsage[] =
+    "localpar project JOB_FILE [flags]\n"
+    "Predicts pipeline throughput for several stage counts from measured layer times and\n"
+    "activation sizes.";
+
+// Parses the command, loads the job (without the stage regrouping: for plan --stages is
+// the target) and times every layer on the backend --device and --threads pick.
+int Profile(const char* command, const char* usage, const Args& args, v1::ProfileCommand* c,
+            v1::Job* job, std::vector<UnitProfile>* units, std::string* device) {
+  *c = ProfileDefaults();
+  std::string path;
+  int rc = 0;
+  if (!ParseCommand(command, usage, args, c, {}, &path, &rc)) return rc;
+  v1::JobOverrides overrides = c->overrides();
+  overrides.clear_stages();
+  absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(path, overrides);
+  if (!loaded.ok()) return Fail(kExitBadJob, std::string(loaded.status().message()));
+  *job = *std::move(loaded);
+  RunOptions ro;
+  ro.device = c->device();
+  ro.threads = std::max(1, c->threads());
+  absl::StatusOr<std::unique_ptr<Backend>> backend = PickBackend(ro);
+  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  ApplyJobToBackend(*job, **backend);
+  *device = (*backend)->Describe();
+  std::cerr << "timing each layer of " << job->name() << " on " << *device << ", batch "
+            << job->batch_size() << "\n";
+  absl::StatusOr<std::vector<UnitProfile>> profiled =
+      ProfileUnits(*job, **backend, job->batch_size());
+  if (!profiled.ok()) return Fail(kExitBadJob, std::string(profiled.status().message()));
+  *units = *std::move(profiled);
+  return -1;  // go on
+}
+
+void Describe(const char* what, const Partition& p) {
+  std::string s;
+  for (size_t k = 0; k < p.sizes.size(); ++k) {
+    absl::StrAppendFormat(&s, "%s%d layers %.3f ms", k ? ", " : "", p.sizes[k],
+                          1e3 * p.stage_seconds[k]);
+  }
+  std::cerr << absl::StrFormat("  %-9s slowest stage %.3f ms: %s\n", what, 1e3 * p.bottleneck(), s);
+}
+
+}  // namespace
+
+// The proposed job on stdout, the reasoning on stderr.
+int PlanCommandMain(const Args& args) {
+  v1::ProfileCommand c;
+  v1::Job job;
+  std::vector<UnitProfile> profile;
+  std::string device;
+  if (int rc = Profile("plan", kPlanUsage, args, &c, &job, &profile, &device); rc >= 0) return rc;
+  const int stages = c.overrides().stages();
+  if (stages < 1) return Fail(kExitUsage, "plan needs --stages=K (K >= 1)");
+  absl::StatusOr<Partition> best = BestPartition(profile, stages);
+  absl::StatusOr<Partition> equal = EqualPartition(profile, stages);
+  if (!best.ok()) return Fail(kExitBadJob, std::string(best.status().message()));
+  if (!equal.ok()) return Fail(kExitBadJob, std::string(equal.status().message()));
+  for (const UnitProfile& u : profile) {
+    std::cerr << absl::StrFormat("  %-40s %8.3f ms  head %s\n", u.label, 1e3 * u.seconds,
+                                 u.head_seconds < 0
+                                     ? std::string("does not fit")
+                                     : absl::StrFormat("%.3f ms", 1e3 * u.head_seconds));
+  }
+  Describe("balanced", *best);
+  Describe("equal", *equal);
+  std::cerr << absl::StrFormat(
+      "plan: predicted pipeline throughput, balanced / equal split: %.2f\n",
+      equal->bottleneck() / best->bottleneck());
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(ApplyPartition(job, c.naive() ? *equal : *best),
+                                              &text);
+  std::cout << "# localpar plan --stages=" << stages << (c.naive() ? " --naive" : "") << " of job "
+            << job.name() << "\n"
+            << text;
+  return kExitOk;
+}
+
+// Predicted examples/s for each stage count, from measured layer times.
+int ProjectCommandMain(const Args& args) {
+  v1::ProfileCommand c;
+  v1::Job job;
+  std::vector<UnitProfile> profile;
+  std::string device;
+  if (int rc = Profile("project", kProjectUsage, args, &c, &job, &profile, &device); rc >= 0) {
+    return rc;
+  }
+  LinkModel link;
+  link.bytes_per_second = c.link_gbps() * 1e9 / 8;
+  link.latency_seconds = c.latency_us() * 1e-6;
+  link.cores = c.cores();
+  std::cout << absl::StrFormat(
+      "project: %s on %s, batch %d, link %s, latency %.0f us, cores %s\n", job.name(), device,
+      job.batch_size(),
+      link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", c.link_gbps())
+                                : std::string("unlimited"),
+      1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per stage");
+  std::cout << "stages  slowest stage ms  largest hop MiB  predicted examples/s\n";
+  for (absl::string_view part : absl::StrSplit(c.project_stages(), ',')) {
+    int k = 0;
+    if (!absl::SimpleAtoi(part, &k) || k < 1) {
+      return Fail(kExitUsage, absl::StrCat("--project_stages: '", part, "' is not a count"));
+    }
+    absl::StatusOr<Partition> p = BestPartition(profile, k);
+    if (!p.ok()) return Fail(kExitBadJob, std::string(p.status().message()));
+    std::vector<double> hops = HopBytes(job, *p, job.batch_size());
+    double largest = hops.empty() ? 0 : *std::max_element(hops.begin(), hops.end());
+    std::cout << absl::StrFormat(
+        "%6d  %16.3f  %15.2f  %20.0f\n", k, 1e3 * p->bottleneck(), largest / (1 << 20),
+        PredictExamplesPerSecond(p->stage_seconds, hops, job.batch_size(), link));
+  }
+  return kExitOk;
+}
+
+}  // namespace localpar

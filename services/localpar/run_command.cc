@@ -1,0 +1,45 @@
+// `localpar run`.
+#include <filesystem>
+
+#include "services/common/exit_codes.h"
+#include "services/localpar/command_flags.h"
+#include "services/localpar/launcher.h"
+
+namespace localpar {
+namespace {
+
+std::string BinDir() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : exe.parent_path().string();
+}
+
+}  // namespace
+
+int RunCommandMain(const Args& args) {
+  LaunchOptions o;
+  o.run = RunDefaults();
+  FlagOptions flags;
+  // The launcher sets these itself; --resume=DIR stands for --resume plus the directory.
+  flags.exclude = {"coordinator.job",    "coordinator.workers",
+                   "coordinator.resume", "coordinator.resume_if_present",
+                   "metrics_port_file",  "status_port_file"};
+  int rc = 0;
+  if (!ParseCommand("run",
+                    "localpar run JOB_FILE [flags]\n"
+                    "Trains JOB_FILE on a local cluster: one localpar_worker process per stage and "
+                    "a\nlocalpar_coordinator, over gRPC on loopback. Ctrl-C stops them all.",
+                    args, &o.run, flags, &o.job_path, &rc)) {
+    return rc;
+  }
+  const v1::RunCommand& r = o.run;
+  if (r.threads() < 1) return Fail(kExitUsage, "--threads must be >= 1");
+  if (r.queue_capacity() < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
+  if (r.device() != "cpu" && r.device() != "cuda" && r.device() != "auto") {
+    return Fail(kExitUsage, "--device=" + r.device() + ": expected cpu, cuda or auto");
+  }
+  o.bin_dir = BinDir();
+  return Launch(o);
+}
+
+}  // namespace localpar

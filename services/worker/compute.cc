@@ -1,0 +1,250 @@
+// The worker's compute thread: stage programs over the link's queues.
+#include "services/worker/compute.h"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/job/checkpoint.h"
+#include "common/job/tensor_codec.h"
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+namespace {
+
+double SecondsSince(int64_t start_ns) { return (MonotonicNanos() - start_ns) * 1e-9; }
+
+}  // namespace
+
+v1::UpItem ErrorItem(uint64_t seq, int stage, const absl::Status& s) {
+  v1::UpItem up;
+  v1::ItemError* e = up.mutable_error();
+  e->set_seq(seq);
+  e->set_stage(stage);
+  e->set_code(static_cast<int>(s.code()));
+  e->set_message(std::string(s.message()));
+  return up;
+}
+
+// The ports of one step: its items as they arrive, decoded into per-slot tensors, and the
+// framed messages the program sends.
+class StageCompute::Ports final : public StagePorts {
+ public:
+  Ports(const StageSetup& setup, StageHost& host, WorkerStats& stats, StageExecutor& executor)
+      : setup_(setup), host_(host), stats_(stats), executor_(executor) {
+    const size_t slots = static_cast<size_t>(StageExecutor::SlotsNeeded(setup.program));
+    inputs_.resize(slots);
+    labels_.resize(slots);
+  }
+
+  void Attach(ComputeLinks* links) { links_ = links; }
+  void Begin(v1::DownItem first, int micro_batches) {
+    items_.assign(static_cast<size_t>(micro_batches), v1::DownItem());
+    items_[0] = std::move(first);
+    receive_wait_ = send_wait_ = 0;
+    rows_ = 0;
+  }
+  uint64_t first_seq() const { return items_[0].batch().seq(); }
+  int64_t rows() const { return rows_; }
+  double receive_wait() const { return receive_wait_; }
+  double send_wait() const { return send_wait_; }
+
+  PortState Receive(int m, const Tensor** x, const Tensor** labels) override {
+    if (m > 0 && !NextMicroBatch(m)) return PortState::kGone;
+    v1::Batch& b = *items_[m].mutable_batch();
+    rows_ += b.activations().shape(0);
+    const size_t slot = static_cast<size_t>(executor_.SlotFor(m));
+    TakeActivations(b.mutable_activations(), host_.backend(), &inputs_[slot]);
+    DecodeTensorInto(b.labels(), host_.backend(), &labels_[slot]);
+    *x = &inputs_[slot];
+    *labels = &labels_[slot];
+    return PortState::kReady;
+  }
+
+  // Hands y on as micro-batch m's activations, straight from its memory (see wire.h); the
+  // labels move along.
+  void SendActivations(int m, const Tensor& y) override {
+    if (setup_.last()) return;
+    v1::Batch& b = *items_[m].mutable_batch();
+    v1::Batch next;
+    next.set_seq(b.seq());
+    next.set_epoch(b.epoch());
+    next.set_phase(b.phase());
+    next.set_step(b.step());
+    next.set_micro_batch(b.micro_batch());
+    next.set_micro_batches(b.micro_batches());
+    next.set_batch_rows(b.batch_rows());
+    WireBytes bytes = PrepareActivations(y, setup_.wire, host_.host_backend(), &staging_,
+                                         next.mutable_activations());
+    *next.mutable_labels() = std::move(*b.mutable_labels());
+    const int64_t start = MonotonicNanos();
+    links_->SendDown(FrameBatch(next, bytes), std::move(bytes.ready));
+    send_wait_ += SecondsSince(start);
+  }
+
+  // Returns dx upstream, straight from its memory like activations (always float32).
+  void SendInputGradient(int m, const Tensor& dx) override {
+    const v1::Batch& b = items_[m].batch();
+    v1::Gradient g;
+    g.set_seq(b.seq());
+    g.set_step(b.step());
+    g.set_micro_batch(b.micro_batch());
+    WireBytes bytes = PrepareActivations(dx, WireFormat::kF32, host_.host_backend(), &grad_staging_,
+                                         g.mutable_grad());
+    if (bytes.ready) bytes.ready();
+    links_->SendUp(FrameGradient(g, bytes));
+  }
+
+  PortState AwaitGradient(int, const Tensor** grad) override {
+    return TakeGradient(true, grad) == PortState::kReady && *grad ? PortState::kReady
+                                                                  : PortState::kGone;
+  }
+
+  PortState TakeGradient(bool wait, const Tensor** grad) override {
+    v1::Gradient g;
+    PortState s = links_->NextGradient(wait, &g);
+    if (s != PortState::kReady) return s;
+    *grad = nullptr;
+    if (!g.has_grad()) return PortState::kReady;  // the batch died downstream
+    DecodeTensorInto(g.grad(), host_.backend(), &returned_);
+    *grad = &returned_;
+    return PortState::kReady;
+  }
+
+ private:
+  // Waits for micro-batch m of the step under way. Anything else arriving meanwhile is
+  // refused in-band: a step's micro-batches travel together.
+  bool NextMicroBatch(int m) {
+    const v1::Batch& first = items_[0].batch();
+    while (true) {
+      const int64_t start = MonotonicNanos();
+      std::optional<v1::DownItem> item = links_->NextItem();
+      receive_wait_ += SecondsSince(start);
+      if (!item) return false;
+      if (item->has_batch() && item->batch().phase() == v1::TRAIN &&
+          item->batch().step() == first.step() && item->batch().micro_batch() == m &&
+          item->batch().batch_rows() == first.batch_rows()) {
+        items_[m] = std::move(*item);
+        return true;
+      }
+      stats_.Reject("bad_micro_batch");
+      const uint64_t seq = item->has_batch() ? item->batch().seq() : item->control().seq();
+      links_->SendUp(FrameItem(
+          ErrorItem(seq, setup_.stage,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "batch.micro_batch: step ", first.step(), " is waiting for micro-batch ", m,
+                        " of ", items_.size(), "; this item does not belong there")))));
+    }
+  }
+
+  const StageSetup& setup_;
+  StageHost& host_;
+  WorkerStats& stats_;
+  StageExecutor& executor_;
+  ComputeLinks* links_ = nullptr;
+  std::vector<v1::DownItem> items_;      // this step's, by micro-batch
+  std::vector<Tensor> inputs_, labels_;  // by slot: kept until the slot's backward
+  Tensor returned_;                      // the gradient being applied
+  Tensor staging_, grad_staging_;        // host bytes of converted or device tensors
+  double receive_wait_ = 0, send_wait_ = 0;
+  int64_t rows_ = 0;
+};
+
+StageCompute::StageCompute(const StageSetup& setup, StageHost& host, WorkerStats& stats,
+                           int debug_delay_ms)
+    : setup_(setup),
+      host_(host),
+      stats_(stats),
+      debug_delay_ms_(debug_delay_ms),
+      executor_(*setup.stage_model, setup.program),
+      ports_(std::make_unique<Ports>(setup, host, stats, executor_)) {}
+
+StageCompute::~StageCompute() = default;
+
+void StageCompute::Run(ComputeLinks& links) {
+  ports_->Attach(&links);
+  int64_t wait_start = MonotonicNanos();
+  while (std::optional<v1::DownItem> item = links.NextItem()) {
+    const double waited = SecondsSince(wait_start);
+    if (item->has_control()) {
+      Control(links, *item);
+    } else {
+      RunStep(links, *std::move(item), waited);
+    }
+    wait_start = MonotonicNanos();
+  }
+  std::lock_guard<std::mutex> compute(host_.compute_mutex());
+  executor_.Flush(*ports_);
+  stats_.SetDelays(executor_.delays());
+}
+
+void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double receive_wait) {
+  const v1::Batch& b = first.batch();
+  const TrainerOptions& t = setup_.trainer;
+  StepContext ctx;
+  ctx.train = b.phase() == v1::TRAIN;
+  ctx.step = b.step();
+  ctx.seed = t.seed;
+  ctx.lr = LearningRate(t.schedule, b.step(), t.total_steps);
+  ctx.loss_scale = LossScale(b.batch_rows(), setup_.labels_per_example);
+  ctx.micro_batches =
+      ctx.train ? StepMicroBatches(setup_.program.micro_batches, b.batch_rows()) : 1;
+  const int64_t start = MonotonicNanos();
+  ports_->Begin(std::move(first), ctx.micro_batches);
+  executor_.Begin(ctx);
+  {
+    std::lock_guard<std::mutex> compute(host_.compute_mutex());
+    if (executor_.Run(*ports_) != StageExecutor::Result::kDone) return;  // the stream ended
+  }
+  if (!ctx.train) {
+    stats_.RecordEval(executor_.stats());
+    return;
+  }
+  if (debug_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(debug_delay_ms_));
+  StepRecord r;
+  r.seq = ports_->first_seq();
+  r.rows = ports_->rows();
+  r.head = executor_.stats();
+  r.updated = executor_.stepped();
+  r.times = executor_.times();
+  r.receive_wait = receive_wait + ports_->receive_wait();
+  r.send_wait = ports_->send_wait();
+  r.start_ns = start;
+  r.end_ns = MonotonicNanos();
+  links.QueueDepths(&r.inbound_depth, &r.inbound_capacity, &r.outbound_depth, &r.outbound_capacity);
+  r.device_bytes = host_.backend().DeviceBytesInUse();
+  stats_.RecordTrainStep(r);
+  if (setup_.program.max_delay > 0) stats_.SetDelays(executor_.delays());
+}
+
+void StageCompute::Control(ComputeLinks& links, const v1::DownItem& item) {
+  const v1::Control& c = item.control();
+  {
+    std::lock_guard<std::mutex> compute(host_.compute_mutex());
+    executor_.Flush(*ports_);
+    if (c.kind() == v1::Control::CHECKPOINT) {
+      std::string file = absl::StrCat(c.path(), "/stage-", setup_.stage, ".ckpt");
+      absl::Status s = SaveStageFile(*setup_.stage_model, setup_.stage, stats_.steps(), file);
+      if (!s.ok()) {
+        // The marker stops here: the checkpoint cannot commit without this stage.
+        links.SendUp(FrameItem(ErrorItem(c.seq(), setup_.stage, s)));
+        return;
+      }
+    }
+  }
+  if (c.kind() == v1::Control::END_OF_EPOCH) stats_.EndOfEpoch(c.epoch());
+  if (c.kind() == v1::Control::END_OF_EVAL) stats_.EndOfEval(c.epoch());
+  if (c.kind() == v1::Control::SHUTDOWN) shutdown_ = true;
+  if (!setup_.last()) {
+    links.SendDown(FrameItem(item), nullptr);
+    return;
+  }
+  v1::UpItem up;
+  v1::Ack* ack = up.mutable_ack();
+  ack->set_seq(c.seq());
+  ack->set_kind(c.kind());
+  ack->set_epoch(c.epoch());
+  links.SendUp(FrameItem(up));
+}
+
+}  // namespace localpar

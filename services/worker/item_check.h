@@ -1,0 +1,40 @@
+// The check every item from a peer passes before the worker uses any of it: a pure function
+// of the item and what the configured job allows, fuzzed directly (tests/fuzz/).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/core/shape.h"
+#include "proto/localpar.pb.h"
+
+namespace localpar {
+
+// What the configured job allows on this stage's upstream link.
+struct ItemLimits {
+  int stage = 0;
+  Shape input_shape;               // per example
+  v1::DType wire_dtype = v1::F32;  // what a previous stage may send besides F32
+  int32_t classes = 0;
+  int64_t labels_per_example = 1;
+  int micro_batches = 1;        // the job's; 1 for rules that do not split batches
+  int64_t batch_size = 0;       // rows of a training step, at most
+  int64_t eval_batch_size = 0;  // rows of an evaluation batch, at most
+  int64_t total_steps = 0;
+  int32_t epochs = 0;
+  v1::ConfigureRequest::NonFinite non_finite = v1::ConfigureRequest::REJECT;
+};
+
+struct ItemCheck {
+  enum Verdict { kAccept, kReject, kSkip };
+  Verdict verdict = kAccept;
+  std::string reason;   // the `reason` label of localpar_rejected_total
+  absl::Status status;  // what the peer is told (kReject)
+};
+
+// `limits` is null before Configure. `last_seq` is the last accepted item's seq (0: none):
+// seq must increase strictly.
+ItemCheck CheckDownItem(const v1::DownItem& item, const ItemLimits* limits, uint64_t last_seq);
+
+}  // namespace localpar

@@ -1,0 +1,109 @@
+// Building and restoring a worker's stage.
+#include "services/worker/stage_host.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/job/checkpoint.h"
+#include "common/job/job.h"
+#include "common/job/run.h"
+#include "common/job/tensor_codec.h"
+
+namespace localpar {
+
+absl::Status StageHost::EnsureBackend() {
+  if (backend_) return absl::OkStatus();
+  RunOptions ro;
+  ro.device = options_.config.device();
+  ro.threads = options_.config.threads();
+  absl::StatusOr<std::unique_ptr<Backend>> b = PickBackend(ro);
+  if (!b.ok()) return b.status();
+  backend_ = *std::move(b);
+  if (backend_->device() != DeviceType::kCPU) {
+    host_backend_ = backend_->MakeStagingHost();  // page-locked: asynchronous copies
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
+  v1::Job job = req.job();
+  ApplyJobDefaults(job);
+  if (absl::Status v = ValidateJob(job); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job: ", v.message()));
+  }
+  if (req.stage() < 0 || req.stage() >= job.stages_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage: ", req.stage(), " is not in 0..", job.stages_size() - 1));
+  }
+  const bool last = req.stage() + 1 == job.stages_size();
+  if (last != req.downstream().empty()) {
+    return absl::InvalidArgumentError(last ? "downstream: the last stage has none"
+                                           : "downstream: required for this stage");
+  }
+  if (req.overlap_max_delay() < 0) {
+    return absl::InvalidArgumentError("overlap_max_delay: must be >= 0");
+  }
+  if (req.total_steps() < 1) return absl::InvalidArgumentError("total_steps: must be >= 1");
+  if (absl::Status b = EnsureBackend(); !b.ok()) return b;
+  ApplyJobToBackend(job, *backend_);
+  ModelConfig mc = ToModelConfig(job);
+  std::string error;
+  s->stage_model =
+      Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
+                    mc.optimizer, StageSeed(mc.seed, req.stage()), &error);
+  if (!s->stage_model) return absl::InvalidArgumentError(error);
+  if (!req.restore_path().empty()) {
+    std::string file = absl::StrCat(req.restore_path(), "/stage-", req.stage(), ".ckpt");
+    if (absl::Status r = LoadStageFile(*s->stage_model, file); !r.ok()) {
+      return absl::DataLossError(absl::StrCat("restore_path: ", r.message()));
+    }
+  }
+  s->request = req;
+  *s->request.mutable_job() = job;
+  s->stage = req.stage();
+  s->num_stages = job.stages_size();
+  s->labels_per_example = JobLabelsPerExample(job);
+  s->wire = static_cast<WireFormat>(job.wire());
+  s->trainer = ToTrainerOptions(job, req.total_steps());
+  s->program = StageProgramSpec(s->trainer, s->stage, s->num_stages, req.overlap_max_delay());
+  ItemLimits& l = s->limits;
+  l.stage = s->stage;
+  l.input_shape = s->stage_model->input_shape();
+  l.wire_dtype = WireDType(s->wire);
+  l.classes = JobClasses(job);
+  l.labels_per_example = s->labels_per_example;
+  l.micro_batches = s->program.micro_batches;
+  l.batch_size = job.batch_size();
+  l.eval_batch_size = job.eval_batch_size();
+  l.total_steps = req.total_steps();
+  l.epochs = job.epochs();
+  l.non_finite = req.non_finite();
+  if (!last) s->downstream = MakeChannel(req.downstream(), options_.security);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ConfigureResponse> StageHost::Configure(const v1::ConfigureRequest& req) {
+  auto built = std::make_shared<StageSetup>();
+  if (absl::Status s = Build(req, built.get()); !s.ok()) return s;
+  v1::ConfigureResponse resp;
+  resp.set_backend(backend_->Describe());
+  resp.set_parameters(built->stage_model->num_parameters());
+  for (int64_t d : built->stage_model->input_shape()) resp.add_input_shape(d);
+  for (int64_t d : built->stage_model->output_shape()) resp.add_output_shape(d);
+  std::lock_guard<std::mutex> compute(compute_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  setup_ = std::move(built);
+  return resp;
+}
+
+std::shared_ptr<const StageSetup> StageHost::setup() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return setup_;
+}
+
+absl::StatusOr<v1::StageWeights> StageHost::Weights() {
+  std::lock_guard<std::mutex> compute(compute_mu_);
+  std::shared_ptr<const StageSetup> s = setup();
+  if (!s) return absl::FailedPreconditionError("not configured");
+  return SnapshotStage(*s->stage_model, s->stage);
+}
+
+}  // namespace localpar

@@ -1,0 +1,71 @@
+// The stage a worker holds: Configure builds it from the job (or restores it from a
+// checkpoint) on the backend the worker was started for, all or nothing.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/core/dtype.h"
+#include "common/nn/trainer.h"
+#include "proto/config.pb.h"
+#include "proto/localpar.grpc.pb.h"
+#include "services/common/grpc_util.h"
+#include "services/worker/item_check.h"
+
+namespace localpar {
+
+// What a worker was started with: its flags, and the security files they name, read.
+struct WorkerOptions {
+  v1::WorkerConfig config;
+  SecurityOptions security;
+};
+
+// Everything one Configure decided. Immutable once built; a stream holds it while it runs.
+struct StageSetup {
+  v1::ConfigureRequest request;  // with the job's defaults applied
+  int stage = 0;
+  int num_stages = 0;
+  bool last() const { return stage + 1 == num_stages; }
+  int64_t labels_per_example = 1;
+  WireFormat wire = WireFormat::kF32;  // how activations go to the next stage
+  TrainerOptions trainer;
+  ProgramSpec program;
+  ItemLimits limits;
+  std::unique_ptr<Stage> stage_model;
+  std::shared_ptr<grpc::Channel> downstream;  // null for the last stage
+};
+
+class StageHost {
+ public:
+  explicit StageHost(const WorkerOptions& options) : options_(options) {}
+
+  // Builds (or restores) the stage the request asks for. On any error the previous
+  // configuration stays in place. Codes: INVALID_ARGUMENT for the job or request,
+  // FAILED_PRECONDITION when the device cannot be had, DATA_LOSS when restore_path cannot
+  // be restored.
+  absl::StatusOr<v1::ConfigureResponse> Configure(const v1::ConfigureRequest& request);
+
+  std::shared_ptr<const StageSetup> setup() const;  // null before the first Configure
+  Backend& backend() { return *backend_; }
+  // Host memory for activations converted or copied before sending: the compute backend
+  // when it is the CPU, else page-locked memory beside it.
+  Backend& host_backend() { return host_backend_ ? *host_backend_ : *backend_; }
+  // Held while a batch is computed, so that weights are read between batches.
+  std::mutex& compute_mutex() { return compute_mu_; }
+  absl::StatusOr<v1::StageWeights> Weights();
+
+ private:
+  absl::Status EnsureBackend();
+  absl::Status Build(const v1::ConfigureRequest& request, StageSetup* setup);
+
+  const WorkerOptions& options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> host_backend_;
+  std::mutex compute_mu_;
+  mutable std::mutex mu_;
+  std::shared_ptr<StageSetup> setup_;
+};
+
+}  // namespace localpar

@@ -1,0 +1,88 @@
+// The worker process.
+#include "services/worker/worker_process.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "services/common/metrics.h"
+#include "services/common/port_file.h"
+#include "services/worker/worker_service.h"
+
+namespace localpar {
+namespace {
+
+// Self-pipe: a handler (not sigwait) because libraries such as OpenBLAS start threads before
+// main, with signals unblocked, so any thread may be the one that receives SIGTERM.
+int g_signal_pipe[2] = {-1, -1};
+void OnTerminate(int sig) {
+  char c = static_cast<char>(sig);
+  (void)!write(g_signal_pipe[1], &c, 1);
+}
+
+}  // namespace
+
+int RunWorker(const WorkerOptions& options) {
+  ConfigureAllocatorForMessages();
+  if (pipe(g_signal_pipe) != 0) return 1;
+  struct sigaction sa = {};
+  sa.sa_handler = OnTerminate;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  std::unique_ptr<MetricsServer> metrics_server;
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (!options.config.metrics_listen().empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> ms =
+        MetricsServer::Start(options.config.metrics_listen());
+    if (!ms.ok()) {
+      std::cerr << "localpar_worker: " << ms.status().message() << "\n";
+      return 2;
+    }
+    metrics_server = *std::move(ms);
+    metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
+  }
+  WorkerService service(options, metrics.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  ConfigureServer(builder);
+  int port = 0;
+  builder.AddListeningPort(options.config.listen(), ServerCredentials(options.security), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "localpar_worker: cannot listen on " << options.config.listen()
+              << " (in use, or not a valid address)\n";
+    return 2;
+  }
+  const int metrics_port = metrics_server ? metrics_server->port() : 0;
+  if (!options.config.port_file().empty()) {
+    // "GRPC_PORT METRICS_PORT" (0 when metrics are off).
+    if (absl::Status s = WritePortFile(options.config.port_file(), {port, metrics_port}); !s.ok()) {
+      std::cerr << "localpar_worker: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "localpar_worker: serving on port " << port;
+  if (metrics_server) std::cerr << ", metrics on port " << metrics_port;
+  std::cerr << "\n";
+  std::thread signals([&] {
+    char c = 0;
+    if (read(g_signal_pipe[0], &c, 1) == 1 && c != 0) {
+      std::cerr << "localpar_worker: signal " << int{c} << ": draining and shutting down\n";
+      service.RequestShutdown();
+    }
+  });
+  service.WaitForShutdown();
+  // Streams in flight get a grace period to finish their batches.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  char zero = 0;
+  (void)!write(g_signal_pipe[1], &zero, 1);  // wake the signal thread if no signal came
+  signals.join();
+  return 0;
+}
+
+}  // namespace localpar

@@ -1,0 +1,99 @@
+// Worker RPC handlers.
+#include "services/worker/worker_service.h"
+
+#include "services/common/grpc_util.h"
+#include "services/worker/session.h"
+
+namespace localpar {
+namespace {
+
+// A stream refused before it starts.
+class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+WorkerService::WorkerService(const WorkerOptions& options, WorkerMetrics* metrics)
+    : options_(options), stats_(metrics), host_(options) {}
+
+grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::ConfigureRequest* req,
+                                      v1::ConfigureResponse* resp) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (streaming_) {
+    // ABORTED: retry once the previous stream has wound down (the coordinator does).
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        "cannot reconfigure while an upstream stream is open");
+  }
+  absl::StatusOr<v1::ConfigureResponse> r = host_.Configure(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  std::shared_ptr<const StageSetup> s = host_.setup();
+  stats_.Reset(s->request.job().name(), s->stage, s->stage_model->optimizer().steps(),
+               options_.config.queue_capacity(), s->stage_model->StateBytes(),
+               s->stage_model->ActivationBytesPerExample());
+  return grpc::Status::OK;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stream(
+    grpc::CallbackServerContext* ctx) {
+  // Feeding a stage is as privileged as configuring it.
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) {
+    return new RefusedStream(auth);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (streaming_) {
+      return new RefusedStream(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                            "this worker already has an upstream stream"));
+    }
+    streaming_ = true;
+  }
+  auto* session = new StreamSession(host_.setup(), host_, stats_, options_, [this](bool shutdown) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      streaming_ = false;
+    }
+    if (shutdown) RequestShutdown();
+  });
+  session->Start();
+  return session;
+}
+
+grpc::Status WorkerService::Stats(grpc::ServerContext*, const v1::StatsRequest* req,
+                                  v1::StatsResponse* resp) {
+  *resp = stats_.Snapshot(req->include_intervals());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::GetWeights(grpc::ServerContext* ctx, const v1::WeightsRequest*,
+                                       v1::StageWeights* resp) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
+  absl::StatusOr<v1::StageWeights> w = host_.Weights();
+  if (!w.ok()) return ToGrpcStatus(w.status());
+  *resp = *std::move(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Shutdown(grpc::ServerContext* ctx, const v1::ShutdownRequest*,
+                                     v1::ShutdownResponse*) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
+  RequestShutdown();
+  return grpc::Status::OK;
+}
+
+void WorkerService::RequestShutdown() {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  shutdown_ = true;
+  shutdown_cv_.notify_all();
+}
+
+void WorkerService::WaitForShutdown() {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  shutdown_cv_.wait(lock, [&] { return shutdown_; });
+}
+
+}  // namespace localpar

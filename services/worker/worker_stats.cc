@@ -1,0 +1,138 @@
+// Worker statistics and metrics.
+#include "services/worker/worker_stats.h"
+
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+namespace {
+
+void ToProto(const HeadStats& s, v1::HeadStatistics* out) {
+  out->set_loss_sum(s.loss_sum);
+  out->set_correct(s.correct);
+  out->set_count(s.count);
+}
+
+}  // namespace
+
+WorkerStats::WorkerStats(WorkerMetrics* metrics)
+    : metrics_(metrics), baseline_bytes_(ResidentBytes()) {}
+
+void WorkerStats::Reset(const std::string& job, int stage, int64_t restored_steps,
+                        int64_t queue_capacity, int64_t state_bytes,
+                        int64_t activation_bytes_per_example) {
+  if (metrics_) metrics_->Configure(job, stage);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto rejected = stats_.rejected();
+  stats_ = v1::StatsResponse();
+  *stats_.mutable_rejected() = rejected;
+  stats_.set_stage(stage);
+  stats_.set_steps(restored_steps);
+  stats_.set_queue_capacity(queue_capacity);
+  stats_.set_state_bytes(state_bytes);
+  stats_.set_activation_bytes_per_example(activation_bytes_per_example);
+  recent_ = eval_ = HeadStats();
+  train_seconds_ = 0;
+  epochs_.clear();
+  intervals_.clear();
+  delays_ = DelayStats();
+}
+
+void WorkerStats::Reject(const std::string& reason) {
+  if (metrics_) metrics_->AddRejected(reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  (*stats_.mutable_rejected())[reason] += 1;
+}
+
+void WorkerStats::AddBytes(bool sent, int64_t n) {
+  if (metrics_) metrics_->AddBytes(sent, n);
+}
+
+void WorkerStats::RecordTrainStep(const StepRecord& r) {
+  if (metrics_) {
+    metrics_->ObservePhase("receive_wait", r.receive_wait);
+    metrics_->ObservePhase("forward", r.times.forward);
+    metrics_->ObservePhase("backward", r.times.backward);
+    metrics_->ObservePhase("update", r.times.update);
+    metrics_->ObservePhase("send_wait", r.send_wait);
+    metrics_->AddExamples(true, r.rows);
+    if (r.updated) metrics_->AddStep();
+    if (r.head.count > 0) metrics_->SetTrainHead(r.head.mean_loss(), r.head.accuracy());
+    metrics_->SetQueue(true, r.inbound_depth, r.inbound_capacity);
+    metrics_->SetQueue(false, r.outbound_depth, r.outbound_capacity);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (metrics_ && ++batches_ % 16 == 1) metrics_->SetMemory(ResidentBytes(), r.device_bytes);
+  stats_.set_queue_depth(r.inbound_depth);
+  stats_.set_queue_max_depth(
+      std::max<int64_t>(stats_.queue_max_depth(), std::max(r.inbound_depth, r.outbound_depth)));
+  recent_.Add(r.head);
+  if (r.updated) stats_.set_steps(stats_.steps() + 1);
+  stats_.set_examples(stats_.examples() + r.rows);
+  train_seconds_ += static_cast<double>(r.end_ns - r.start_ns) * 1e-9;
+  v1::Interval iv;
+  iv.set_seq(r.seq);
+  iv.set_start_ns(r.start_ns);
+  iv.set_end_ns(r.end_ns);
+  intervals_.push_back(iv);
+  if (intervals_.size() > kMaxIntervals) intervals_.pop_front();
+}
+
+void WorkerStats::RecordEval(const HeadStats& head) {
+  if (metrics_) metrics_->AddExamples(false, head.count);
+  std::lock_guard<std::mutex> lock(mu_);
+  eval_.Add(head);
+}
+
+void WorkerStats::SetDelays(const DelayStats& delays) {
+  std::lock_guard<std::mutex> lock(mu_);
+  delays_ = delays;
+}
+
+void WorkerStats::SetQueueMaxDepth(int64_t depth) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.set_queue_max_depth(std::max(stats_.queue_max_depth(), depth));
+}
+
+void WorkerStats::EndOfEpoch(int epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::EpochStatistics& e = epochs_[epoch];
+  e.set_epoch(epoch);
+  ToProto(recent_, e.mutable_train());
+  e.set_train_seconds(train_seconds_);
+  e.set_resident_bytes(ResidentBytes());
+  recent_ = HeadStats();
+  train_seconds_ = 0;
+}
+
+void WorkerStats::EndOfEval(int epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (metrics_) metrics_->SetEvalAccuracy(eval_.accuracy());
+  v1::EpochStatistics& e = epochs_[epoch];
+  e.set_epoch(epoch);
+  ToProto(eval_, e.mutable_eval());
+  eval_ = HeadStats();
+}
+
+int64_t WorkerStats::steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_.steps();
+}
+
+v1::StatsResponse WorkerStats::Snapshot(bool include_intervals) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::StatsResponse out = stats_;
+  ToProto(recent_, out.mutable_recent());
+  for (const auto& [epoch, e] : epochs_) *out.add_epochs() = e;
+  out.set_resident_bytes(ResidentBytes());
+  out.set_baseline_bytes(baseline_bytes_);
+  if (delays_.applied > 0) {
+    out.set_overlap_mean_delay(delays_.sum / static_cast<double>(delays_.applied));
+    out.set_overlap_max_delay_seen(delays_.max);
+  }
+  if (include_intervals) {
+    for (const v1::Interval& iv : intervals_) *out.add_intervals() = iv;
+  }
+  return out;
+}
+
+}  // namespace localpar

@@ -1,0 +1,66 @@
+// A worker's statistics (what the Stats RPC returns) and its Prometheus metrics, behind
+// their own lock: the compute thread records, RPC handlers read snapshots.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "common/nn/executor.h"
+#include "proto/localpar.pb.h"
+#include "services/common/metrics.h"
+
+namespace localpar {
+
+// One training step as the compute thread saw it.
+struct StepRecord {
+  uint64_t seq = 0;  // the step's first item
+  int64_t rows = 0;
+  HeadStats head;
+  bool updated = false;
+  StepTimes times;
+  double receive_wait = 0, send_wait = 0;
+  int64_t start_ns = 0, end_ns = 0;  // MonotonicNanos
+  int64_t inbound_depth = 0, inbound_capacity = 0, outbound_depth = 0, outbound_capacity = 0;
+  int64_t device_bytes = 0;
+};
+
+class WorkerStats {
+ public:
+  explicit WorkerStats(WorkerMetrics* metrics);
+  WorkerStats(const WorkerStats&) = delete;
+  WorkerStats& operator=(const WorkerStats&) = delete;
+
+  // A new configuration: figures start over, except the refusals counted so far.
+  void Reset(const std::string& job, int stage, int64_t restored_steps, int64_t queue_capacity,
+             int64_t state_bytes, int64_t activation_bytes_per_example);
+  void Reject(const std::string& reason);
+  void AddBytes(bool sent, int64_t n);
+  void RecordTrainStep(const StepRecord& step);
+  void RecordEval(const HeadStats& head);
+  void SetDelays(const DelayStats& delays);
+  void SetQueueMaxDepth(int64_t depth);
+  // Control items: the epoch's training figures, then its evaluation figures, are kept.
+  void EndOfEpoch(int epoch);
+  void EndOfEval(int epoch);
+
+  int64_t steps() const;
+  v1::StatsResponse Snapshot(bool include_intervals) const;
+
+ private:
+  static constexpr size_t kMaxIntervals = 4096;
+
+  WorkerMetrics* const metrics_;  // may be null
+  const int64_t baseline_bytes_;  // resident memory before any stage exists
+  mutable std::mutex mu_;
+  v1::StatsResponse stats_;
+  HeadStats recent_, eval_;
+  double train_seconds_ = 0;
+  std::map<int, v1::EpochStatistics> epochs_;
+  std::deque<v1::Interval> intervals_;
+  DelayStats delays_;
+  int64_t batches_ = 0;
+};
+
+}  // namespace localpar
