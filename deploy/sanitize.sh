@@ -13,9 +13,9 @@ export ASAN_OPTIONS="detect_leaks=0:strict_string_checks=1:check_initialization_
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 # The long accuracy runs, the memory-growth test (ASan's quarantine grows memory by design)
 # and the benchmarks run in the normal build only.
-ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -L "core|data|cluster" \
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -L "core|data|services|cluster" \
   -E "FashionMlp|QueuesStayBounded|bench"
-for target in tensor job idx checkpoint; do
+for target in tensor job idx checkpoint item; do
   work=$(mktemp -d)
   extra=()
   [ "$target" = job ] && extra=(deploy/jobs)

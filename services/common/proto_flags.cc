@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "proto/options.pb.h"
 
@@ -179,14 +180,27 @@ absl::Status SetScalar(Message* m, const FieldDescriptor* f, const std::string& 
   }
 }
 
+// Keeps the parser's first complaint, with its position, for the error message.
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (text.empty()) text = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  std::string text;
+};
+
 absl::Status LoadConfigFile(const std::string& path, Message* message) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--config ", path, ": cannot open"));
   std::stringstream text;
   text << in.rdbuf();
-  if (!google::protobuf::TextFormat::MergeFromString(text.str(), message)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--config ", path, ": not a text-format ", message->GetTypeName()));
+  google::protobuf::TextFormat::Parser parser;
+  FirstError error;
+  parser.RecordErrorsTo(&error);
+  if (!parser.MergeFromString(text.str(), message)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--config ", path, ":", error.text, " (a text-format ", message->GetTypeName(), ")"));
   }
   return absl::OkStatus();
 }

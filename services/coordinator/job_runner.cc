@@ -19,13 +19,6 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-void SetWireTensor(v1::Tensor* t, v1::DType dtype, Shape shape, int64_t rows, const void* data) {
-  shape[0] = rows;
-  t->set_dtype(dtype);
-  for (int64_t d : shape) t->add_shape(d);
-  t->set_data(data, static_cast<size_t>(NumElements(shape)) * 4);
-}
-
 }  // namespace
 
 JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security,
@@ -142,14 +135,8 @@ bool JobRunner::SendControl(PipelineLink& link, v1::Control::Kind kind, int epoc
 
 bool JobRunner::SendRows(PipelineLink& link, const BatchAssembler& a, int64_t begin, int64_t rows,
                          const v1::Batch& meta) {
-  v1::DownItem item;
-  v1::Batch* b = item.mutable_batch();
-  *b = meta;
-  b->set_seq(NextSeq());
-  const int64_t per_x = NumElements(a.x_shape()) / std::max<int64_t>(a.rows(), 1);
-  const int64_t per_y = NumElements(a.y_shape()) / std::max<int64_t>(a.rows(), 1);
-  SetWireTensor(b->mutable_activations(), v1::F32, a.x_shape(), rows, a.x() + begin * per_x);
-  SetWireTensor(b->mutable_labels(), v1::I32, a.y_shape(), rows, a.y() + begin * per_y);
+  v1::DownItem item = MakeBatchItem(a, begin, rows, meta);
+  item.mutable_batch()->set_seq(NextSeq());
   return link.Send(item);
 }
 

@@ -2,6 +2,28 @@
 #include "services/coordinator/pipeline_link.h"
 
 namespace localpar {
+namespace {
+
+void SetWireTensor(v1::Tensor* t, v1::DType dtype, Shape shape, int64_t rows, const void* data) {
+  shape[0] = rows;
+  t->set_dtype(dtype);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_data(data, static_cast<size_t>(NumElements(shape)) * 4);
+}
+
+}  // namespace
+
+v1::DownItem MakeBatchItem(const BatchAssembler& a, int64_t begin, int64_t rows,
+                           const v1::Batch& meta) {
+  v1::DownItem item;
+  v1::Batch* b = item.mutable_batch();
+  *b = meta;
+  const int64_t per_x = NumElements(a.x_shape()) / std::max<int64_t>(a.rows(), 1);
+  const int64_t per_y = NumElements(a.y_shape()) / std::max<int64_t>(a.rows(), 1);
+  SetWireTensor(b->mutable_activations(), v1::F32, a.x_shape(), rows, a.x() + begin * per_x);
+  SetWireTensor(b->mutable_labels(), v1::I32, a.y_shape(), rows, a.y() + begin * per_y);
+  return item;
+}
 
 // Acknowledgements and errors are small and the event loop takes them at once; the bound
 // only matters if that loop stalls, and then it slows the pipeline rather than memory.

@@ -8,11 +8,17 @@
 #include <optional>
 #include <thread>
 
+#include "common/job/run.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/bounded_queue.h"
 #include "services/common/grpc_util.h"
 
 namespace localpar {
+
+// A batch item of rows [begin, begin + rows) of `batch`, with `meta`'s placement (seq,
+// epoch, phase, step, micro-batch) and the activations and labels as raw tensors.
+v1::DownItem MakeBatchItem(const BatchAssembler& batch, int64_t begin, int64_t rows,
+                           const v1::Batch& meta);
 
 class PipelineLink {
  public:

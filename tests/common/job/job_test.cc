@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "common/job/plan.h"
 
@@ -273,6 +274,77 @@ TEST(JobFiles, MissingFileIsNotFound) {
   ASSERT_FALSE(j.ok());
   EXPECT_TRUE(absl::IsNotFound(j.status()));
   EXPECT_NE(j.status().message().find("/nonexistent/job.textproto"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace localpar
+
+namespace localpar {
+namespace {
+
+TEST(JobFiles, EveryJobRuleIsARuleOfTheCoreUnderTheSameName) {
+  const auto* e = v1::UpdateRule_descriptor();
+  int rules = 0;
+  for (int i = 0; i < e->value_count(); ++i) {
+    if (e->value(i)->number() == v1::UPDATE_RULE_UNSPECIFIED) continue;
+    const RuleSpec* r = FindRule(e->value(i)->name());
+    ASSERT_NE(r, nullptr) << e->value(i)->name();
+    EXPECT_EQ(ToUpdateRule(static_cast<v1::UpdateRule>(e->value(i)->number())), r->rule);
+    ++rules;
+  }
+  EXPECT_EQ(rules, static_cast<int>(AllRules().size()));
+}
+
+TEST(JobFiles, LayerDefaultsAreFilledInOnePass) {
+  absl::StatusOr<v1::Job> j = ParseJob(R"(rule: GREEDY
+data { synthetic { shape: [6, 6, 2] } }
+stages { layers { conv2d { out_channels: 2 } } layers { batch_norm {} } layers { max_pool {} }
+         layers { residual { body { layer_norm {} } } } })",
+                                       "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  const auto& l = j->stages(0).layers();
+  EXPECT_EQ(l[0].conv2d().kernel(), 3);
+  EXPECT_EQ(l[0].conv2d().stride(), 1);
+  EXPECT_FLOAT_EQ(l[1].batch_norm().eps(), 1e-5f);
+  EXPECT_FLOAT_EQ(l[1].batch_norm().momentum(), 0.1f);
+  EXPECT_EQ(l[2].max_pool().kernel(), 2);
+  EXPECT_EQ(l[2].max_pool().stride(), 2);
+  EXPECT_FLOAT_EQ(l[3].residual().body(0).layer_norm().eps(), 1e-5f);
+  // What the core builds is what the job file now says, with no second set of defaults.
+  ModelConfig m = ToModelConfig(*j);
+  EXPECT_EQ(m.stages[0].layers[0].kernel, 3);
+  EXPECT_FLOAT_EQ(m.stages[0].layers[1].eps, 1e-5f);
+  // A negative value is refused by the job check, naming the field.
+  absl::StatusOr<v1::Job> bad =
+      ParseJob("rule: GREEDY stages { layers { batch_norm { eps: -1 } } }", "bad.textproto");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("stages[0].layers[0].batch_norm.eps: must be a finite "
+                                        "number > 0"),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(JobFiles, OverridesApplyBeforeTheJobIsChecked) {
+  std::string path = ::testing::TempDir() + "/micro.textproto";
+  std::ofstream(path) << "rule: GREEDY micro_batches: 2 data { synthetic { shape: [4] } }\n"
+                         "stages { layers { linear { out_features: 4 } } }\n";
+  v1::JobOverrides o;
+  EXPECT_FALSE(LoadJobWithOverrides(path, o).ok()) << "GREEDY takes no micro-batches";
+  o.set_rule("BACKPROP");
+  absl::StatusOr<v1::Job> j = LoadJobWithOverrides(path, o);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->rule(), v1::BACKPROP);
+  o.set_rule("SIDEWAYS");
+  EXPECT_EQ(LoadJobWithOverrides(path, o).status().message(),
+            "--rule=SIDEWAYS: expected BACKPROP, GREEDY, CHUNKED or OVERLAP");
+  o.clear_rule();
+  o.set_seed(0);
+  o.set_epochs(4);
+  o.set_rule("BACKPROP");
+  j = LoadJobWithOverrides(path, o);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->epochs(), 4);
+  EXPECT_EQ(j->seed(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,58 @@
+// Fuzz target: an item from a peer (localpar.v1.DownItem) against the worker's item check.
+// Whatever the check accepts must be safe to use: its tensors decode to the sizes the job
+// allows, every label is a class, and the micro-batch fits its step.
+#include <cstddef>
+#include <cstdint>
+
+#include "common/job/tensor_codec.h"
+#include "common/nn/trainer.h"
+#include "services/worker/item_check.h"
+
+namespace {
+
+localpar::ItemLimits Limits(int stage) {
+  localpar::ItemLimits l;
+  l.stage = stage;
+  l.input_shape = {4, 2};
+  l.wire_dtype = stage > 0 ? localpar::v1::BF16 : localpar::v1::F32;
+  l.classes = 5;
+  l.labels_per_example = stage > 0 ? 2 : 1;
+  l.micro_batches = 3;
+  l.batch_size = 16;
+  l.eval_batch_size = 32;
+  l.total_steps = 100;
+  l.epochs = 3;
+  return l;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static auto* cpu = localpar::MakeCpuBackend().release();
+  localpar::v1::DownItem item;
+  if (!item.ParseFromArray(data, static_cast<int>(size))) return 0;
+  for (int stage : {0, 1}) {
+    const localpar::ItemLimits l = Limits(stage);
+    localpar::ItemCheck c = localpar::CheckDownItem(item, &l, size % 7);
+    if (c.verdict == localpar::ItemCheck::kReject && c.status.ok()) __builtin_trap();
+    if (c.verdict != localpar::ItemCheck::kAccept || !item.has_batch()) continue;
+    localpar::v1::Batch b = item.batch();
+    localpar::Tensor x, y;
+    localpar::TakeActivations(b.mutable_activations(), *cpu, &x);
+    localpar::DecodeTensorInto(b.labels(), *cpu, &y);
+    const int64_t rows = x.rows();
+    if (x.numel() != rows * 8 || y.numel() != rows * l.labels_per_example) __builtin_trap();
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      if (y.i32()[i] < 0 || y.i32()[i] >= l.classes) __builtin_trap();
+    }
+    if (b.phase() == localpar::v1::TRAIN) {
+      const int parts = localpar::StepMicroBatches(l.micro_batches, b.batch_rows());
+      int64_t begin, count;
+      localpar::MicroBatchRange(b.batch_rows(), parts, b.micro_batch(), &begin, &count);
+      if (count != rows || b.step() < 0 || b.step() >= l.total_steps) __builtin_trap();
+    } else if (rows > l.eval_batch_size) {
+      __builtin_trap();
+    }
+  }
+  return 0;
+}
