@@ -398,7 +398,9 @@ void ApplyJobDefaults(v1::Job& job) {
   }
 }
 
-absl::Status ValidateJob(const v1::Job& job) {
+namespace {
+
+absl::Status ValidateRun(const v1::Job& job) {
   if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED || !v1::UpdateRule_IsValid(job.rule())) {
     return Invalid("rule", "required: " + RuleNameList());
   }
@@ -416,8 +418,9 @@ absl::Status ValidateJob(const v1::Job& job) {
   if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {
     std::string splitting;
     for (const RuleSpec* r : AllRules()) {
-      if (r->splits_micro_batches)
+      if (r->splits_micro_batches) {
         absl::StrAppend(&splitting, splitting.empty() ? "" : " or ", r->name);
+      }
     }
     return Invalid("micro_batches",
                    absl::StrCat("only ", splitting, " splits a batch into micro-batches"));
@@ -426,7 +429,10 @@ absl::Status ValidateJob(const v1::Job& job) {
     return Invalid("micro_batches",
                    absl::StrCat(job.micro_batches(), " exceeds batch_size ", job.batch_size()));
   }
-  const v1::Data& d = job.data();
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::Data& d) {
   if (d.train_limit() < 0) return Invalid("data.train_limit", "must be >= 0");
   if (d.test_limit() < 0) return Invalid("data.test_limit", "must be >= 0");
   if (d.has_synthetic()) {
@@ -456,10 +462,15 @@ absl::Status ValidateJob(const v1::Job& job) {
       return Invalid("data.text.holdout_fraction", "must be in (0, 1)");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimization(const v1::Job& job) {
   const v1::Schedule& sc = job.schedule();
   if (!(sc.lr() > 0.0f) || !Finite(sc.lr())) return Invalid("schedule.lr", "must be > 0");
-  if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr()))
+  if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr())) {
     return Invalid("schedule.min_lr", "must be >= 0");
+  }
   if (sc.warmup_steps() < 0) return Invalid("schedule.warmup_steps", "must be >= 0");
   if (job.optimizer().has_sgd()) {
     const v1::Sgd& s = job.optimizer().sgd();
@@ -469,17 +480,23 @@ absl::Status ValidateJob(const v1::Job& job) {
     if (!(s.weight_decay() >= 0.0f) || !Finite(s.weight_decay())) {
       return Invalid("optimizer.sgd.weight_decay", "must be >= 0");
     }
-  } else {
-    const v1::AdamW& a = job.optimizer().adamw();
-    if (!(a.beta1() >= 0.0f && a.beta1() < 1.0f))
-      return Invalid("optimizer.adamw.beta1", "must be in [0, 1)");
-    if (!(a.beta2() >= 0.0f && a.beta2() < 1.0f))
-      return Invalid("optimizer.adamw.beta2", "must be in [0, 1)");
-    if (!(a.eps() > 0.0f) || !Finite(a.eps())) return Invalid("optimizer.adamw.eps", "must be > 0");
-    if (!(a.weight_decay() >= 0.0f) || !Finite(a.weight_decay())) {
-      return Invalid("optimizer.adamw.weight_decay", "must be >= 0");
-    }
+    return absl::OkStatus();
   }
+  const v1::AdamW& a = job.optimizer().adamw();
+  if (!(a.beta1() >= 0.0f && a.beta1() < 1.0f)) {
+    return Invalid("optimizer.adamw.beta1", "must be in [0, 1)");
+  }
+  if (!(a.beta2() >= 0.0f && a.beta2() < 1.0f)) {
+    return Invalid("optimizer.adamw.beta2", "must be in [0, 1)");
+  }
+  if (!(a.eps() > 0.0f) || !Finite(a.eps())) return Invalid("optimizer.adamw.eps", "must be > 0");
+  if (!(a.weight_decay() >= 0.0f) || !Finite(a.weight_decay())) {
+    return Invalid("optimizer.adamw.weight_decay", "must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStages(const v1::Job& job) {
   if (job.stages().empty()) return Invalid("stages", "a job needs at least one stage");
   for (int k = 0; k < job.stages_size(); ++k) {
     const v1::Stage& st = job.stages(k);
@@ -488,11 +505,27 @@ absl::Status ValidateJob(const v1::Job& job) {
       absl::Status s = ValidateLayer(st.layers(i), absl::StrCat(at, ".layers[", i, "]"));
       if (!s.ok()) return s;
     }
+    if (!v1::Head::Kind_IsValid(st.head().kind())) {
+      return Invalid(at + ".head.kind",
+                     "expected LINEAR, POOL_LINEAR, MLP, CONV_POOL_LINEAR or "
+                     "LANGUAGE_MODEL");
+    }
     if (st.head().hidden() < 0) return Invalid(at + ".head.hidden", "must be > 0");
     if (st.head().channels() < 0) return Invalid(at + ".head.channels", "must be > 0");
     for (int64_t v : st.input_shape()) {
       if (v <= 0) return Invalid(at + ".input_shape", "every extent must be > 0");
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Field by field (each error names its field), then the shapes through every stage.
+absl::Status ValidateJob(const v1::Job& job) {
+  for (absl::Status s : {ValidateRun(job), ValidateData(job.data()), ValidateOptimization(job),
+                         ValidateStages(job)}) {
+    if (!s.ok()) return s;
   }
   std::string error;
   if (!ValidateModel(ToModelConfig(job), &error)) return absl::InvalidArgumentError(error);

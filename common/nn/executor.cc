@@ -38,7 +38,7 @@ void StageExecutor::Begin(const StepContext& ctx) {
   LP_CHECK(ctx.micro_batches >= 1 && ctx.micro_batches <= std::max(1, spec_.micro_batches));
   ctx_ = ctx;
   program_ = ctx.train ? &TrainProgramFor(ctx.micro_batches) : &eval_program_;
-  pc_ = 0;
+  next_ = 0;
   micro_.assign(static_cast<size_t>(ctx.train ? ctx.micro_batches : 1), MicroBatch());
   stats_ = HeadStats();
   times_ = StepTimes();
@@ -57,8 +57,8 @@ ForwardContext StageExecutor::Context(int micro_batch) const {
 }
 
 StageExecutor::Result StageExecutor::Run(StagePorts& ports) {
-  while (pc_ < program_->size()) {
-    const Action& a = (*program_)[pc_];
+  while (next_ < program_->size()) {
+    const Action& a = (*program_)[next_];
     Clock::time_point start = Clock::now();
     PortState s = Execute(a, ports);
     double took = Since(start);
@@ -71,7 +71,7 @@ StageExecutor::Result StageExecutor::Run(StagePorts& ports) {
     }
     if (s == PortState::kPending) return Result::kBlocked;
     if (s == PortState::kGone) return Result::kAborted;
-    ++pc_;
+    ++next_;
   }
   return Result::kDone;
 }

@@ -84,7 +84,7 @@ class StageExecutor {
 
   // The stage's activation slot for micro-batch m of the current step.
   int SlotFor(int micro_batch) const;
-  size_t position() const { return pc_; }
+  size_t position() const { return next_; }
   const StageProgram& program() const { return *program_; }
   const HeadStats& stats() const { return stats_; }  // of the step just run
   const StepTimes& times() const { return times_; }
@@ -115,7 +115,7 @@ class StageExecutor {
   std::map<int, StageProgram> train_programs_;  // by micro-batch count
   StageProgram eval_program_;
   const StageProgram* program_ = nullptr;
-  size_t pc_ = 0;
+  size_t next_ = 0;
   StepContext ctx_;
   std::vector<MicroBatch> micro_;
   std::vector<Tensor> dx_;        // per slot

@@ -29,12 +29,12 @@ class Linear final : public Layer {
   // tokenwise: maps the last dimension only ([..., in] -> [..., out]); otherwise the whole
   // example is flattened ([...] -> [out]).
   Linear(Backend& b, const Shape& in_shape, int64_t out, bool tokenwise, uint64_t seed)
-      : b_(b), out_(out), tokenwise_(tokenwise) {
+      : backend_(b), out_(out), tokenwise_(tokenwise) {
     in_ = tokenwise ? in_shape.back() : NumElements(in_shape);
     out_shape_ = tokenwise ? in_shape : Shape{out};
     out_shape_.back() = out;
     float bound = 1.0f / std::sqrt(static_cast<float>(in_));
-    w_ = MakeParam(b, "weight", UniformInit(b, {in_, out}, bound, HashCombine(seed, 1)));
+    weight_ = MakeParam(b, "weight", UniformInit(b, {in_, out}, bound, HashCombine(seed, 1)));
     bias_ = MakeParam(b, "bias", UniformInit(b, {out}, bound, HashCombine(seed, 2)));
   }
   const char* kind() const override { return tokenwise_ ? "dense" : "linear"; }
@@ -43,79 +43,81 @@ class Linear final : public Layer {
     int64_t n = x.numel() / in_;
     Shape s{x.rows()};
     s.insert(s.end(), out_shape_.begin(), out_shape_.end());
-    c.out.Ensure(b_, s);
-    b_.GemmBias(n, out_, in_, x.f32(), w_.value.f32(), bias_.value.f32(), c.out.f32(), fused_relu_);
+    c.out.Ensure(backend_, s);
+    backend_.GemmBias(n, out_, in_, x.f32(), weight_.value.f32(), bias_.value.f32(), c.out.f32(),
+                      fused_relu_);
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
     int64_t n = x.numel() / in_;
-    b_.Gemm(true, false, in_, out_, n, 1.0f, x.f32(), dy.f32(), 1.0f, w_.grad.f32());
-    b_.SumRows(dy.f32(), bias_.grad.f32(), n, out_);
+    backend_.Gemm(true, false, in_, out_, n, 1.0f, x.f32(), dy.f32(), 1.0f, weight_.grad.f32());
+    backend_.SumRows(dy.f32(), bias_.grad.f32(), n, out_);
     if (dx) {
-      dx->Ensure(b_, x.shape());
-      b_.Gemm(false, true, n, in_, out_, 1.0f, dy.f32(), w_.value.f32(), 0.0f, dx->f32());
+      dx->Ensure(backend_, x.shape());
+      backend_.Gemm(false, true, n, in_, out_, 1.0f, dy.f32(), weight_.value.f32(), 0.0f,
+                    dx->f32());
     }
   }
-  std::vector<Param*> params() override { return {&w_, &bias_}; }
+  std::vector<Param*> params() override { return {&weight_, &bias_}; }
 
   // The ReLU after this layer runs in its GEMM's epilogue (FuseActivations). Its backward
   // needs only x and dy, so the output may be post-ReLU.
   bool fused_relu_ = false;
 
  private:
-  Backend& b_;
+  Backend& backend_;
   int64_t in_ = 0, out_;
   bool tokenwise_;
-  Param w_, bias_;
+  Param weight_, bias_;
 };
 
 // ---------------------------------------------------------------------------------------
 class Relu final : public Layer {
  public:
-  Relu(Backend& b, const Shape& in) : b_(b) { out_shape_ = in; }
+  Relu(Backend& b, const Shape& in) : backend_(b) { out_shape_ = in; }
   const char* kind() const override { return "relu"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     if (applied_by_previous_) {
       c.out = x;  // already max(0, .): share the previous layer's output
       return;
     }
-    c.out.Ensure(b_, x.shape());
-    b_.ReluForward(x.f32(), c.out.f32(), x.numel());
+    c.out.Ensure(backend_, x.shape());
+    backend_.ReluForward(x.f32(), c.out.f32(), x.numel());
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     if (!dx) return;
-    dx->Ensure(b_, x.shape());
-    b_.ReluBackward(c.out.f32(), dy.f32(), dx->f32(), x.numel());
+    dx->Ensure(backend_, x.shape());
+    backend_.ReluBackward(c.out.f32(), dy.f32(), dx->f32(), x.numel());
   }
 
   bool applied_by_previous_ = false;  // the preceding Linear applies it (FuseActivations)
 
  private:
-  Backend& b_;
+  Backend& backend_;
 };
 
 class Gelu final : public Layer {
  public:
-  Gelu(Backend& b, const Shape& in) : b_(b) { out_shape_ = in; }
+  Gelu(Backend& b, const Shape& in) : backend_(b) { out_shape_ = in; }
   const char* kind() const override { return "gelu"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
-    c.out.Ensure(b_, x.shape());
-    b_.GeluForward(x.f32(), c.out.f32(), x.numel());
+    c.out.Ensure(backend_, x.shape());
+    backend_.GeluForward(x.f32(), c.out.f32(), x.numel());
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
     if (!dx) return;
-    dx->Ensure(b_, x.shape());
-    b_.GeluBackward(x.f32(), dy.f32(), dx->f32(), x.numel());
+    dx->Ensure(backend_, x.shape());
+    backend_.GeluBackward(x.f32(), dy.f32(), dx->f32(), x.numel());
   }
 
  private:
-  Backend& b_;
+  Backend& backend_;
 };
 
 // ---------------------------------------------------------------------------------------
 class LayerNorm final : public Layer {
  public:
-  LayerNorm(Backend& b, const Shape& in, float eps) : b_(b), cols_(in.back()), eps_(eps) {
+  LayerNorm(Backend& b, const Shape& in, float eps) : backend_(b), cols_(in.back()), eps_(eps) {
     out_shape_ = in;
     gamma_ = MakeParam(b, "gamma", ConstantInit(b, {cols_}, 1.0f));
     beta_ = MakeParam(b, "beta", ConstantInit(b, {cols_}, 0.0f));
@@ -123,23 +125,23 @@ class LayerNorm final : public Layer {
   const char* kind() const override { return "layer_norm"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     int64_t rows = x.numel() / cols_;
-    c.out.Ensure(b_, x.shape());
-    c.aux0.Ensure(b_, {rows});
-    c.aux1.Ensure(b_, {rows});
-    b_.LayerNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(), c.aux0.f32(),
-                        c.aux1.f32(), rows, cols_, eps_);
+    c.out.Ensure(backend_, x.shape());
+    c.aux0.Ensure(backend_, {rows});
+    c.aux1.Ensure(backend_, {rows});
+    backend_.LayerNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(),
+                              c.aux0.f32(), c.aux1.f32(), rows, cols_, eps_);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     int64_t rows = x.numel() / cols_;
-    if (dx) dx->Ensure(b_, x.shape());
-    b_.LayerNormBackward(dy.f32(), x.f32(), gamma_.value.f32(), c.aux0.f32(), c.aux1.f32(),
-                         dx ? dx->f32() : nullptr, gamma_.grad.f32(), beta_.grad.f32(), rows,
-                         cols_);
+    if (dx) dx->Ensure(backend_, x.shape());
+    backend_.LayerNormBackward(dy.f32(), x.f32(), gamma_.value.f32(), c.aux0.f32(), c.aux1.f32(),
+                               dx ? dx->f32() : nullptr, gamma_.grad.f32(), beta_.grad.f32(), rows,
+                               cols_);
   }
   std::vector<Param*> params() override { return {&gamma_, &beta_}; }
 
  private:
-  Backend& b_;
+  Backend& backend_;
   int64_t cols_;
   float eps_;
   Param gamma_, beta_;
@@ -151,7 +153,7 @@ class LayerNorm final : public Layer {
 class BatchNorm final : public Layer {
  public:
   BatchNorm(Backend& b, const Shape& in, float eps, float momentum)
-      : b_(b), cols_(in.back()), eps_(eps), momentum_(momentum) {
+      : backend_(b), cols_(in.back()), eps_(eps), momentum_(momentum) {
     out_shape_ = in;
     gamma_ = MakeParam(b, "gamma", ConstantInit(b, {cols_}, 1.0f));
     beta_ = MakeParam(b, "beta", ConstantInit(b, {cols_}, 0.0f));
@@ -164,24 +166,24 @@ class BatchNorm final : public Layer {
   const char* kind() const override { return "batch_norm"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext& ctx) override {
     int64_t rows = x.numel() / cols_;
-    c.out.Ensure(b_, x.shape());
-    c.aux0.Ensure(b_, {cols_});
-    c.aux1.Ensure(b_, {cols_});
-    b_.BatchNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(), c.aux0.f32(),
-                        c.aux1.f32(), running_mean_.value.f32(), running_var_.value.f32(), rows,
-                        cols_, eps_, momentum_, ctx.train);
+    c.out.Ensure(backend_, x.shape());
+    c.aux0.Ensure(backend_, {cols_});
+    c.aux1.Ensure(backend_, {cols_});
+    backend_.BatchNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(),
+                              c.aux0.f32(), c.aux1.f32(), running_mean_.value.f32(),
+                              running_var_.value.f32(), rows, cols_, eps_, momentum_, ctx.train);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     int64_t rows = x.numel() / cols_;
-    if (dx) dx->Ensure(b_, x.shape());
-    b_.BatchNormBackward(dy.f32(), x.f32(), gamma_.value.f32(), c.aux0.f32(), c.aux1.f32(),
-                         dx ? dx->f32() : nullptr, gamma_.grad.f32(), beta_.grad.f32(), rows,
-                         cols_);
+    if (dx) dx->Ensure(backend_, x.shape());
+    backend_.BatchNormBackward(dy.f32(), x.f32(), gamma_.value.f32(), c.aux0.f32(), c.aux1.f32(),
+                               dx ? dx->f32() : nullptr, gamma_.grad.f32(), beta_.grad.f32(), rows,
+                               cols_);
   }
   std::vector<Param*> params() override { return {&gamma_, &beta_, &running_mean_, &running_var_}; }
 
  private:
-  Backend& b_;
+  Backend& backend_;
   int64_t cols_;
   float eps_, momentum_;
   Param gamma_, beta_, running_mean_, running_var_;
@@ -192,7 +194,7 @@ class BatchNorm final : public Layer {
 // You Need": PE[t, 2i] = sin(t / 10000^(2i/dim)), PE[t, 2i+1] = cos(same).
 class PositionalEncoding final : public Layer {
  public:
-  PositionalEncoding(Backend& b, const Shape& in) : b_(b) {
+  PositionalEncoding(Backend& b, const Shape& in) : backend_(b) {
     out_shape_ = in;
     int64_t t = in[0], d = in[1];
     std::vector<float> pe(static_cast<size_t>(t * d));
@@ -207,16 +209,16 @@ class PositionalEncoding final : public Layer {
   }
   const char* kind() const override { return "positional_encoding"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
-    c.out.Ensure(b_, x.shape());
+    c.out.Ensure(backend_, x.shape());
     c.out.CopyFrom(x);
-    b_.AddRowVector(c.out.f32(), table_.f32(), x.rows(), table_.numel());
+    backend_.AddRowVector(c.out.f32(), table_.f32(), x.rows(), table_.numel());
   }
   void Backward(const Tensor&, const Tensor& dy, LayerCache&, Tensor* dx) override {
     if (dx) *dx = dy;
   }
 
  private:
-  Backend& b_;
+  Backend& backend_;
   Tensor table_;
 };
 
@@ -226,92 +228,101 @@ class PositionalEncoding final : public Layer {
 class CausalSelfAttention final : public Layer {
  public:
   CausalSelfAttention(Backend& b, const Shape& in, int64_t heads, uint64_t seed)
-      : b_(b), t_(in[0]), d_(in[1]), h_(heads), dh_(in[1] / heads) {
+      : backend_(b), positions_(in[0]), width_(in[1]), heads_(heads), head_width_(in[1] / heads) {
     out_shape_ = in;
-    float bound = 1.0f / std::sqrt(static_cast<float>(d_));
-    wqkv_ = MakeParam(b, "qkv_weight", UniformInit(b, {d_, 3 * d_}, bound, HashCombine(seed, 1)));
-    bqkv_ = MakeParam(b, "qkv_bias", ConstantInit(b, {3 * d_}, 0.0f));
-    wo_ = MakeParam(b, "out_weight", UniformInit(b, {d_, d_}, bound, HashCombine(seed, 2)));
-    bo_ = MakeParam(b, "out_bias", ConstantInit(b, {d_}, 0.0f));
+    float bound = 1.0f / std::sqrt(static_cast<float>(width_));
+    wqkv_ = MakeParam(b, "qkv_weight",
+                      UniformInit(b, {width_, 3 * width_}, bound, HashCombine(seed, 1)));
+    bqkv_ = MakeParam(b, "qkv_bias", ConstantInit(b, {3 * width_}, 0.0f));
+    out_proj_ =
+        MakeParam(b, "out_weight", UniformInit(b, {width_, width_}, bound, HashCombine(seed, 2)));
+    out_bias_ = MakeParam(b, "out_bias", ConstantInit(b, {width_}, 0.0f));
   }
   const char* kind() const override { return "causal_self_attention"; }
 
   // Saved per batch: saved[0] q|k|v by head [3, n, h, t, dh]; saved[1] attention
   // probabilities [n*h, t, t]; saved[2] the heads' outputs merged back to [n, t, d].
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
-    int64_t n = x.rows(), rows = n * t_, mats = n * h_, hd = t_ * dh_;
+    int64_t n = x.rows(), rows = n * positions_, mats = n * heads_, hd = positions_ * head_width_;
     c.saved.resize(3);
     Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
-    qkv_.Ensure(b_, {rows, 3 * d_});
-    b_.Gemm(false, false, rows, 3 * d_, d_, 1.0f, x.f32(), wqkv_.value.f32(), 0.0f, qkv_.f32());
-    b_.AddRowVector(qkv_.f32(), bqkv_.value.f32(), rows, 3 * d_);
-    heads.Ensure(b_, {3, n, h_, t_, dh_});
-    b_.SplitHeads(qkv_.f32(), heads.f32(), n, t_, 3, h_, dh_);
+    qkv_.Ensure(backend_, {rows, 3 * width_});
+    backend_.Gemm(false, false, rows, 3 * width_, width_, 1.0f, x.f32(), wqkv_.value.f32(), 0.0f,
+                  qkv_.f32());
+    backend_.AddRowVector(qkv_.f32(), bqkv_.value.f32(), rows, 3 * width_);
+    heads.Ensure(backend_, {3, n, heads_, positions_, head_width_});
+    backend_.SplitHeads(qkv_.f32(), heads.f32(), n, positions_, 3, heads_, head_width_);
     const float* q = heads.f32();
     const float* k = q + mats * hd;
     const float* v = k + mats * hd;
-    scores_.Ensure(b_, {mats, t_, t_});
-    b_.GemmBatched(false, true, t_, t_, dh_, 1.0f, q, hd, k, hd, 0.0f, scores_.f32(), t_ * t_,
-                   mats);
-    probs.Ensure(b_, {mats, t_, t_});
-    b_.CausalSoftmaxForward(scores_.f32(), probs.f32(), mats, t_, Scale());
-    ctx_.Ensure(b_, {n, h_, t_, dh_});
-    b_.GemmBatched(false, false, t_, dh_, t_, 1.0f, probs.f32(), t_ * t_, v, hd, 0.0f, ctx_.f32(),
-                   hd, mats);
-    merged.Ensure(b_, {n, t_, d_});
-    b_.MergeHeads(ctx_.f32(), merged.f32(), n, t_, 1, h_, dh_);
-    c.out.Ensure(b_, {n, t_, d_});
-    b_.Gemm(false, false, rows, d_, d_, 1.0f, merged.f32(), wo_.value.f32(), 0.0f, c.out.f32());
-    b_.AddRowVector(c.out.f32(), bo_.value.f32(), rows, d_);
+    scores_.Ensure(backend_, {mats, positions_, positions_});
+    backend_.GemmBatched(false, true, positions_, positions_, head_width_, 1.0f, q, hd, k, hd, 0.0f,
+                         scores_.f32(), positions_ * positions_, mats);
+    probs.Ensure(backend_, {mats, positions_, positions_});
+    backend_.CausalSoftmaxForward(scores_.f32(), probs.f32(), mats, positions_, Scale());
+    ctx_.Ensure(backend_, {n, heads_, positions_, head_width_});
+    backend_.GemmBatched(false, false, positions_, head_width_, positions_, 1.0f, probs.f32(),
+                         positions_ * positions_, v, hd, 0.0f, ctx_.f32(), hd, mats);
+    merged.Ensure(backend_, {n, positions_, width_});
+    backend_.MergeHeads(ctx_.f32(), merged.f32(), n, positions_, 1, heads_, head_width_);
+    c.out.Ensure(backend_, {n, positions_, width_});
+    backend_.Gemm(false, false, rows, width_, width_, 1.0f, merged.f32(), out_proj_.value.f32(),
+                  0.0f, c.out.f32());
+    backend_.AddRowVector(c.out.f32(), out_bias_.value.f32(), rows, width_);
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
-    int64_t n = x.rows(), rows = n * t_, mats = n * h_, hd = t_ * dh_;
+    int64_t n = x.rows(), rows = n * positions_, mats = n * heads_, hd = positions_ * head_width_;
     const Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
     const float* q = heads.f32();
     const float* k = q + mats * hd;
     const float* v = k + mats * hd;
     // Output projection.
-    b_.Gemm(true, false, d_, d_, rows, 1.0f, merged.f32(), dy.f32(), 1.0f, wo_.grad.f32());
-    b_.SumRows(dy.f32(), bo_.grad.f32(), rows, d_);
-    qkv_.Ensure(b_, {rows, d_});  // scratch: d(merged)
-    b_.Gemm(false, true, rows, d_, d_, 1.0f, dy.f32(), wo_.value.f32(), 0.0f, qkv_.f32());
-    ctx_.Ensure(b_, {n, h_, t_, dh_});  // d(per-head outputs)
-    b_.SplitHeads(qkv_.f32(), ctx_.f32(), n, t_, 1, h_, dh_);
+    backend_.Gemm(true, false, width_, width_, rows, 1.0f, merged.f32(), dy.f32(), 1.0f,
+                  out_proj_.grad.f32());
+    backend_.SumRows(dy.f32(), out_bias_.grad.f32(), rows, width_);
+    qkv_.Ensure(backend_, {rows, width_});  // scratch: d(merged)
+    backend_.Gemm(false, true, rows, width_, width_, 1.0f, dy.f32(), out_proj_.value.f32(), 0.0f,
+                  qkv_.f32());
+    ctx_.Ensure(backend_, {n, heads_, positions_, head_width_});  // d(per-head outputs)
+    backend_.SplitHeads(qkv_.f32(), ctx_.f32(), n, positions_, 1, heads_, head_width_);
     // Through probs @ v.
-    dheads_.Ensure(b_, {3, n, h_, t_, dh_});
+    dheads_.Ensure(backend_, {3, n, heads_, positions_, head_width_});
     float* dq = dheads_.f32();
     float* dk = dq + mats * hd;
     float* dv = dk + mats * hd;
-    scores_.Ensure(b_, {mats, t_, t_});  // d(probs)
-    b_.GemmBatched(false, true, t_, t_, dh_, 1.0f, ctx_.f32(), hd, v, hd, 0.0f, scores_.f32(),
-                   t_ * t_, mats);
-    b_.GemmBatched(true, false, t_, dh_, t_, 1.0f, probs.f32(), t_ * t_, ctx_.f32(), hd, 0.0f, dv,
-                   hd, mats);
+    scores_.Ensure(backend_, {mats, positions_, positions_});  // d(probs)
+    backend_.GemmBatched(false, true, positions_, positions_, head_width_, 1.0f, ctx_.f32(), hd, v,
+                         hd, 0.0f, scores_.f32(), positions_ * positions_, mats);
+    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, probs.f32(),
+                         positions_ * positions_, ctx_.f32(), hd, 0.0f, dv, hd, mats);
     // Through the softmax, then q k^T.
-    dscores_.Ensure(b_, {mats, t_, t_});
-    b_.CausalSoftmaxBackward(probs.f32(), scores_.f32(), dscores_.f32(), mats, t_, Scale());
-    b_.GemmBatched(false, false, t_, dh_, t_, 1.0f, dscores_.f32(), t_ * t_, k, hd, 0.0f, dq, hd,
-                   mats);
-    b_.GemmBatched(true, false, t_, dh_, t_, 1.0f, dscores_.f32(), t_ * t_, q, hd, 0.0f, dk, hd,
-                   mats);
+    dscores_.Ensure(backend_, {mats, positions_, positions_});
+    backend_.CausalSoftmaxBackward(probs.f32(), scores_.f32(), dscores_.f32(), mats, positions_,
+                                   Scale());
+    backend_.GemmBatched(false, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
+                         positions_ * positions_, k, hd, 0.0f, dq, hd, mats);
+    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
+                         positions_ * positions_, q, hd, 0.0f, dk, hd, mats);
     // Input projection.
-    qkv_.Ensure(b_, {rows, 3 * d_});
-    b_.MergeHeads(dheads_.f32(), qkv_.f32(), n, t_, 3, h_, dh_);
-    b_.Gemm(true, false, d_, 3 * d_, rows, 1.0f, x.f32(), qkv_.f32(), 1.0f, wqkv_.grad.f32());
-    b_.SumRows(qkv_.f32(), bqkv_.grad.f32(), rows, 3 * d_);
+    qkv_.Ensure(backend_, {rows, 3 * width_});
+    backend_.MergeHeads(dheads_.f32(), qkv_.f32(), n, positions_, 3, heads_, head_width_);
+    backend_.Gemm(true, false, width_, 3 * width_, rows, 1.0f, x.f32(), qkv_.f32(), 1.0f,
+                  wqkv_.grad.f32());
+    backend_.SumRows(qkv_.f32(), bqkv_.grad.f32(), rows, 3 * width_);
     if (dx) {
-      dx->Ensure(b_, x.shape());
-      b_.Gemm(false, true, rows, d_, 3 * d_, 1.0f, qkv_.f32(), wqkv_.value.f32(), 0.0f, dx->f32());
+      dx->Ensure(backend_, x.shape());
+      backend_.Gemm(false, true, rows, width_, 3 * width_, 1.0f, qkv_.f32(), wqkv_.value.f32(),
+                    0.0f, dx->f32());
     }
   }
-  std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &wo_, &bo_}; }
+  std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &out_proj_, &out_bias_}; }
 
  private:
-  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dh_)); }
-  Backend& b_;
-  int64_t t_, d_, h_, dh_;
-  Param wqkv_, bqkv_, wo_, bo_;
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(head_width_)); }
+  Backend& backend_;
+  int64_t positions_, width_, heads_, head_width_;
+  Param wqkv_, bqkv_, out_proj_, out_bias_;
   // Scratch shared by every batch (one layer's forward and backward never overlap).
   Tensor qkv_, scores_, dscores_, ctx_, dheads_;
 };
@@ -319,21 +330,22 @@ class CausalSelfAttention final : public Layer {
 // ---------------------------------------------------------------------------------------
 class Dropout final : public Layer {
  public:
-  Dropout(Backend& b, const Shape& in, float p, uint64_t salt) : b_(b), p_(p), salt_(salt) {
+  Dropout(Backend& b, const Shape& in, float p, uint64_t salt)
+      : backend_(b), rate_(p), salt_(salt) {
     out_shape_ = in;
   }
   const char* kind() const override { return "dropout"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext& ctx) override {
     c.aux1 = Tensor();
-    if (!ctx.train || p_ == 0.0f) {
+    if (!ctx.train || rate_ == 0.0f) {
       c.out = x;  // identity: share the input's storage
       return;
     }
-    c.out.Ensure(b_, x.shape());
-    c.aux0.Ensure(b_, x.shape());
+    c.out.Ensure(backend_, x.shape());
+    c.aux0.Ensure(backend_, x.shape());
     c.aux1 = c.aux0;  // marks "mask valid"
-    b_.DropoutForward(x.f32(), c.out.f32(), c.aux0.f32(), x.numel(), p_,
-                      HashCombine(ctx.seed, salt_));
+    backend_.DropoutForward(x.f32(), c.out.f32(), c.aux0.f32(), x.numel(), rate_,
+                            HashCombine(ctx.seed, salt_));
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     if (!dx) return;
@@ -341,69 +353,95 @@ class Dropout final : public Layer {
       *dx = dy;
       return;
     }
-    dx->Ensure(b_, x.shape());
-    b_.Mul(dy.f32(), c.aux0.f32(), dx->f32(), x.numel());
+    dx->Ensure(backend_, x.shape());
+    backend_.Mul(dy.f32(), c.aux0.f32(), dx->f32(), x.numel());
   }
 
  private:
-  Backend& b_;
-  float p_;
+  Backend& backend_;
+  float rate_;
   uint64_t salt_;
 };
 
 // ---------------------------------------------------------------------------------------
 // NHWC convolution as im2col + GEMM, processed in groups of images so the column buffer
 // stays bounded; the backward pass recomputes the columns instead of storing them.
+// The sliding window of a convolution or pooling layer over [height, width, channels].
+struct ImageWindow {
+  ImageWindow(const Shape& in, int64_t kernel_size, int64_t stride_size, int64_t pad)
+      : height(in[0]),
+        width(in[1]),
+        channels(in[2]),
+        kernel(kernel_size),
+        stride(stride_size),
+        padding(pad),
+        out_height(PooledExtent(height, kernel, stride, padding)),
+        out_width(PooledExtent(width, kernel, stride, padding)) {}
+  const int64_t height, width, channels, kernel, stride, padding, out_height, out_width;
+};
+
 class Conv2d final : public Layer {
  public:
   Conv2d(Backend& b, const Shape& in, int64_t out_ch, int64_t k, int64_t stride, int64_t pad,
          uint64_t seed)
-      : b_(b), h_(in[0]), w_(in[1]), c_(in[2]), oc_(out_ch), k_(k), s_(stride), p_(pad) {
-    oh_ = PooledExtent(h_, k_, s_, p_);
-    ow_ = PooledExtent(w_, k_, s_, p_);
-    out_shape_ = {oh_, ow_, oc_};
-    int64_t fan_in = k_ * k_ * c_;
+      : backend_(b), window_(in, k, stride, pad), out_channels_(out_ch) {
+    out_shape_ = {window_.out_height, window_.out_width, out_channels_};
+    int64_t fan_in = window_.kernel * window_.kernel * window_.channels;
     float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-    weight_ = MakeParam(b, "weight", UniformInit(b, {fan_in, oc_}, bound, HashCombine(seed, 1)));
-    bias_ = MakeParam(b, "bias", UniformInit(b, {oc_}, bound, HashCombine(seed, 2)));
-    int64_t per_image = oh_ * ow_ * fan_in;
+    weight_ = MakeParam(b, "weight",
+                        UniformInit(b, {fan_in, out_channels_}, bound, HashCombine(seed, 1)));
+    bias_ = MakeParam(b, "bias", UniformInit(b, {out_channels_}, bound, HashCombine(seed, 2)));
+    int64_t per_image = window_.out_height * window_.out_width * fan_in;
     group_ = std::max<int64_t>(1, kColumnBudget / std::max<int64_t>(1, per_image));
   }
   const char* kind() const override { return "conv2d"; }
 
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     int64_t n = x.rows();
-    c.out.Ensure(b_, {n, oh_, ow_, oc_});
-    int64_t fan_in = k_ * k_ * c_;
+    c.out.Ensure(backend_, {n, window_.out_height, window_.out_width, out_channels_});
+    int64_t fan_in = window_.kernel * window_.kernel * window_.channels;
     for (int64_t i0 = 0; i0 < n; i0 += group_) {
       int64_t g = std::min(group_, n - i0);
-      col_.Ensure(b_, {g * oh_ * ow_, fan_in});
-      b_.Im2Col(x.f32() + i0 * h_ * w_ * c_, col_.f32(), g, h_, w_, c_, k_, k_, s_, p_, oh_, ow_);
-      b_.Gemm(false, false, g * oh_ * ow_, oc_, fan_in, 1.0f, col_.f32(), weight_.value.f32(), 0.0f,
-              c.out.f32() + i0 * oh_ * ow_ * oc_);
+      col_.Ensure(backend_, {g * window_.out_height * window_.out_width, fan_in});
+      backend_.Im2Col(x.f32() + i0 * window_.height * window_.width * window_.channels, col_.f32(),
+                      g, window_.height, window_.width, window_.channels, window_.kernel,
+                      window_.kernel, window_.stride, window_.padding, window_.out_height,
+                      window_.out_width);
+      backend_.Gemm(false, false, g * window_.out_height * window_.out_width, out_channels_, fan_in,
+                    1.0f, col_.f32(), weight_.value.f32(), 0.0f,
+                    c.out.f32() + i0 * window_.out_height * window_.out_width * out_channels_);
     }
-    b_.AddRowVector(c.out.f32(), bias_.value.f32(), n * oh_ * ow_, oc_);
+    backend_.AddRowVector(c.out.f32(), bias_.value.f32(),
+                          n * window_.out_height * window_.out_width, out_channels_);
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
     int64_t n = x.rows();
-    int64_t fan_in = k_ * k_ * c_;
-    b_.SumRows(dy.f32(), bias_.grad.f32(), n * oh_ * ow_, oc_);
+    int64_t fan_in = window_.kernel * window_.kernel * window_.channels;
+    backend_.SumRows(dy.f32(), bias_.grad.f32(), n * window_.out_height * window_.out_width,
+                     out_channels_);
     if (dx) {
-      dx->Ensure(b_, x.shape());
-      b_.Fill(dx->f32(), 0.0f, dx->numel());
+      dx->Ensure(backend_, x.shape());
+      backend_.Fill(dx->f32(), 0.0f, dx->numel());
     }
     for (int64_t i0 = 0; i0 < n; i0 += group_) {
       int64_t g = std::min(group_, n - i0);
-      int64_t rows = g * oh_ * ow_;
-      const float* dyg = dy.f32() + i0 * oh_ * ow_ * oc_;
-      col_.Ensure(b_, {rows, fan_in});
-      b_.Im2Col(x.f32() + i0 * h_ * w_ * c_, col_.f32(), g, h_, w_, c_, k_, k_, s_, p_, oh_, ow_);
-      b_.Gemm(true, false, fan_in, oc_, rows, 1.0f, col_.f32(), dyg, 1.0f, weight_.grad.f32());
+      int64_t rows = g * window_.out_height * window_.out_width;
+      const float* dyg = dy.f32() + i0 * window_.out_height * window_.out_width * out_channels_;
+      col_.Ensure(backend_, {rows, fan_in});
+      backend_.Im2Col(x.f32() + i0 * window_.height * window_.width * window_.channels, col_.f32(),
+                      g, window_.height, window_.width, window_.channels, window_.kernel,
+                      window_.kernel, window_.stride, window_.padding, window_.out_height,
+                      window_.out_width);
+      backend_.Gemm(true, false, fan_in, out_channels_, rows, 1.0f, col_.f32(), dyg, 1.0f,
+                    weight_.grad.f32());
       if (dx) {
-        b_.Gemm(false, true, rows, fan_in, oc_, 1.0f, dyg, weight_.value.f32(), 0.0f, col_.f32());
-        b_.Col2Im(col_.f32(), dx->f32() + i0 * h_ * w_ * c_, g, h_, w_, c_, k_, k_, s_, p_, oh_,
-                  ow_);
+        backend_.Gemm(false, true, rows, fan_in, out_channels_, 1.0f, dyg, weight_.value.f32(),
+                      0.0f, col_.f32());
+        backend_.Col2Im(
+            col_.f32(), dx->f32() + i0 * window_.height * window_.width * window_.channels, g,
+            window_.height, window_.width, window_.channels, window_.kernel, window_.kernel,
+            window_.stride, window_.padding, window_.out_height, window_.out_width);
       }
     }
   }
@@ -411,8 +449,10 @@ class Conv2d final : public Layer {
 
  private:
   static constexpr int64_t kColumnBudget = 8 << 20;  // floats in the column buffer
-  Backend& b_;
-  int64_t h_, w_, c_, oc_, k_, s_, p_, oh_ = 0, ow_ = 0, group_ = 1;
+  Backend& backend_;
+  const ImageWindow window_;
+  const int64_t out_channels_;
+  int64_t group_ = 1;
   Param weight_, bias_;
   Tensor col_;  // scratch, reused by every batch (forward and backward never overlap)
 };
@@ -421,58 +461,66 @@ class Conv2d final : public Layer {
 class Pool2d final : public Layer {
  public:
   Pool2d(Backend& b, const Shape& in, bool max, int64_t k, int64_t stride, int64_t pad)
-      : b_(b), max_(max), h_(in[0]), w_(in[1]), c_(in[2]), k_(k), s_(stride), p_(pad) {
-    oh_ = PooledExtent(h_, k_, s_, p_);
-    ow_ = PooledExtent(w_, k_, s_, p_);
-    out_shape_ = {oh_, ow_, c_};
+      : backend_(b), max_(max), window_(in, k, stride, pad) {
+    out_shape_ = {window_.out_height, window_.out_width, window_.channels};
   }
   const char* kind() const override { return max_ ? "max_pool" : "avg_pool"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     int64_t n = x.rows();
-    c.out.Ensure(b_, {n, oh_, ow_, c_});
+    c.out.Ensure(backend_, {n, window_.out_height, window_.out_width, window_.channels});
     if (max_) {
-      c.aux0.Ensure(b_, {n, oh_, ow_, c_}, DType::kI32);
-      b_.MaxPoolForward(x.f32(), c.out.f32(), c.aux0.i32(), n, h_, w_, c_, k_, s_, p_, oh_, ow_);
+      c.aux0.Ensure(backend_, {n, window_.out_height, window_.out_width, window_.channels},
+                    DType::kI32);
+      backend_.MaxPoolForward(x.f32(), c.out.f32(), c.aux0.i32(), n, window_.height, window_.width,
+                              window_.channels, window_.kernel, window_.stride, window_.padding,
+                              window_.out_height, window_.out_width);
     } else {
-      b_.AvgPoolForward(x.f32(), c.out.f32(), n, h_, w_, c_, k_, s_, p_, oh_, ow_);
+      backend_.AvgPoolForward(x.f32(), c.out.f32(), n, window_.height, window_.width,
+                              window_.channels, window_.kernel, window_.stride, window_.padding,
+                              window_.out_height, window_.out_width);
     }
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     if (!dx) return;
     int64_t n = x.rows();
-    dx->Ensure(b_, x.shape());
+    dx->Ensure(backend_, x.shape());
     if (max_) {
-      b_.MaxPoolBackward(dy.f32(), c.aux0.i32(), dx->f32(), n, h_, w_, c_, k_, s_, p_, oh_, ow_);
+      backend_.MaxPoolBackward(dy.f32(), c.aux0.i32(), dx->f32(), n, window_.height, window_.width,
+                               window_.channels, window_.kernel, window_.stride, window_.padding,
+                               window_.out_height, window_.out_width);
     } else {
-      b_.AvgPoolBackward(dy.f32(), dx->f32(), n, h_, w_, c_, k_, s_, p_, oh_, ow_);
+      backend_.AvgPoolBackward(dy.f32(), dx->f32(), n, window_.height, window_.width,
+                               window_.channels, window_.kernel, window_.stride, window_.padding,
+                               window_.out_height, window_.out_width);
     }
   }
 
  private:
-  Backend& b_;
+  Backend& backend_;
   bool max_;
-  int64_t h_, w_, c_, k_, s_, p_, oh_ = 0, ow_ = 0;
+  const ImageWindow window_;
 };
 
 class GlobalAvgPool final : public Layer {
  public:
-  GlobalAvgPool(Backend& b, const Shape& in) : b_(b), hw_(in[0] * in[1]), c_(in[2]) {
-    out_shape_ = {c_};
+  GlobalAvgPool(Backend& b, const Shape& in)
+      : backend_(b), out_area_(in[0] * in[1]), channels_(in[2]) {
+    out_shape_ = {channels_};
   }
   const char* kind() const override { return "global_avg_pool"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
-    c.out.Ensure(b_, {x.rows(), c_});
-    b_.GlobalAvgPoolForward(x.f32(), c.out.f32(), x.rows(), hw_, c_);
+    c.out.Ensure(backend_, {x.rows(), channels_});
+    backend_.GlobalAvgPoolForward(x.f32(), c.out.f32(), x.rows(), out_area_, channels_);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
     if (!dx) return;
-    dx->Ensure(b_, x.shape());
-    b_.GlobalAvgPoolBackward(dy.f32(), dx->f32(), x.rows(), hw_, c_);
+    dx->Ensure(backend_, x.shape());
+    backend_.GlobalAvgPoolBackward(dy.f32(), dx->f32(), x.rows(), out_area_, channels_);
   }
 
  private:
-  Backend& b_;
-  int64_t hw_, c_;
+  Backend& backend_;
+  int64_t out_area_, channels_;
 };
 
 // Reshape only: output and input gradient share storage with their sources.
@@ -492,7 +540,7 @@ class Flatten final : public Layer {
 class Embedding final : public Layer {
  public:
   Embedding(Backend& b, const Shape& in, int64_t vocab, int64_t dim, uint64_t seed)
-      : b_(b), vocab_(vocab), dim_(dim) {
+      : backend_(b), vocab_(vocab), dim_(dim) {
     out_shape_ = in;
     out_shape_.push_back(dim);
     table_ = MakeParam(b, "table", UniformInit(b, {vocab, dim}, 1.0f, HashCombine(seed, 1)));
@@ -501,17 +549,17 @@ class Embedding final : public Layer {
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     Shape s = x.shape();
     s.push_back(dim_);
-    c.out.Ensure(b_, s);
-    b_.EmbeddingForward(x.f32(), table_.value.f32(), c.out.f32(), x.numel(), dim_, vocab_);
+    c.out.Ensure(backend_, s);
+    backend_.EmbeddingForward(x.f32(), table_.value.f32(), c.out.f32(), x.numel(), dim_, vocab_);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor*) override {
     // Token ids have no gradient.
-    b_.EmbeddingBackward(x.f32(), dy.f32(), table_.grad.f32(), x.numel(), dim_, vocab_);
+    backend_.EmbeddingBackward(x.f32(), dy.f32(), table_.grad.f32(), x.numel(), dim_, vocab_);
   }
   std::vector<Param*> params() override { return {&table_}; }
 
  private:
-  Backend& b_;
+  Backend& backend_;
   int64_t vocab_, dim_;
   Param table_;
 };
@@ -521,7 +569,7 @@ class Embedding final : public Layer {
 class Residual final : public Layer {
  public:
   Residual(Backend& b, std::vector<std::unique_ptr<Layer>> body, const Shape& in)
-      : b_(b), body_(std::move(body)) {
+      : backend_(b), body_(std::move(body)) {
     out_shape_ = in;
   }
   const char* kind() const override { return "residual"; }
@@ -533,8 +581,8 @@ class Residual final : public Layer {
       body_[i]->Forward(*in, c.sub[i], ctx);
       in = &c.sub[i].out;
     }
-    c.out.Ensure(b_, x.shape());
-    b_.Add(x.f32(), in->f32(), c.out.f32(), x.numel());
+    c.out.Ensure(backend_, x.shape());
+    backend_.Add(x.f32(), in->f32(), c.out.f32(), x.numel());
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
     const Tensor* g = &dy;
@@ -544,8 +592,8 @@ class Residual final : public Layer {
       g = &c.sub_grads[i];
     }
     if (dx) {
-      dx->Ensure(b_, x.shape());
-      b_.Add(dy.f32(), g->f32(), dx->f32(), x.numel());
+      dx->Ensure(backend_, x.shape());
+      backend_.Add(dy.f32(), g->f32(), dx->f32(), x.numel());
     }
   }
   std::vector<Param*> params() override {
@@ -557,7 +605,7 @@ class Residual final : public Layer {
   }
 
  private:
-  Backend& b_;
+  Backend& backend_;
   std::vector<std::unique_ptr<Layer>> body_;
 };
 
@@ -602,123 +650,128 @@ const char* LayerKindName(LayerConfig::Kind kind) {
   return "?";
 }
 
+namespace {
+
+// Conv and pooling windows over an image [height, width, channels]: the output shape with
+// `channels` channels, or why it does not fit ("" when it does).
+std::string WindowedShape(const LayerConfig& cfg, const Shape& in, int64_t channels, Shape* out) {
+  if (in.size() != 3)
+    return "needs an image input [height, width, channels], got " + ShapeString(in);
+  if (cfg.kernel <= 0) return "kernel must be > 0";
+  if (cfg.stride <= 0) return "stride must be > 0";
+  if (cfg.padding < 0 || cfg.padding >= cfg.kernel) return "padding must be in [0, kernel)";
+  int64_t oh = PooledExtent(in[0], cfg.kernel, cfg.stride, cfg.padding);
+  int64_t ow = PooledExtent(in[1], cfg.kernel, cfg.stride, cfg.padding);
+  if (oh <= 0 || ow <= 0) {
+    return "kernel " + std::to_string(cfg.kernel) + " does not fit input " + ShapeString(in);
+  }
+  *out = {oh, ow, channels};
+  return "";
+}
+
+// Layers that keep their input's shape and check only their settings.
+std::string ShapePreserving(const LayerConfig& cfg, const Shape& in) {
+  using K = LayerConfig::Kind;
+  switch (cfg.kind) {
+    case K::kDropout:
+      return cfg.dropout >= 0.0f && cfg.dropout < 1.0f ? "" : "rate must be in [0, 1)";
+    case K::kLayerNorm:
+    case K::kBatchNorm:
+      if (in.empty()) return "needs at least one dimension";
+      if (!(cfg.eps > 0.0f)) return "eps must be > 0";
+      if (cfg.kind == K::kBatchNorm && !(cfg.momentum >= 0.0f && cfg.momentum <= 1.0f)) {
+        return "momentum must be in [0, 1]";
+      }
+      return "";
+    case K::kPositionalEncoding:
+    case K::kCausalSelfAttention:
+      if (in.size() != 2) return "needs a sequence input [positions, dim], got " + ShapeString(in);
+      if (cfg.kind == K::kCausalSelfAttention && (cfg.heads <= 0 || in[1] % cfg.heads != 0)) {
+        return "heads (" + std::to_string(cfg.heads) + ") must divide dim " + std::to_string(in[1]);
+      }
+      return "";
+    default:
+      return "";
+  }
+}
+
+std::string ResidualShape(const LayerConfig& cfg, const Shape& in) {
+  Shape cur = in;
+  for (size_t i = 0; i < cfg.body.size(); ++i) {
+    Shape next;
+    std::string e;
+    if (!InferLayerShape(cfg.body[i], cur, &next, &e))
+      return "body[" + std::to_string(i) + "]: " + e;
+    cur = next;
+  }
+  if (cur != in)
+    return "body output " + ShapeString(cur) + " differs from its input " + ShapeString(in);
+  return "";
+}
+
+}  // namespace
+
 bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::string* error) {
   using K = LayerConfig::Kind;
-  auto fail = [&](const std::string& msg) {
-    *error = std::string(LayerKindName(cfg.kind)) + ": " + msg;
+  auto result = [&](const std::string& why) {
+    if (why.empty()) return true;
+    *error = std::string(LayerKindName(cfg.kind)) + ": " + why;
     return false;
-  };
-  auto need_image = [&]() {
-    if (in.size() != 3) {
-      return fail("needs an image input [height, width, channels], got " + ShapeString(in));
-    }
-    return true;
-  };
-  auto pooled = [&](int64_t channels) {
-    if (cfg.kernel <= 0) return fail("kernel must be > 0");
-    if (cfg.stride <= 0) return fail("stride must be > 0");
-    if (cfg.padding < 0 || cfg.padding >= cfg.kernel) {
-      return fail("padding must be in [0, kernel)");
-    }
-    int64_t oh = PooledExtent(in[0], cfg.kernel, cfg.stride, cfg.padding);
-    int64_t ow = PooledExtent(in[1], cfg.kernel, cfg.stride, cfg.padding);
-    if (oh <= 0 || ow <= 0) {
-      return fail("kernel " + std::to_string(cfg.kernel) + " does not fit input " +
-                  ShapeString(in));
-    }
-    *out = {oh, ow, channels};
-    return true;
   };
   switch (cfg.kind) {
     case K::kLinear:
-      if (cfg.out_features <= 0) return fail("out_features must be > 0");
+      if (cfg.out_features <= 0) return result("out_features must be > 0");
       if (cfg.in_features > 0 && cfg.in_features != NumElements(in)) {
-        return fail("in_features " + std::to_string(cfg.in_features) + " does not match the " +
-                    std::to_string(NumElements(in)) + " features of its input " + ShapeString(in));
+        return result("in_features " + std::to_string(cfg.in_features) + " does not match the " +
+                      std::to_string(NumElements(in)) + " features of its input " +
+                      ShapeString(in));
       }
       *out = {cfg.out_features};
       return true;
     case K::kRelu:
     case K::kGelu:
-      *out = in;
-      return true;
     case K::kDropout:
-      if (!(cfg.dropout >= 0.0f && cfg.dropout < 1.0f)) return fail("rate must be in [0, 1)");
-      *out = in;
-      return true;
     case K::kLayerNorm:
-      if (in.empty()) return fail("needs at least one dimension");
-      if (!(cfg.eps > 0.0f)) return fail("eps must be > 0");
+    case K::kBatchNorm:
+    case K::kPositionalEncoding:
+    case K::kCausalSelfAttention:
       *out = in;
-      return true;
+      return result(ShapePreserving(cfg, in));
+    case K::kResidual:
+      *out = in;
+      return result(ResidualShape(cfg, in));
     case K::kConv2d:
-      if (!need_image()) return false;
-      if (cfg.out_features <= 0) return fail("out_channels must be > 0");
-      return pooled(cfg.out_features);
+      if (cfg.out_features <= 0) return result("out_channels must be > 0");
+      return result(WindowedShape(cfg, in, cfg.out_features, out));
     case K::kMaxPool:
     case K::kAvgPool:
-      if (!need_image()) return false;
-      return pooled(in[2]);
+      return result(WindowedShape(cfg, in, in.size() == 3 ? in[2] : 0, out));
     case K::kGlobalAvgPool:
-      if (!need_image()) return false;
+      if (in.size() != 3) {
+        return result("needs an image input [height, width, channels], got " + ShapeString(in));
+      }
       *out = {in[2]};
       return true;
     case K::kFlatten:
       *out = {NumElements(in)};
       return true;
     case K::kEmbedding:
-      if (cfg.vocab <= 0 || cfg.dim <= 0) return fail("vocab and dim must be > 0");
+      if (cfg.vocab <= 0 || cfg.dim <= 0) return result("vocab and dim must be > 0");
       *out = in;
       out->push_back(cfg.dim);
       return true;
-    case K::kBatchNorm:
-      if (in.empty()) return fail("needs at least one dimension");
-      if (!(cfg.eps > 0.0f)) return fail("eps must be > 0");
-      if (!(cfg.momentum >= 0.0f && cfg.momentum <= 1.0f)) {
-        return fail("momentum must be in [0, 1]");
-      }
-      *out = in;
-      return true;
     case K::kDense:
-      if (in.empty()) return fail("needs at least one dimension");
-      if (cfg.out_features <= 0) return fail("out_features must be > 0");
+      if (in.empty()) return result("needs at least one dimension");
+      if (cfg.out_features <= 0) return result("out_features must be > 0");
       if (cfg.in_features > 0 && cfg.in_features != in.back()) {
-        return fail("in_features " + std::to_string(cfg.in_features) +
-                    " does not match the last dimension of its input " + ShapeString(in));
+        return result("in_features " + std::to_string(cfg.in_features) +
+                      " does not match the last dimension of its input " + ShapeString(in));
       }
       *out = in;
       out->back() = cfg.out_features;
       return true;
-    case K::kPositionalEncoding:
-    case K::kCausalSelfAttention:
-      if (in.size() != 2) {
-        return fail("needs a sequence input [positions, dim], got " + ShapeString(in));
-      }
-      if (cfg.kind == K::kCausalSelfAttention && (cfg.heads <= 0 || in[1] % cfg.heads != 0)) {
-        return fail("heads (" + std::to_string(cfg.heads) + ") must divide dim " +
-                    std::to_string(in[1]));
-      }
-      *out = in;
-      return true;
-    case K::kResidual: {
-      Shape cur = in;
-      for (size_t i = 0; i < cfg.body.size(); ++i) {
-        Shape next;
-        std::string e;
-        if (!InferLayerShape(cfg.body[i], cur, &next, &e)) {
-          return fail("body[" + std::to_string(i) + "]: " + e);
-        }
-        cur = next;
-      }
-      if (cur != in) {
-        return fail("body output " + ShapeString(cur) + " differs from its input " +
-                    ShapeString(in));
-      }
-      *out = in;
-      return true;
-    }
   }
-  return fail("unknown layer kind");
+  return result("unknown layer kind");
 }
 
 void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers) {

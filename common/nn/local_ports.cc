@@ -7,33 +7,33 @@ namespace localpar {
 
 class LocalPipeline::Ports final : public StagePorts {
  public:
-  Ports(LocalPipeline& pipe, int stage) : pipe_(pipe), k_(stage) {}
+  Ports(LocalPipeline& pipe, int stage) : pipeline_(pipe), stage_(stage) {}
 
   PortState Receive(int m, const Tensor** x, const Tensor** labels) override {
-    const Message& in = pipe_.inbox_[k_][m];
+    const Message& in = pipeline_.inbox_[stage_][m];
     if (!in.sent) return PortState::kPending;
     *x = &in.tensor;
-    *labels = &pipe_.labels_[m];
+    *labels = &pipeline_.labels_[m];
     return PortState::kReady;
   }
   void SendActivations(int m, const Tensor& y) override {
-    if (k_ + 1 < static_cast<int>(pipe_.inbox_.size())) {
-      pipe_.Put(&pipe_.inbox_[k_ + 1][m], pipe_.OverWire(k_, m, y));
+    if (stage_ + 1 < static_cast<int>(pipeline_.inbox_.size())) {
+      pipeline_.Put(&pipeline_.inbox_[stage_ + 1][m], pipeline_.OverWire(stage_, m, y));
     }
   }
   void SendInputGradient(int m, const Tensor& dx) override {
-    if (k_ > 0) pipe_.Put(&pipe_.returned_[k_ - 1][m], dx);
+    if (stage_ > 0) pipeline_.Put(&pipeline_.returned_[stage_ - 1][m], dx);
   }
   PortState AwaitGradient(int m, const Tensor** grad) override {
-    const Message& g = pipe_.returned_[k_][m];
+    const Message& g = pipeline_.returned_[stage_][m];
     if (!g.sent) return PortState::kPending;
     *grad = &g.tensor;
     return PortState::kReady;
   }
 
  private:
-  LocalPipeline& pipe_;
-  const int k_;
+  LocalPipeline& pipeline_;
+  const int stage_;
 };
 
 LocalPipeline::LocalPipeline(int stages, WireFormat wire)

@@ -14,14 +14,14 @@ void Optimizer::Step(const std::vector<Param*>& params, float lr) {
   for (Param* p : params) {
     if (!p->trainable) continue;
     int64_t n = p->value.numel();
-    if (!p->state1.defined()) p->state1 = Tensor::Zeros(b_, p->value.shape());
+    if (!p->state1.defined()) p->state1 = Tensor::Zeros(backend_, p->value.shape());
     if (adam) {
-      if (!p->state2.defined()) p->state2 = Tensor::Zeros(b_, p->value.shape());
-      b_.AdamWStep(p->value.f32(), p->grad.f32(), p->state1.f32(), p->state2.f32(), n, lr,
-                   config_.beta1, config_.beta2, config_.eps, config_.weight_decay, c1, c2);
+      if (!p->state2.defined()) p->state2 = Tensor::Zeros(backend_, p->value.shape());
+      backend_.AdamWStep(p->value.f32(), p->grad.f32(), p->state1.f32(), p->state2.f32(), n, lr,
+                         config_.beta1, config_.beta2, config_.eps, config_.weight_decay, c1, c2);
     } else {
-      b_.SgdStep(p->value.f32(), p->grad.f32(), p->state1.f32(), n, lr, config_.momentum,
-                 config_.weight_decay, config_.nesterov);
+      backend_.SgdStep(p->value.f32(), p->grad.f32(), p->state1.f32(), n, lr, config_.momentum,
+                       config_.weight_decay, config_.nesterov);
     }
   }
 }

@@ -24,13 +24,13 @@ struct OptimizerConfig {
 // and zeroes the gradients for the next accumulation.
 class Optimizer {
  public:
-  Optimizer(Backend& backend, const OptimizerConfig& config) : b_(backend), config_(config) {}
+  Optimizer(Backend& backend, const OptimizerConfig& config) : backend_(backend), config_(config) {}
   void Step(const std::vector<Param*>& params, float lr);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }  // when restoring a checkpoint
 
  private:
-  Backend& b_;
+  Backend& backend_;
   OptimizerConfig config_;
   int64_t steps_ = 0;
 };

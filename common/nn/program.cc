@@ -1,6 +1,8 @@
 // Stage programs: the evaluation program and printing.
 #include "common/nn/program.h"
 
+#include <iterator>
+
 #include "common/nn/rule.h"
 
 namespace localpar {
@@ -13,43 +15,20 @@ StageProgram EvalProgram() {
 
 namespace {
 
-const char* OpName(Op op) {
-  switch (op) {
-    case Op::kReceive:
-      return "receive";
-    case Op::kForward:
-      return "forward";
-    case Op::kSendActivations:
-      return "send activations";
-    case Op::kHead:
-      return "head";
-    case Op::kBackwardHead:
-      return "backward head gradient";
-    case Op::kAwaitGradient:
-      return "await gradient";
-    case Op::kBackwardReturned:
-      return "backward returned gradient";
-    case Op::kSendInputGradient:
-      return "send input gradient";
-    case Op::kApplyArrived:
-      return "apply arrived gradients";
-    case Op::kStep:
-      return "step";
-  }
-  return "?";
-}
-
-const char* ModeName(HeadMode mode) {
-  switch (mode) {
-    case HeadMode::kEval:
-      return "eval";
-    case HeadMode::kProbe:
-      return "probe";
-    case HeadMode::kLocal:
-      return "local";
-  }
-  return "?";
-}
+// Indexed by Op and HeadMode, in their declaration order.
+constexpr const char* kOpNames[] = {"receive",
+                                    "forward",
+                                    "send activations",
+                                    "head",
+                                    "backward head gradient",
+                                    "await gradient",
+                                    "backward returned gradient",
+                                    "send input gradient",
+                                    "apply arrived gradients",
+                                    "step"};
+constexpr const char* kModeNames[] = {"eval", "probe", "local"};
+static_assert(std::size(kOpNames) == static_cast<size_t>(Op::kStep) + 1);
+static_assert(std::size(kModeNames) == static_cast<size_t>(HeadMode::kLocal) + 1);
 
 }  // namespace
 
@@ -58,8 +37,8 @@ std::string ProgramString(const StageProgram& program) {
   for (size_t i = 0; i < program.size(); ++i) {
     const Action& a = program[i];
     if (i > 0) out += ", ";
-    out += OpName(a.op);
-    if (a.op == Op::kHead) out += std::string(" (") + ModeName(a.mode) + ")";
+    out += kOpNames[static_cast<int>(a.op)];
+    if (a.op == Op::kHead) out += std::string(" (") + kModeNames[static_cast<int>(a.mode)] + ")";
     if (a.op != Op::kStep && a.op != Op::kApplyArrived) out += " " + std::to_string(a.micro_batch);
     if (a.input_gradient) out += " (and input gradient)";
   }

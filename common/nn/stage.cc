@@ -80,12 +80,12 @@ HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float
   int64_t classes = logits.shape().back(), rows = logits.numel() / classes;
   LP_CHECK_MSG(labels.numel() == rows, "%lld labels for %lld predictions",
                static_cast<long long>(labels.numel()), static_cast<long long>(rows));
-  s.row_loss.Ensure(b_, {rows});
-  s.row_correct.Ensure(b_, {rows});
+  s.row_loss.Ensure(backend_, {rows});
+  s.row_correct.Ensure(backend_, {rows});
   bool train = mode != HeadMode::kEval;
-  if (train) s.dlogits.Ensure(b_, logits.shape());
-  b_.SoftmaxXent(logits.f32(), labels.i32(), rows, classes, grad_scale,
-                 train ? s.dlogits.f32() : nullptr, s.row_loss.f32(), s.row_correct.f32());
+  if (train) s.dlogits.Ensure(backend_, logits.shape());
+  backend_.SoftmaxXent(logits.f32(), labels.i32(), rows, classes, grad_scale,
+                       train ? s.dlogits.f32() : nullptr, s.row_loss.f32(), s.row_correct.f32());
   if (train) {
     const Tensor* g = &s.dlogits;
     for (size_t i = head_.size(); i-- > 0;) {
@@ -99,8 +99,8 @@ HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float
   // Summed on the host in a fixed order: identical on every run and every process.
   s.host_loss.resize(rows);
   s.host_correct.resize(rows);
-  b_.CopyToHost(s.host_loss.data(), s.row_loss.raw(), rows * sizeof(float));
-  b_.CopyToHost(s.host_correct.data(), s.row_correct.raw(), rows * sizeof(float));
+  backend_.CopyToHost(s.host_loss.data(), s.row_loss.raw(), rows * sizeof(float));
+  backend_.CopyToHost(s.host_correct.data(), s.row_correct.raw(), rows * sizeof(float));
   HeadStats st;
   for (int64_t r = 0; r < rows; ++r) {
     st.loss_sum += s.host_loss[r];

@@ -87,13 +87,13 @@ class Stage {
     std::vector<float> host_loss, host_correct;
   };
   Stage(Backend& backend, const OptimizerConfig& optimizer)
-      : b_(backend), opt_(backend, optimizer) {}
+      : backend_(backend), opt_(backend, optimizer) {}
   Slot& slot(int i);
   const Tensor& output(const Slot& s) const {
     return layers_.empty() ? s.input : s.caches.back().out;
   }
 
-  Backend& b_;
+  Backend& backend_;
   std::string name_;
   Shape in_shape_, out_shape_;
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -30,7 +30,7 @@ v1::DownItem MakeBatchItem(const BatchAssembler& a, int64_t begin, int64_t rows,
 constexpr size_t kMaxQueuedReplies = 4096;
 
 PipelineLink::PipelineLink(v1::Worker::Stub& first, const SecurityOptions& security)
-    : up_(kMaxQueuedReplies) {
+    : replies_(kMaxQueuedReplies) {
   ctx_.set_wait_for_ready(true);
   AddToken(ctx_, security);
   stream_ = first.Stream(&ctx_);
@@ -40,7 +40,7 @@ PipelineLink::PipelineLink(v1::Worker::Stub& first, const SecurityOptions& secur
 PipelineLink::~PipelineLink() {
   if (reader_.joinable()) {
     ctx_.TryCancel();
-    up_.Close();  // unblock the reader if the event loop stopped taking items
+    replies_.Close();  // unblock the reader if the event loop stopped taking items
     reader_.join();
   }
 }
@@ -50,11 +50,11 @@ bool PipelineLink::Send(const v1::DownItem& item) { return !broken_ && stream_->
 void PipelineLink::ReadLoop() {
   v1::UpItem up;
   while (stream_->Read(&up)) {
-    if (!up_.Push(std::move(up))) break;
+    if (!replies_.Push(std::move(up))) break;
   }
   status_ = stream_->Finish();
   broken_ = true;
-  up_.Close();
+  replies_.Close();
 }
 
 grpc::Status PipelineLink::Finish() {

@@ -28,7 +28,7 @@ class PipelineLink {
   // False once the link is broken.
   bool Send(const v1::DownItem& item);
   // The next item that came back up, in order; nullopt once the stream has ended.
-  std::optional<v1::UpItem> Next() { return up_.Pop(); }
+  std::optional<v1::UpItem> Next() { return replies_.Pop(); }
   // Closes the sending side (once) and waits for the stream's end; returns its status.
   grpc::Status Finish();
   bool broken() const { return broken_; }
@@ -38,7 +38,7 @@ class PipelineLink {
 
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> stream_;
-  BoundedQueue<v1::UpItem> up_;
+  BoundedQueue<v1::UpItem> replies_;
   std::thread reader_;
   std::atomic<bool> broken_{false};
   bool finished_ = false;

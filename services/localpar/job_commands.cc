@@ -22,6 +22,18 @@ void Explain(const v1::Job& job) {
   std::cout << "# evaluation, every stage: " << ProgramString(EvalProgram()) << "\n";
 }
 
+// Parses a job command's flags and loads its job with the overrides; -1 to go on, else the
+// exit code.
+int LoadJobCommand(const char* command, const char* usage, const Args& args, v1::JobCommand* c,
+                   v1::Job* job, std::string* path) {
+  int rc = 0;
+  if (!ParseCommand(command, usage, args, c, {}, path, &rc)) return rc;
+  absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(*path, c->overrides());
+  if (!loaded.ok()) return Fail(kExitBadJob, std::string(loaded.status().message()));
+  *job = *std::move(loaded);
+  return -1;
+}
+
 }  // namespace
 
 int TrainCommandMain(const Args& args) {
@@ -58,36 +70,34 @@ int TrainCommandMain(const Args& args) {
 
 int ValidateCommandMain(const Args& args) {
   v1::JobCommand c;
+  v1::Job job;
   std::string path;
-  int rc = 0;
-  if (!ParseCommand("validate",
-                    "localpar validate JOB_FILE [flags]\n"
-                    "Checks JOB_FILE (with any overrides) and prints it with every default "
-                    "filled in.",
-                    args, &c, {}, &path, &rc)) {
+  if (int rc = LoadJobCommand("validate",
+                              "localpar validate JOB_FILE [flags]\n"
+                              "Checks JOB_FILE (with any overrides) and prints it with every "
+                              "default filled in.",
+                              args, &c, &job, &path);
+      rc >= 0) {
     return rc;
   }
-  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, c.overrides());
-  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
-  std::cout << path << ": ok\n" << job->DebugString();
-  if (c.explain()) Explain(*job);
+  std::cout << path << ": ok\n" << job.DebugString();
+  if (c.explain()) Explain(job);
   return kExitOk;
 }
 
 int DataCommandMain(const Args& args) {
   v1::JobCommand c;
+  v1::Job job;
   std::string path;
-  int rc = 0;
-  if (!ParseCommand("data",
-                    "localpar data JOB_FILE [flags]\n"
-                    "Loads the job's data and prints its figures as JSON (examples, classes, the "
-                    "unigram baseline in bits).",
-                    args, &c, {}, &path, &rc)) {
+  if (int rc = LoadJobCommand("data",
+                              "localpar data JOB_FILE [flags]\n"
+                              "Loads the job's data and prints its figures as JSON (examples, "
+                              "classes, the unigram baseline in bits).",
+                              args, &c, &job, &path);
+      rc >= 0) {
     return rc;
   }
-  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, c.overrides());
-  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
-  absl::StatusOr<DataSplit> data = LoadJobData(*job);
+  absl::StatusOr<DataSplit> data = LoadJobData(job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
   google::protobuf::Struct figures;
   auto set = [&](const char* key, double v) {

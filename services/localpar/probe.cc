@@ -2,6 +2,7 @@
 #include "services/localpar/probe.h"
 
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <thread>
 
@@ -76,62 +77,53 @@ int RequestCheckpoint(const std::string& address, const SecurityOptions& securit
 
 namespace {
 
-// Parses a client command's flags and loads its security files.
-bool ParseClient(const char* command, const char* usage, const Args& args, v1::ClientCommand* c,
-                 std::string* address, SecurityOptions* security, int* rc) {
-  *c = ClientDefaults();
-  if (!ParseCommand(command, usage, args, c, {}, address, rc)) return false;
-  if (absl::Status s = LoadSecurity(c->security(), security); !s.ok()) {
-    *rc = Fail(kExitUsage, std::string(s.message()));
-    return false;
+// A client command: its flags, the security files they name, then `call` on the address.
+int ClientMain(const char* command, const char* usage, const Args& args,
+               const std::function<int(const std::string&, const v1::ClientCommand&,
+                                       const SecurityOptions&)>& call) {
+  v1::ClientCommand c = ClientDefaults();
+  std::string address;
+  int rc = 0;
+  if (!ParseCommand(command, usage, args, &c, {}, &address, &rc)) return rc;
+  SecurityOptions security;
+  if (absl::Status s = LoadSecurity(c.security(), &security); !s.ok()) {
+    return Fail(kExitUsage, std::string(s.message()));
   }
-  return true;
+  return call(address, c, security);
 }
 
 }  // namespace
 
 int ProbeCommandMain(const Args& args) {
-  v1::ClientCommand c;
-  std::string address;
-  SecurityOptions security;
-  int rc = 0;
-  if (!ParseClient("probe",
-                   "localpar probe HOST:PORT [flags]\n"
-                   "The standard gRPC health check of a worker or coordinator: exit 0 when it "
-                   "reports SERVING.",
-                   args, &c, &address, &security, &rc)) {
-    return rc;
-  }
-  return Probe(address, c.timeout_ms(), security);
+  return ClientMain("probe",
+                    "localpar probe HOST:PORT [flags]\n"
+                    "The standard gRPC health check of a worker or coordinator: exit 0 when it "
+                    "reports SERVING.",
+                    args,
+                    [](const std::string& a, const v1::ClientCommand& c, const SecurityOptions& s) {
+                      return Probe(a, c.timeout_ms(), s);
+                    });
 }
 
 int StatusCommandMain(const Args& args) {
-  v1::ClientCommand c;
-  std::string address;
-  SecurityOptions security;
-  int rc = 0;
-  if (!ParseClient("status",
-                   "localpar status HOST:PORT [flags]\n"
-                   "A running job's stages, from its coordinator: throughput (sampled over a "
-                   "second), loss,\nqueues and refusals.",
-                   args, &c, &address, &security, &rc)) {
-    return rc;
-  }
-  return Status(address, 1000, security);
+  return ClientMain("status",
+                    "localpar status HOST:PORT [flags]\n"
+                    "A running job's stages, from its coordinator: throughput (sampled over a "
+                    "second), loss,\nqueues and refusals.",
+                    args,
+                    [](const std::string& a, const v1::ClientCommand&, const SecurityOptions& s) {
+                      return Status(a, 1000, s);
+                    });
 }
 
 int CheckpointCommandMain(const Args& args) {
-  v1::ClientCommand c;
-  std::string address;
-  SecurityOptions security;
-  int rc = 0;
-  if (!ParseClient("checkpoint",
-                   "localpar checkpoint HOST:PORT [flags]\n"
-                   "Asks the job's coordinator for a checkpoint after the next training step.",
-                   args, &c, &address, &security, &rc)) {
-    return rc;
-  }
-  return RequestCheckpoint(address, security);
+  return ClientMain("checkpoint",
+                    "localpar checkpoint HOST:PORT [flags]\n"
+                    "Asks the job's coordinator for a checkpoint after the next training step.",
+                    args,
+                    [](const std::string& a, const v1::ClientCommand&, const SecurityOptions& s) {
+                      return RequestCheckpoint(a, s);
+                    });
 }
 
 }  // namespace localpar
