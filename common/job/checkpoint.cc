@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/atomic_file.h"
@@ -167,48 +168,153 @@ absl::Status LoadStageFile(Stage& stage, const std::string& path) {
   return RestoreStageState(stage, c, path);
 }
 
+absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
+                                                    const std::string& fingerprint,
+                                                    const std::string& root, uint64_t id) {
+  const std::string rel = absl::StrCat(CheckpointDirName(id), "/stage-", index, ".ckpt");
+  std::error_code ec;
+  std::filesystem::create_directories(root + "/" + CheckpointDirName(id), ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(root, "/", CheckpointDirName(id), ": cannot create: ", ec.message()));
+  }
+  v1::StageCheckpoint c = SnapshotStageState(stage, index, step);
+  c.set_fingerprint(fingerprint);
+  const std::string payload = c.SerializeAsString();
+  if (absl::Status s = WriteChecksummedFile(root + "/" + rel, payload); !s.ok()) return s;
+  v1::StageSnapshot snap;
+  snap.set_stage(index);
+  snap.set_checkpoint_id(id);
+  snap.set_file(rel);
+  snap.set_bytes(static_cast<int64_t>(kHeader + payload.size()));
+  snap.set_crc32(Crc(payload));
+  return snap;
+}
+
+absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
+                                  const v1::StageSnapshot& want, const std::string& fingerprint) {
+  const std::string path =
+      absl::StrCat(root, "/", CheckpointDirName(want.checkpoint_id()), "/stage-", index, ".ckpt");
+  const std::string at = absl::StrCat("stage ", index, ", checkpoint ", want.checkpoint_id(), ": ");
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(at, path, ": ", ec.message()));
+  if (static_cast<int64_t>(bytes) != want.bytes()) {
+    return absl::DataLossError(
+        absl::StrCat(at, path, ": ", bytes, " bytes, the manifest says ", want.bytes()));
+  }
+  absl::StatusOr<std::string> payload = ReadChecksummedFile(path);
+  if (!payload.ok()) return absl::DataLossError(absl::StrCat(at, payload.status().message()));
+  if (Crc(*payload) != want.crc32()) {
+    return absl::DataLossError(
+        absl::StrCat(at, path, ": checksum ", Crc(*payload), ", the manifest says ", want.crc32()));
+  }
+  v1::StageCheckpoint c;
+  if (!c.ParseFromString(*payload)) {
+    return absl::DataLossError(absl::StrCat(at, path, ": payload is not a stage checkpoint"));
+  }
+  if (c.fingerprint() != fingerprint) {
+    return absl::DataLossError(absl::StrCat(at, path, ": written by another run (fingerprint ",
+                                            c.fingerprint(), ", this run's ", fingerprint, ")"));
+  }
+  if (absl::Status s = RestoreStageState(stage, c, path); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(at, s.message()));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The ids of the ckpt-NNNNNN directories under `root`, newest first.
+std::vector<std::pair<uint64_t, std::string>> CheckpointDirs(const std::string& root) {
+  std::vector<std::pair<uint64_t, std::string>> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    uint64_t id = 0;
+    if (!e.is_directory() || name.rfind("ckpt-", 0) != 0 ||
+        !absl::SimpleAtoi(name.substr(5), &id)) {
+      continue;
+    }
+    dirs.emplace_back(id, e.path().string());
+  }
+  std::sort(dirs.rbegin(), dirs.rend());
+  return dirs;
+}
+
+}  // namespace
+
+void PruneSnapshots(const std::string& root, const std::vector<uint64_t>& keep) {
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    if (std::find(keep.begin(), keep.end(), id) != keep.end()) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+}
+
 std::string CheckpointDirName(uint64_t id) { return absl::StrFormat("ckpt-%06d", id); }
 
 absl::Status WriteManifest(const std::string& dir, const v1::CheckpointManifest& m) {
-  return WriteChecksummedFile(dir + "/MANIFEST", m.SerializeAsString());
+  if (absl::Status s = WriteChecksummedFile(dir + "/MANIFEST", m.SerializeAsString()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<v1::CheckpointManifest> back = ReadManifest(dir);
+  if (!back.ok()) return back.status();
+  if (back->SerializeAsString() != m.SerializeAsString()) {
+    return absl::DataLossError(absl::StrCat(dir, "/MANIFEST: reads back different"));
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root) {
-  std::vector<std::string> dirs;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-    std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("ckpt-", 0) == 0) dirs.push_back(e.path().string());
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& dir) {
+  absl::StatusOr<std::string> payload = ReadChecksummedFile(dir + "/MANIFEST");
+  if (!payload.ok()) return payload.status();
+  v1::CheckpointManifest m;
+  if (!m.ParseFromString(*payload)) {
+    return absl::DataLossError(absl::StrCat(dir, "/MANIFEST: unreadable"));
   }
-  if (ec) return absl::NotFoundError(absl::StrCat(root, ": ", ec.message()));
-  std::sort(dirs.rbegin(), dirs.rend());  // newest (highest id) first
+  return m;
+}
+
+std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root) {
+  std::vector<FoundCheckpoint> out;
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(dir);
+    if (!m.ok() || m->id() != id) continue;
+    out.push_back(FoundCheckpoint{dir, *std::move(m), {}, 0});
+  }
+  return out;
+}
+
+absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
+                                                     const std::string& fingerprint) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) {
+    return absl::NotFoundError(absl::StrCat(root, ": no such directory"));
+  }
   FoundCheckpoint found;
-  for (const std::string& dir : dirs) {
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
     if (!std::filesystem::exists(dir + "/MANIFEST")) {
       ++found.uncommitted;
       continue;
     }
-    absl::StatusOr<std::string> payload = ReadChecksummedFile(dir + "/MANIFEST");
-    v1::CheckpointManifest m;
-    if (!payload.ok() || !m.ParseFromString(*payload)) {
-      found.skipped.push_back(payload.ok() ? dir + "/MANIFEST: unreadable"
-                                           : std::string(payload.status().message()));
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(dir);
+    if (!m.ok()) {
+      found.skipped.push_back(std::string(m.status().message()));
       continue;
     }
-    std::string bad;
-    for (const std::string& f : m.stage_files()) {
-      absl::StatusOr<std::string> stage = ReadChecksummedFile(dir + "/" + f);
-      if (!stage.ok()) {
-        bad = std::string(stage.status().message());
-        break;
-      }
+    if (m->id() != id) {
+      found.skipped.push_back(absl::StrCat(dir, "/MANIFEST: says checkpoint ", m->id()));
+      continue;
     }
-    if (!bad.empty()) {
-      found.skipped.push_back(bad);
+    if (!fingerprint.empty() && m->fingerprint() != fingerprint) {
+      found.skipped.push_back(absl::StrCat(dir, ": another run's (job ", m->job(), ", rule ",
+                                           m->rule(), ", seed ", m->seed(), ", fingerprint ",
+                                           m->fingerprint(), ")"));
       continue;
     }
     found.dir = dir;
-    found.manifest = m;
+    found.manifest = *std::move(m);
     return found;
   }
   std::string why = found.skipped.empty() ? "" : absl::StrCat(" (refused: ", found.skipped[0], ")");
@@ -216,27 +322,24 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root) {
 }
 
 void RemoveUncommittedCheckpoints(const std::string& root) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) == 0 && !std::filesystem::exists(e.path() / "MANIFEST")) {
-      std::filesystem::remove_all(e.path(), ec);
-    }
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir + "/MANIFEST")) std::filesystem::remove_all(dir, ec);
   }
 }
 
 void PruneCheckpoints(const std::string& root, int keep) {
-  std::vector<std::string> committed;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) == 0 && std::filesystem::exists(e.path() / "MANIFEST")) {
-      committed.push_back(e.path().string());
+  int kept = 0;
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(dir);
+    const bool committed = m.ok() && m->id() == id;
+    if (!committed && !std::filesystem::exists(dir + "/MANIFEST")) continue;  // in flight
+    std::error_code ec;
+    if (!committed || kept >= std::max(keep, 1)) {
+      std::filesystem::remove_all(dir, ec);
+    } else {
+      ++kept;
     }
-  }
-  std::sort(committed.rbegin(), committed.rend());
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < committed.size(); ++i) {
-    std::filesystem::remove_all(committed[i], ec);
   }
 }
 

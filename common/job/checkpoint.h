@@ -26,11 +26,27 @@ v1::StageCheckpoint SnapshotStageState(Stage& stage, int index, int64_t step);
 absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& ckpt,
                                const std::string& source);
 
+// One stage file by path: the snapshot in the checksummed container.
 absl::Status SaveStageFile(Stage& stage, int index, int64_t step, const std::string& path);
 absl::Status LoadStageFile(Stage& stage, const std::string& path);
 
+// A worker's snapshot of its stage for checkpoint `id`, under the worker's own storage
+// `root`: root/ckpt-NNNNNN/stage-K.ckpt. Returns what the manifest records about it.
+absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
+                                                    const std::string& fingerprint,
+                                                    const std::string& root, uint64_t id);
+// Restores `stage` from the snapshot `want` names under `root`, refusing (DATA_LOSS, naming
+// the stage and the file) a missing file, one whose size or checksum differs from `want`,
+// a damaged one, or one written by another run (`fingerprint`).
+absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
+                                  const v1::StageSnapshot& want, const std::string& fingerprint);
+// Removes the snapshots under `root` whose checkpoint is not in `keep`.
+void PruneSnapshots(const std::string& root, const std::vector<uint64_t>& keep);
+
 std::string CheckpointDirName(uint64_t id);  // "ckpt-000042"
+// Writes the manifest into `dir` and reads it back: OK only when what is on disk verifies.
 absl::Status WriteManifest(const std::string& dir, const v1::CheckpointManifest& manifest);
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& dir);
 
 struct FoundCheckpoint {
   std::string dir;  // the ckpt-NNNNNN directory
@@ -38,9 +54,15 @@ struct FoundCheckpoint {
   std::vector<std::string> skipped;  // newer checkpoints refused as damaged, with the reason
   int uncommitted = 0;  // newer directories without a MANIFEST (markers still in flight)
 };
-// The newest checkpoint under `root` whose manifest and every stage file verify.
-absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root);
-// Removes all but the newest `keep` committed checkpoints.
+// The newest checkpoint under `root` whose manifest verifies; with `fingerprint` set, only
+// this run's (others are skipped, saying what differs). Stage snapshots are the workers' to
+// verify when they restore.
+absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
+                                                     const std::string& fingerprint = "");
+// Every committed checkpoint under `root` with a verifying manifest, newest first.
+std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root);
+// Removes all but the newest `keep` committed checkpoints; directories whose manifest does
+// not verify do not count as committed, and are removed too.
 void PruneCheckpoints(const std::string& root, int keep);
 // Removes checkpoint directories that never got a MANIFEST. Only safe when no checkpoint
 // is in flight (before training resumes).

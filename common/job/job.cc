@@ -6,9 +6,12 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/data/dataset.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/text_format.h"
 
 namespace localpar {
@@ -584,6 +587,20 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
     merged->set_name(absl::StrJoin(names, "+"));
   }
   return out;
+}
+
+std::string JobFingerprint(const v1::Job& job, const std::string& settings) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    job.SerializeToCodedStream(&out);
+  }
+  bytes += settings;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return absl::StrFormat("%016x", h);
 }
 
 ModelConfig ToModelConfig(const v1::Job& job) {

@@ -40,6 +40,10 @@ int64_t JobLabelsPerExample(const v1::Job& job);
 // made from one job file.
 absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages);
 
+// A fingerprint of what determines a run's weights: the normalised job (defaults, overrides
+// and seed included) and `settings` (the run's options that change the arithmetic). Hex.
+std::string JobFingerprint(const v1::Job& job, const std::string& settings);
+
 ModelConfig ToModelConfig(const v1::Job& job);
 TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps);
 // Backend settings a job carries (its GEMM precision); every program that builds a job's

@@ -11,29 +11,51 @@ namespace localpar {
 using Clock = std::chrono::steady_clock;
 
 Checkpointer::Checkpointer(const v1::CoordinatorConfig& c, const v1::Job& job,
-                           CoordinatorMetrics* metrics)
+                           std::string fingerprint, CoordinatorMetrics* metrics,
+                           std::function<v1::RunReport()> history)
     : dir_(c.checkpoint_dir()),
       every_steps_(c.checkpoint_every_steps()),
       every_seconds_(c.checkpoint_every_seconds()),
-      keep_(c.keep_checkpoints()),
+      keep_(std::max(1, c.keep_checkpoints())),
       job_(job),
-      metrics_(metrics) {}
+      fingerprint_(std::move(fingerprint)),
+      metrics_(metrics),
+      history_(std::move(history)) {}
+
+absl::Status Checkpointer::CheckFresh() const {
+  if (!enabled()) return absl::OkStatus();
+  std::vector<FoundCheckpoint> found = CommittedCheckpoints(dir_);
+  if (found.empty()) return absl::OkStatus();
+  const v1::CheckpointManifest& m = found.front().manifest;
+  return absl::FailedPreconditionError(
+      absl::StrCat(dir_, " already holds checkpoints (the newest, ", found.front().dir, ", of job ",
+                   m.job(), ", rule ", m.rule(), ", seed ", m.seed(), ", at step ", m.step(),
+                   "); continue it with --resume, or give this run another --checkpoint_dir"));
+}
 
 absl::StatusOr<FoundCheckpoint> Checkpointer::FindResume(std::ostream& log) {
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir_);
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir_, fingerprint_);
   if (!found.ok()) return found.status();
-  for (const std::string& why : found->skipped) {
-    log << "localpar: skipping a damaged checkpoint: " << why << "\n";
-  }
+  for (const std::string& why : found->skipped)
+    log << "localpar: skipping checkpoint " << why << "\n";
   if (found->uncommitted > 0) {
     log << "localpar: discarding " << found->uncommitted
         << " newer checkpoint(s) that never committed\n";
   }
   RemoveUncommittedCheckpoints(dir_);
   std::lock_guard<std::mutex> lock(mu_);
-  next_id_ = std::max(next_id_, found->manifest.id() + 1);
+  for (const FoundCheckpoint& f : CommittedCheckpoints(dir_)) {
+    next_id_ = std::max(next_id_, f.manifest.id() + 1);
+  }
   last_committed_ = found->dir;
   return found;
+}
+
+std::optional<FoundCheckpoint> Checkpointer::OlderThan(uint64_t id) const {
+  for (FoundCheckpoint& f : CommittedCheckpoints(dir_)) {
+    if (f.manifest.id() < id && f.manifest.fingerprint() == fingerprint_) return std::move(f);
+  }
+  return std::nullopt;
 }
 
 std::optional<FoundCheckpoint> Checkpointer::RollBack(std::ostream& log) {
@@ -55,10 +77,25 @@ bool Checkpointer::Due(int64_t step) {
          Clock::now() - last_start_ >= std::chrono::duration<double>(every_seconds_);
 }
 
+// The checkpoints whose snapshots every worker keeps (besides the new one): the committed
+// ones kept, and those still in flight. So a failing checkpoint never leaves nothing to
+// restore, and one about to commit never loses a stage's snapshot.
+std::vector<uint64_t> Checkpointer::KeptIds() const {
+  std::vector<uint64_t> ids;
+  for (const FoundCheckpoint& f : CommittedCheckpoints(dir_)) {
+    if (static_cast<int>(ids.size()) >= keep_) break;
+    ids.push_back(f.manifest.id());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [seq, p] : pending_) ids.push_back(p.manifest.id());
+  return ids;
+}
+
 std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
-                                                const DataCursor& cursor) {
+                                                const DataCursor& cursor, double train_examples) {
   last_start_ = Clock::now();
   last_started_step_ = step;
+  ++started_;
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -71,7 +108,8 @@ std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
     std::cerr << "localpar: checkpoint " << dir << ": " << ec.message() << "\n";
     return std::nullopt;
   }
-  v1::CheckpointManifest m;
+  Pending p{dir, {}, {}, train_examples, Clock::now()};
+  v1::CheckpointManifest& m = p.manifest;
   m.set_id(id);
   m.set_job(job_.name());
   m.set_rule(v1::UpdateRule_Name(job_.rule()));
@@ -79,18 +117,28 @@ std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
   m.set_epoch(cursor.epoch);
   m.set_batch_in_epoch(cursor.batch_in_epoch);
   m.set_seed(job_.seed());
-  for (int k = 0; k < job_.stages_size(); ++k)
-    m.add_stage_files(absl::StrCat("stage-", k, ".ckpt"));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_[seq] = Pending{dir, m, Clock::now()};
-  }
+  m.set_fingerprint(fingerprint_);
   v1::DownItem item;
   v1::Control* c = item.mutable_control();
   c->set_seq(seq);
   c->set_kind(v1::Control::CHECKPOINT);
-  c->set_path(std::filesystem::absolute(dir).string());
+  c->set_checkpoint_id(id);
+  for (uint64_t kept : KeptIds()) c->add_keep_checkpoint_ids(kept);
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_[seq] = std::move(p);
   return item;
+}
+
+bool Checkpointer::OnSaved(const v1::StageSaved& saved) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(saved.seq());
+  if (it == pending_.end()) return false;
+  const v1::StageSnapshot& s = saved.snapshot();
+  if (s.stage() >= 0 && s.stage() < job_.stages_size() &&
+      s.checkpoint_id() == it->second.manifest.id()) {
+    it->second.snapshots[s.stage()] = s;
+  }
+  return true;
 }
 
 bool Checkpointer::OnAck(uint64_t seq) {
@@ -100,20 +148,42 @@ bool Checkpointer::OnAck(uint64_t seq) {
   Pending p = std::move(it->second);
   pending_.erase(it);
   lock.unlock();
+  if (!Commit(p)) {
+    std::error_code ec;
+    std::filesystem::remove_all(p.dir, ec);  // nothing half-written stays behind
+  }
+  return true;
+}
+
+bool Checkpointer::Commit(Pending& p) {
+  for (int k = 0; k < job_.stages_size(); ++k) {
+    auto s = p.snapshots.find(k);
+    if (s == p.snapshots.end()) {
+      std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: stage " << k
+                << " did not report its snapshot\n";
+      return false;
+    }
+    *p.manifest.add_stages() = s->second;
+  }
+  v1::RunReport history = history_ ? history_() : v1::RunReport();
+  history.set_train_examples(p.train_examples);
+  p.manifest.set_report(history.SerializeAsString());
   p.manifest.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
                                      .count());
   if (absl::Status st = WriteManifest(p.dir, p.manifest); !st.ok()) {
     std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: " << st.message() << "\n";
-    return true;
+    return false;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - p.started).count();
-  lock.lock();
-  last_committed_ = p.dir;
-  last_commit_ = Clock::now();
-  lock.unlock();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_committed_ = p.dir;
+    last_commit_ = Clock::now();
+  }
+  ++committed_;
   if (metrics_) metrics_->CheckpointCommitted(seconds);
-  PruneCheckpoints(dir_, keep_);
+  PruneCheckpoints(dir_, keep_);  // only now that the new one has been read back
   return true;
 }
 
@@ -126,6 +196,8 @@ bool Checkpointer::OnError(const v1::ItemError& e) {
   lock.unlock();
   std::cerr << "\nlocalpar: checkpoint " << dir << " failed at stage " << e.stage() << ": "
             << e.message() << "\n";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   return true;
 }
 

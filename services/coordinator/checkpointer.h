@@ -1,36 +1,50 @@
-// The coordinator's checkpoints: when one is due, the CHECKPOINT marker that starts it, the
-// commit (the MANIFEST) once the marker comes back acknowledged, pruning, and finding the
+// The coordinator's checkpoints. A checkpoint is a CHECKPOINT marker in the batch stream;
+// each worker writes its stage's snapshot to its own storage and reports it (StageSaved),
+// and once the marker comes back acknowledged the coordinator commits the MANIFEST, which
+// records every snapshot's size and checksum. So no process needs another's filesystem,
+// and no process carries another's bytes. Also: when one is due, pruning, and finding the
 // checkpoint to resume or roll back to.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/job/batch_plan.h"
 #include "common/job/checkpoint.h"
 #include "proto/config.pb.h"
 #include "proto/localpar.pb.h"
+#include "proto/report.pb.h"
 #include "services/common/metrics.h"
 
 namespace localpar {
 
 class Checkpointer {
  public:
-  Checkpointer(const v1::CoordinatorConfig& config, const v1::Job& job,
-               CoordinatorMetrics* metrics);
+  // `fingerprint` identifies the run (JobFingerprint); `history` gives the report so far
+  // when a checkpoint commits, so that a restarted coordinator reports the whole run.
+  Checkpointer(const v1::CoordinatorConfig& config, const v1::Job& job, std::string fingerprint,
+               CoordinatorMetrics* metrics, std::function<v1::RunReport()> history);
 
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
+  const std::string& fingerprint() const { return fingerprint_; }
 
-  // The newest complete checkpoint, for --resume; damaged ones are reported on `log`, and
-  // newer ones that never committed are removed.
+  // A fresh run must not mix its checkpoints with another run's: FAILED_PRECONDITION when
+  // the directory already holds committed checkpoints.
+  absl::Status CheckFresh() const;
+  // The newest complete checkpoint of this run, for --resume; others are reported on
+  // `log`, and newer directories that never committed are removed.
   absl::StatusOr<FoundCheckpoint> FindResume(std::ostream& log);
+  // The newest committed checkpoint of this run older than `id`.
+  std::optional<FoundCheckpoint> OlderThan(uint64_t id) const;
   // After a pipeline break: markers in flight are forgotten, uncommitted directories
   // removed, and the newest committed checkpoint (if any) is what every stage rolls back to.
   std::optional<FoundCheckpoint> RollBack(std::ostream& log);
@@ -39,35 +53,48 @@ class Checkpointer {
   // every T seconds.
   bool Due(int64_t step);
   void Request() { requested_ = true; }
-  // The marker for a checkpoint after `step`, with the run then at `cursor`; nullopt when
-  // its directory cannot be made (that checkpoint is skipped, and said so).
-  std::optional<v1::DownItem> Start(uint64_t seq, int64_t step, const DataCursor& cursor);
+  // The marker for a checkpoint after `step`, with the run then at `cursor` and
+  // `train_examples` fed; nullopt when its directory cannot be made (that checkpoint is
+  // skipped, and said so).
+  std::optional<v1::DownItem> Start(uint64_t seq, int64_t step, const DataCursor& cursor,
+                                    double train_examples);
   int64_t last_started_step() const { return last_started_step_; }
 
-  // From the event loop. OnAck commits the checkpoint whose marker `seq` was; OnError gives
-  // it up. Both return false when `seq` was no checkpoint's marker.
+  // From the event loop. OnSaved records a stage's snapshot; OnAck commits the checkpoint
+  // whose marker `seq` was; OnError gives it up. Each returns false when `seq` was no
+  // checkpoint's marker.
+  bool OnSaved(const v1::StageSaved& saved);
   bool OnAck(uint64_t seq);
   bool OnError(const v1::ItemError& error);
 
   std::string last_committed() const;
   double seconds_since_commit() const;
+  int started() const { return started_; }
+  int committed() const { return committed_; }
 
  private:
   struct Pending {
     std::string dir;
     v1::CheckpointManifest manifest;
+    std::map<int, v1::StageSnapshot> snapshots;  // by stage
+    double train_examples = 0;
     std::chrono::steady_clock::time_point started;
   };
+  bool Commit(Pending& p);
+  std::vector<uint64_t> KeptIds() const;
 
   const std::string dir_;
   const int64_t every_steps_;
   const double every_seconds_;
   const int keep_;
   const v1::Job& job_;
+  const std::string fingerprint_;
   CoordinatorMetrics* const metrics_;
+  const std::function<v1::RunReport()> history_;
   std::atomic<bool> requested_{false};
   uint64_t next_id_ = 1;
   int64_t last_started_step_ = -1;
+  std::atomic<int> started_{0}, committed_{0};
   std::chrono::steady_clock::time_point last_start_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;  // the event loop commits while the feeder starts new ones
   std::map<uint64_t, Pending> pending_;

@@ -41,10 +41,16 @@ v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
 
 void AddClusterFigures(const std::vector<v1::StatsResponse>& stats,
                        const std::map<int, std::vector<v1::StatsResponse>>& at_epoch_end,
-                       int epochs, v1::RunReport* report) {
+                       const v1::RunReport& before, int epochs, v1::RunReport* report) {
   const int stages = static_cast<int>(stats.size());
   for (int e = 1; e <= epochs; ++e) {
     auto it = at_epoch_end.find(e);
+    auto inherited = std::find_if(before.epochs().begin(), before.epochs().end(),
+                                  [&](const v1::EpochFigures& f) { return f.epoch() == e; });
+    if (it == at_epoch_end.end() && inherited != before.epochs().end()) {
+      *report->add_epochs() = *inherited;
+      continue;
+    }
     const std::vector<v1::StatsResponse>& source =
         it != at_epoch_end.end() && static_cast<int>(it->second.size()) == stages ? it->second
                                                                                   : stats;

@@ -3,6 +3,7 @@
 
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/job/run.h"
 #include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
@@ -34,29 +35,36 @@ std::unique_ptr<grpc::Server> ServeStatus(const v1::CoordinatorConfig& c,
 }
 
 // Resumes when asked to (or, with resume_if_present, when there is something to resume);
-// false when asked to and it cannot.
-bool DecideResume(const v1::CoordinatorConfig& c, const v1::Job& job, JobRunner& runner) {
+// false when asked to and it cannot. A fresh run refuses a directory with checkpoints in it.
+bool DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner) {
+  Checkpointer& checkpointer = runner.checkpointer();
   bool resume = c.resume();
   if (c.resume_if_present() && !c.checkpoint_dir().empty()) {
-    resume = FindLatestCheckpoint(c.checkpoint_dir()).ok();
+    resume = FindLatestCheckpoint(c.checkpoint_dir(), checkpointer.fingerprint()).ok();
     if (!resume)
-      std::cerr << "localpar: no checkpoint in " << c.checkpoint_dir() << "; starting fresh\n";
+      std::cerr << "localpar: no checkpoint of this run in " << c.checkpoint_dir()
+                << "; starting fresh\n";
   }
-  if (!resume) return true;
-  absl::StatusOr<FoundCheckpoint> found = runner.checkpointer().FindResume(std::cerr);
+  if (!resume) {
+    if (c.resume_if_present()) return true;
+    absl::Status fresh = checkpointer.CheckFresh();
+    if (!fresh.ok()) std::cerr << "localpar: " << fresh.message() << "\n";
+    return fresh.ok();
+  }
+  absl::StatusOr<FoundCheckpoint> found = checkpointer.FindResume(std::cerr);
   if (!found.ok()) {
     std::cerr << "localpar: cannot resume: " << found.status().message() << "\n";
-    return false;
-  }
-  if (found->manifest.job() != job.name() || found->manifest.seed() != job.seed()) {
-    std::cerr << "localpar: " << found->dir << " belongs to job " << found->manifest.job()
-              << " (seed " << found->manifest.seed() << "), not this one\n";
     return false;
   }
   std::cerr << "localpar: resuming from " << found->dir << " at step " << found->manifest.step()
             << "\n";
   runner.ResumeFrom(*std::move(found));
   return true;
+}
+
+// What besides the job changes a run's arithmetic.
+std::string RunSettings(const v1::CoordinatorConfig& c) {
+  return absl::StrCat("non_finite=", c.non_finite(), ";overlap_max_delay=", c.overlap_max_delay());
 }
 
 }  // namespace
@@ -104,14 +112,15 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
       }
     }
   }
-  const v1::Job job_copy = *job;
-  JobRunner runner(c, security, *std::move(job), *std::move(data), metrics.get());
+  std::string fingerprint = JobFingerprint(*job, RunSettings(c));
+  JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint),
+                   metrics.get());
   StatusService status(runner.status_board(), runner.checkpointer(), security);
   std::unique_ptr<grpc::Server> status_server;
   if (!c.status_listen().empty() && !(status_server = ServeStatus(c, security, &status))) {
     return kExitUsage;
   }
-  if (!DecideResume(c, job_copy, runner)) return kExitFailure;
+  if (!DecideResume(c, runner)) return kExitFailure;
   return runner.Run();
 }
 

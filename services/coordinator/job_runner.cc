@@ -22,19 +22,35 @@ double SecondsSince(Clock::time_point t) {
 }  // namespace
 
 JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security,
-                     v1::Job job, DataSplit data, CoordinatorMetrics* metrics)
+                     v1::Job job, DataSplit data, std::string fingerprint,
+                     CoordinatorMetrics* metrics)
     : config_(config),
       security_(security),
       job_(std::move(job)),
       data_(std::move(data)),
       metrics_(metrics),
       pool_({config.workers().begin(), config.workers().end()}, security),
-      checkpointer_(config, job_, metrics),
+      checkpointer_(config, job_, std::move(fingerprint), metrics, [this] { return History(); }),
       total_steps_(TotalSteps(job_, data_.train.size())),
       monitor_(job_, total_steps_, config.quiet(), pool_, board_, checkpointer_, metrics, feed_,
                epoch_stats_) {}
 
 JobRunner::~JobRunner() = default;
+
+void JobRunner::ResumeFrom(FoundCheckpoint found) {
+  history_.Clear();
+  if (!history_.ParseFromString(found.manifest.report())) history_.Clear();
+  resume_ = std::move(found);
+}
+
+v1::RunReport JobRunner::History() {
+  v1::RunReport r;
+  std::vector<v1::StatsResponse> none(static_cast<size_t>(pool_.size()));
+  AddClusterFigures(none, epoch_stats_.All(), history_, epochs_sent_, &r);
+  r.clear_stage_reports();
+  r.set_wall_seconds(history_.wall_seconds() + SecondsSince(started_));
+  return r;
+}
 
 int JobRunner::Run() {
   monitor_.Start();
@@ -105,6 +121,8 @@ void JobRunner::EventLoop(PipelineLink& link) {
       std::lock_guard<std::mutex> lock(mu_);
       acked_.insert(a.seq());
       acked_cv_.notify_all();
+    } else if (up->has_saved()) {
+      checkpointer_.OnSaved(up->saved());
     } else if (up->has_error() && !checkpointer_.OnError(up->error())) {
       std::cerr << "\nlocalpar: stage " << up->error().stage() << " refused item "
                 << up->error().seq() << ": " << up->error().message() << "\n";
@@ -141,7 +159,8 @@ bool JobRunner::SendRows(PipelineLink& link, const BatchAssembler& a, int64_t be
 }
 
 bool JobRunner::StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor& cursor) {
-  std::optional<v1::DownItem> marker = checkpointer_.Start(NextSeq(), step, cursor);
+  std::optional<v1::DownItem> marker =
+      checkpointer_.Start(NextSeq(), step, cursor, train_examples_);
   return !marker || link.Send(*marker);  // a checkpoint that cannot start is skipped
 }
 
@@ -158,6 +177,8 @@ bool JobRunner::Feed(PipelineLink& link) {
       Rule(ToUpdateRule(job_.rule())).splits_micro_batches ? job_.micro_batches() : 1;
   feed_.fed_steps = start.step;
   steps_ = start.step;
+  train_examples_ = resume_ ? history_.train_examples() : 0;
+  epochs_sent_ = start.epoch;
   for (PlanItem item; plan.Next(&item);) {
     v1::Batch meta;
     meta.set_epoch(item.epoch);
@@ -217,16 +238,30 @@ bool JobRunner::Feed(PipelineLink& link) {
 
 // ---- configuration and recovery -------------------------------------------------------
 
+// Configures every stage, from resume_ when set; a stage that cannot restore its snapshot
+// of that checkpoint (its volume lost, or a file damaged) falls back to the next older one.
 int JobRunner::Configure() {
-  StageSettings s;
-  s.total_steps = total_steps_;
-  s.non_finite = config_.non_finite();
-  s.overlap_max_delay = config_.overlap_max_delay();
-  if (resume_) s.restore_path = resume_->dir;
-  ConfigureOutcome out = pool_.ConfigureAll(job_, s, config_.configure_timeout_s());
-  backend_ = out.backend;
-  parameters_ = out.parameters;
-  return out.exit_code;
+  while (true) {
+    StageSettings s;
+    s.total_steps = total_steps_;
+    s.non_finite = config_.non_finite();
+    s.overlap_max_delay = config_.overlap_max_delay();
+    s.fingerprint = checkpointer_.fingerprint();
+    if (resume_) s.restore = &resume_->manifest;
+    ConfigureOutcome out = pool_.ConfigureAll(job_, s, config_.configure_timeout_s());
+    backend_ = out.backend;
+    parameters_ = out.parameters;
+    if (!out.restore_failed) return out.exit_code;
+    std::optional<FoundCheckpoint> older = checkpointer_.OlderThan(resume_->manifest.id());
+    if (!older) {
+      std::cerr << "localpar: no older checkpoint under " << checkpointer_.dir()
+                << " to fall back to; every stage must hold its snapshot of one checkpoint\n";
+      return kExitFailure;
+    }
+    std::cerr << "localpar: falling back to " << older->dir << " (step " << older->manifest.step()
+              << ")\n";
+    ResumeFrom(*std::move(older));
+  }
 }
 
 int JobRunner::Recover(PipelineLink& link, int attempt) {
@@ -259,7 +294,12 @@ int JobRunner::Recover(PipelineLink& link, int attempt) {
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
-  resume_ = checkpointer_.RollBack(std::cerr);
+  std::optional<FoundCheckpoint> back = checkpointer_.RollBack(std::cerr);
+  if (back) {
+    ResumeFrom(*std::move(back));
+  } else {
+    resume_.reset();
+  }
   if (resume_) {
     std::cerr << "localpar: rolling every stage back to " << resume_->dir << " (step "
               << resume_->manifest.step() << ") and replaying\n";
@@ -305,11 +345,17 @@ int JobRunner::Collect() {
   report.set_parameters(static_cast<double>(parameters_));
   report.set_steps(static_cast<int32_t>(steps_));
   report.set_train_examples(train_examples_);
-  report.set_wall_seconds(SecondsSince(started_));
+  report.set_wall_seconds(history_.wall_seconds() + SecondsSince(started_));
   report.set_examples_per_second(train_examples_ / std::max(report.wall_seconds(), 1e-9));
-  AddClusterFigures(stats, epoch_stats_.All(), epochs_sent_, &report);
+  AddClusterFigures(stats, epoch_stats_.All(), history_, epochs_sent_, &report);
   std::cout << ReportTable(report);
-  if (config_.out().empty()) return kExitOk;
+  int rc = kExitOk;
+  if (checkpointer_.started() > 0 && checkpointer_.committed() == 0) {
+    std::cerr << "localpar: every checkpoint of this run failed (" << checkpointer_.started()
+              << " tried); see the messages above\n";
+    rc = kExitFailure;
+  }
+  if (config_.out().empty()) return rc;
   absl::Status st = WriteReport(report, config_.out());
   if (st.ok()) st = WriteWeightsFile(weights, config_.out() + "/weights.pb");
   if (st.ok() && config_.trace())
@@ -319,7 +365,7 @@ int JobRunner::Collect() {
     return kExitFailure;
   }
   std::cout << "report: " << config_.out() << "/report.json\n";
-  return kExitOk;
+  return rc;
 }
 
 }  // namespace localpar

@@ -25,14 +25,15 @@ namespace localpar {
 
 class JobRunner {
  public:
+  // `fingerprint` identifies the run in its checkpoints (JobFingerprint).
   JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security, v1::Job job,
-            DataSplit data, CoordinatorMetrics* metrics);
+            DataSplit data, std::string fingerprint, CoordinatorMetrics* metrics);
   ~JobRunner();
 
   Checkpointer& checkpointer() { return checkpointer_; }
   const StatusBoard& status_board() const { return board_; }
-  // Start from this checkpoint instead of step 0 (--resume).
-  void ResumeFrom(FoundCheckpoint found) { resume_ = std::move(found); }
+  // Start from this checkpoint instead of step 0 (--resume), with its report history.
+  void ResumeFrom(FoundCheckpoint found);
   // Returns the exit code (ExitCode).
   int Run();
 
@@ -54,6 +55,8 @@ class JobRunner {
   int Recover(PipelineLink& link, int attempt);
   int Collect();
   int LostWorker(const grpc::Status& final_status);
+  // The report so far (epochs scored, wall time): what a checkpoint keeps of it.
+  v1::RunReport History();
 
   const v1::CoordinatorConfig& config_;
   const SecurityOptions& security_;
@@ -64,6 +67,7 @@ class JobRunner {
   Checkpointer checkpointer_;
   StatusBoard board_;
   std::optional<FoundCheckpoint> resume_;
+  v1::RunReport history_;  // of the run before a resume: its epochs, examples and time
   const int64_t total_steps_;
   std::atomic<uint64_t> seq_{0};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

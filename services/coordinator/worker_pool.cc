@@ -47,7 +47,8 @@ ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSetting
     req.set_total_steps(s.total_steps);
     req.set_non_finite(s.non_finite);
     req.set_overlap_max_delay(s.overlap_max_delay);
-    req.set_restore_path(s.restore_path);
+    req.set_fingerprint(s.fingerprint);
+    if (s.restore && k < s.restore->stages_size()) *req.mutable_restore() = s.restore->stages(k);
     v1::ConfigureResponse resp;
     grpc::Status st;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
@@ -64,6 +65,7 @@ ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSetting
       std::cerr << "localpar: configuring stage " << k << " at " << addresses_[k]
                 << " failed: " << st.error_message() << "\n";
       out.exit_code = ExitCodeFor(st.error_code());
+      out.restore_failed = s.restore && st.error_code() == grpc::StatusCode::DATA_LOSS;
       return out;
     }
     out.parameters += resp.parameters();

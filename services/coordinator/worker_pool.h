@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
 
@@ -19,11 +20,14 @@ struct StageSettings {
   int64_t total_steps = 0;
   v1::ConfigureRequest::NonFinite non_finite = v1::ConfigureRequest::REJECT;
   int overlap_max_delay = 0;
-  std::string restore_path;  // a checkpoint directory, or empty
+  std::string fingerprint;  // the run's (JobFingerprint)
+  // Restore every stage from this checkpoint's snapshots (null: start fresh).
+  const v1::CheckpointManifest* restore = nullptr;
 };
 
 struct ConfigureOutcome {
-  int exit_code = 0;  // ExitCode
+  int exit_code = 0;            // ExitCode
+  bool restore_failed = false;  // a stage could not restore its snapshot (DATA_LOSS)
   std::string backend;
   int64_t parameters = 0;
 };

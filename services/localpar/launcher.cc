@@ -95,6 +95,10 @@ class Launcher {
     w.set_queue_capacity(r.queue_capacity());
     if (k == r.slow_stage()) w.set_debug_delay_ms(r.slow_ms());
     *w.mutable_security() = r.coordinator().security();
+    // Each worker owns its storage, as on separate hosts: one directory per stage.
+    std::string dir =
+        r.coordinator().checkpoint_dir().empty() ? r.resume() : r.coordinator().checkpoint_dir();
+    if (!dir.empty()) w.set_checkpoint_dir(absl::StrCat(dir, "/stage-", k));
     return w;
   }
 

@@ -217,20 +217,35 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
   if (setup_.program.max_delay > 0) stats_.SetDelays(executor_.delays());
 }
 
+// Writes this stage's snapshot into the worker's own storage and reports it upstream;
+// false (after telling upstream why) when it cannot, which stops the marker here.
+bool StageCompute::SaveCheckpoint(ComputeLinks& links, const v1::Control& c) {
+  const std::string& root = host_.checkpoint_dir();
+  absl::StatusOr<v1::StageSnapshot> snap =
+      root.empty() ? absl::FailedPreconditionError(
+                         "this worker has no --checkpoint_dir for its checkpoint snapshots")
+                   : SaveStageSnapshot(*setup_.stage_model, setup_.stage, stats_.steps(),
+                                       setup_.request.fingerprint(), root, c.checkpoint_id());
+  if (!snap.ok()) {
+    links.SendUp(FrameItem(ErrorItem(c.seq(), setup_.stage, snap.status())));
+    return false;
+  }
+  v1::UpItem up;
+  up.mutable_saved()->set_seq(c.seq());
+  *up.mutable_saved()->mutable_snapshot() = *snap;
+  links.SendUp(FrameItem(up));
+  std::vector<uint64_t> keep(c.keep_checkpoint_ids().begin(), c.keep_checkpoint_ids().end());
+  keep.push_back(c.checkpoint_id());
+  PruneSnapshots(root, keep);
+  return true;
+}
+
 void StageCompute::Control(ComputeLinks& links, const v1::DownItem& item) {
   const v1::Control& c = item.control();
   {
     std::lock_guard<std::mutex> compute(host_.compute_mutex());
     executor_.Flush(*ports_);
-    if (c.kind() == v1::Control::CHECKPOINT) {
-      std::string file = absl::StrCat(c.path(), "/stage-", setup_.stage, ".ckpt");
-      absl::Status s = SaveStageFile(*setup_.stage_model, setup_.stage, stats_.steps(), file);
-      if (!s.ok()) {
-        // The marker stops here: the checkpoint cannot commit without this stage.
-        links.SendUp(FrameItem(ErrorItem(c.seq(), setup_.stage, s)));
-        return;
-      }
-    }
+    if (c.kind() == v1::Control::CHECKPOINT && !SaveCheckpoint(links, c)) return;
   }
   if (c.kind() == v1::Control::END_OF_EPOCH) stats_.EndOfEpoch(c.epoch());
   if (c.kind() == v1::Control::END_OF_EVAL) stats_.EndOfEval(c.epoch());

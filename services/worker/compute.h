@@ -46,6 +46,7 @@ class StageCompute {
 
   void RunStep(ComputeLinks& links, v1::DownItem first, double receive_wait);
   void Control(ComputeLinks& links, const v1::DownItem& item);
+  bool SaveCheckpoint(ComputeLinks& links, const v1::Control& control);
 
   const StageSetup& setup_;
   StageHost& host_;

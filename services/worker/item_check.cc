@@ -28,8 +28,8 @@ ItemCheck CheckControl(const v1::Control& c) {
     return Bad("unknown_control",
                absl::StrCat("control.kind: unknown control item ", static_cast<int>(c.kind())));
   }
-  if (c.kind() == v1::Control::CHECKPOINT && c.path().empty()) {
-    return Bad("unknown_control", "control.path: a CHECKPOINT needs a directory");
+  if (c.kind() == v1::Control::CHECKPOINT && c.checkpoint_id() == 0) {
+    return Bad("unknown_control", "control.checkpoint_id: a CHECKPOINT needs an id >= 1");
   }
   return ItemCheck();
 }

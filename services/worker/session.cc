@@ -22,11 +22,12 @@ uint64_t SeqOf(const v1::DownItem& item) {
 
 StreamSession::StreamSession(std::shared_ptr<const StageSetup> setup, StageHost& host,
                              WorkerStats& stats, const WorkerOptions& options,
-                             std::function<void(bool)> on_done)
+                             std::function<void()> on_finish, std::function<void(bool)> on_done)
     : setup_(std::move(setup)),
       host_(host),
       stats_(stats),
       options_(options),
+      on_finish_(std::move(on_finish)),
       on_done_(std::move(on_done)),
       stage_(setup_ ? setup_->stage : -1),
       max_queued_writes_(static_cast<size_t>(options.config.queue_capacity()) + 4),
@@ -156,7 +157,7 @@ void StreamSession::OnWriteDone(bool ok) {
   lock.unlock();
   if (next) StartWrite(next);
   if (read) StartRead(&read_buffer_);
-  if (finish) Finish(finish_status_);
+  if (finish) FinishNow(finish_status_);
 }
 
 void StreamSession::FinishWhenWritten(const grpc::Status& status) {
@@ -167,6 +168,11 @@ void StreamSession::FinishWhenWritten(const grpc::Status& status) {
   if (writing_) return;  // OnWriteDone finishes once the queue is empty
   finished_ = true;
   lock.unlock();
+  FinishNow(status);
+}
+
+void StreamSession::FinishNow(const grpc::Status& status) {
+  on_finish_();
   Finish(status);
 }
 

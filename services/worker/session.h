@@ -26,11 +26,13 @@ namespace localpar {
 class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                             private ComputeLinks {
  public:
-  // `setup` null: the worker is not configured, and every item is refused. `on_done` runs
-  // once the RPC is over (with whether a SHUTDOWN item passed through); then the session
-  // deletes itself.
+  // `setup` null: the worker is not configured, and every item is refused. `on_finish` runs
+  // just before the RPC is finished (the stage is no longer in use: the worker may take a
+  // new stream or configuration); `on_done` once it is over, with whether a SHUTDOWN item
+  // passed through. Then the session deletes itself.
   StreamSession(std::shared_ptr<const StageSetup> setup, StageHost& host, WorkerStats& stats,
-                const WorkerOptions& options, std::function<void(bool shutdown)> on_done);
+                const WorkerOptions& options, std::function<void()> on_finish,
+                std::function<void(bool shutdown)> on_done);
   ~StreamSession() override;
   void Start();
 
@@ -58,6 +60,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool ReadWantedLocked();  // also moves a parked item into the inbound queue
   void ResumeReading();
   void FinishWhenWritten(const grpc::Status& status);
+  void FinishNow(const grpc::Status& status);
   void ComputeLoop();
   void SenderLoop();
   void DownReaderLoop();
@@ -66,6 +69,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   StageHost& host_;
   WorkerStats& stats_;
   const WorkerOptions& options_;
+  const std::function<void()> on_finish_;
   const std::function<void(bool)> on_done_;
   const int stage_;
   const size_t max_queued_writes_;

@@ -50,10 +50,18 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
       Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
                     mc.optimizer, StageSeed(mc.seed, req.stage()), &error);
   if (!s->stage_model) return absl::InvalidArgumentError(error);
-  if (!req.restore_path().empty()) {
-    std::string file = absl::StrCat(req.restore_path(), "/stage-", req.stage(), ".ckpt");
-    if (absl::Status r = LoadStageFile(*s->stage_model, file); !r.ok()) {
-      return absl::DataLossError(absl::StrCat("restore_path: ", r.message()));
+  if (req.has_restore()) {
+    const std::string& root = options_.config.checkpoint_dir();
+    if (root.empty()) {
+      return absl::DataLossError(absl::StrCat("stage ", req.stage(),
+                                              ": this worker has no --checkpoint_dir to restore "
+                                              "checkpoint ",
+                                              req.restore().checkpoint_id(), " from"));
+    }
+    if (absl::Status r = RestoreStageSnapshot(*s->stage_model, req.stage(), root, req.restore(),
+                                              req.fingerprint());
+        !r.ok()) {
+      return r;
     }
   }
   s->request = req;

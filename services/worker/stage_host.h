@@ -43,8 +43,8 @@ class StageHost {
 
   // Builds (or restores) the stage the request asks for. On any error the previous
   // configuration stays in place. Codes: INVALID_ARGUMENT for the job or request,
-  // FAILED_PRECONDITION when the device cannot be had, DATA_LOSS when restore_path cannot
-  // be restored.
+  // FAILED_PRECONDITION when the device cannot be had, DATA_LOSS when the snapshot to
+  // restore is missing, damaged, or not the one the manifest describes.
   absl::StatusOr<v1::ConfigureResponse> Configure(const v1::ConfigureRequest& request);
 
   std::shared_ptr<const StageSetup> setup() const;  // null before the first Configure
@@ -54,6 +54,8 @@ class StageHost {
   Backend& host_backend() { return host_backend_ ? *host_backend_ : *backend_; }
   // Held while a batch is computed, so that weights are read between batches.
   std::mutex& compute_mutex() { return compute_mu_; }
+  // The worker's own storage for its snapshots (empty: none).
+  const std::string& checkpoint_dir() const { return options_.config.checkpoint_dir(); }
   absl::StatusOr<v1::StageWeights> Weights();
 
  private:

@@ -52,13 +52,15 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stre
     }
     streaming_ = true;
   }
-  auto* session = new StreamSession(host_.setup(), host_, stats_, options_, [this](bool shutdown) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      streaming_ = false;
-    }
-    if (shutdown) RequestShutdown();
-  });
+  auto* session = new StreamSession(
+      host_.setup(), host_, stats_, options_,
+      [this] {
+        std::lock_guard<std::mutex> lock(mu_);
+        streaming_ = false;
+      },
+      [this](bool shutdown) {
+        if (shutdown) RequestShutdown();
+      });
   session->Start();
   return session;
 }

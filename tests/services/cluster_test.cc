@@ -226,8 +226,9 @@ TEST(GemmPrecision, Bf16GemmClusterEqualsTheReferenceAndDiffersFromF32) {
 class ResumeMatchesUninterrupted : public ::testing::TestWithParam<std::string> {};
 
 // Stop after 5 steps (mid-epoch), then resume: the weights equal an uninterrupted run's, bit
-// for bit. Checkpoints every 2 steps leave ckpt 1 (step 2), 2 (step 4) and 3 (step 5); the
-// newest is corrupted before resuming, so the run must fall back to step 4 and still match.
+// for bit. Checkpoints every 2 steps leave ckpt 1 (step 2), 2 (step 4) and 3 (step 5); stage
+// 2's snapshot of the newest is corrupted in its worker's own directory before resuming, so
+// that stage refuses it and the run must fall back to step 4 and still match.
 TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
   const std::string rule = GetParam();
   TempDir dir;
@@ -241,15 +242,17 @@ TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("stopped after step 5"), std::string::npos) << first.output;
   {
-    std::ofstream f(ckpt + "/ckpt-000003/stage-2.ckpt", std::ios::binary | std::ios::app);
+    std::ofstream f(ckpt + "/stage-2/ckpt-000003/stage-2.ckpt", std::ios::binary | std::ios::app);
     f << "garbage";
   }
   auto second = RunProcess(
       {bin, "run", job, "--quiet", "--resume=" + ckpt, "--out=" + dir.path() + "/resumed"}, 120);
   ASSERT_EQ(second.exit_code, 0) << second.output;
-  EXPECT_NE(second.output.find("stage-2.ckpt: truncated or padded"), std::string::npos)
+  EXPECT_NE(
+      second.output.find("stage 2, checkpoint 3: " + ckpt + "/stage-2/ckpt-000003/stage-2.ckpt"),
+      std::string::npos)
       << second.output;
-  EXPECT_NE(second.output.find("resuming from " + ckpt + "/ckpt-000002 at step 4"),
+  EXPECT_NE(second.output.find("falling back to " + ckpt + "/ckpt-000002 (step 4)"),
             std::string::npos)
       << second.output;
   absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/full/weights.pb");
@@ -286,7 +289,7 @@ struct RecoveryRun {
     std::vector<pid_t> children;
     for (int i = 0; i < 500 && children.size() < 5; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      children = testing::ChildrenOf(launcher);
+      children = testing::LaunchedProcesses(launcher);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     EXPECT_EQ(children.size(), 5u);
@@ -331,6 +334,7 @@ TEST(Recovery, AWorkerThatNeverReturnsStopsTheJobNamingTheStageAndCheckpoint) {
     std::string pf = run.dir.path() + "/w" + std::to_string(k);
     workers.push_back(
         testing::StartProcess({testing::BinDir() + "/localpar_worker", "--port_file=" + pf,
+                               "--checkpoint_dir=" + run.ckpt + "/stage-" + std::to_string(k),
                                k == 3 ? "--debug_delay_ms=15" : "--debug_delay_ms=0"},
                               pf + ".log"));
     int port = 0;
@@ -598,7 +602,7 @@ struct LongRun {
         dir.path() + "/log");
     for (int i = 0; i < 500 && children.size() < 5; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      children = testing::ChildrenOf(launcher);
+      children = testing::LaunchedProcesses(launcher);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // training under way
   }

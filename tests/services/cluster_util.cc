@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -70,6 +73,23 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
     pid_t ppid;
     if (rest >> state >> ppid && ppid == pid) out.push_back(std::stoi(name));
   }
+  return out;
+}
+
+std::vector<pid_t> LaunchedProcesses(pid_t launcher) {
+  std::map<int, pid_t> workers;
+  pid_t coordinator = -1;
+  for (pid_t child : ChildrenOf(launcher)) {
+    std::ifstream in("/proc/" + std::to_string(child) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find("localpar_coordinator") != std::string::npos) coordinator = child;
+    std::smatch m;
+    static const std::regex kPortFile("/worker([0-9]+)\\.port");
+    if (std::regex_search(cmdline, m, kPortFile)) workers[std::stoi(m[1])] = child;
+  }
+  std::vector<pid_t> out;
+  for (const auto& [stage, pid] : workers) out.push_back(pid);
+  if (coordinator > 0) out.push_back(coordinator);
   return out;
 }
 

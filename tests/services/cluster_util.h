@@ -23,6 +23,9 @@ pid_t StartProcess(const std::vector<std::string>& argv, const std::string& log_
 int WaitProcess(pid_t pid, int timeout_s);
 // Direct children of `pid`, from /proc.
 std::vector<pid_t> ChildrenOf(pid_t pid);
+// The processes a `localpar run` started, from their command lines (pids alone can wrap
+// around): the workers in stage order, then the coordinator.
+std::vector<pid_t> LaunchedProcesses(pid_t launcher);
 bool ProcessAlive(pid_t pid);
 
 class TempDir {

@@ -111,35 +111,72 @@ TEST(Checkpoint, AnInconsistentSnapshotIsRefusedWithoutTouchingTheStage) {
   EXPECT_EQ(State(*b), before) << "nothing was applied, not even the first (valid) tensor";
 }
 
-TEST(Checkpoint, FindsTheNewestCompleteCheckpointPastDamagedOnesAndPrunes) {
+// A worker's snapshot restores only when it is exactly the one the manifest recorded.
+TEST(Checkpoint, ASnapshotRestoresOnlyWhenItMatchesTheManifestNamingStageAndFile) {
   auto cpu = MakeCpuBackend();
+  DataDir worker;
+  auto a = MakeStage(*cpu, 1), b = MakeStage(*cpu, 2);
+  absl::StatusOr<v1::StageSnapshot> snap =
+      SaveStageSnapshot(*a, 3, 10, "run-a", worker.path_string(), 7);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->file(), "ckpt-000007/stage-3.ckpt");
+  EXPECT_EQ(snap->bytes(),
+            static_cast<int64_t>(std::filesystem::file_size(worker.file(snap->file()))));
+  ASSERT_TRUE(RestoreStageSnapshot(*b, 3, worker.path_string(), *snap, "run-a").ok());
+  EXPECT_EQ(State(*a), State(*b));
+  auto refused = [&](const v1::StageSnapshot& want, const std::string& fingerprint,
+                     const std::string& text) {
+    absl::Status st = RestoreStageSnapshot(*b, 3, worker.path_string(), want, fingerprint);
+    EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+    EXPECT_NE(st.message().find("stage 3, checkpoint 7: "), std::string::npos) << st;
+    EXPECT_NE(st.message().find(text), std::string::npos) << st;
+  };
+  refused(*snap, "run-b", "written by another run");
+  v1::StageSnapshot other = *snap;
+  other.set_crc32(snap->crc32() ^ 1);
+  refused(other, "run-a", "the manifest says");
+  Flip(worker.file(snap->file()), 5);
+  refused(*snap, "run-a", "checksum mismatch");
+  std::filesystem::remove(worker.file(snap->file()));
+  refused(*snap, "run-a", worker.file(snap->file()));  // the volume lost its file
+  // Pruning keeps the snapshots of the checkpoints still kept.
+  for (uint64_t id : {8, 9})
+    ASSERT_TRUE(SaveStageSnapshot(*a, 3, 1, "r", worker.path_string(), id).ok());
+  PruneSnapshots(worker.path_string(), {9});
+  EXPECT_FALSE(std::filesystem::exists(worker.file("ckpt-000008")));
+  EXPECT_TRUE(std::filesystem::exists(worker.file("ckpt-000009/stage-3.ckpt")));
+}
+
+TEST(Checkpoint, FindsTheNewestCommittedCheckpointOfThisRunPastDamagedOnesAndPrunes) {
   DataDir root;
-  auto s = MakeStage(*cpu, 1);
-  for (uint64_t id = 1; id <= 4; ++id) {
+  for (uint64_t id = 1; id <= 5; ++id) {
     std::string dir = root.path_string() + "/" + CheckpointDirName(id);
     std::filesystem::create_directories(dir);
-    ASSERT_TRUE(SaveStageFile(*s, 0, static_cast<int64_t>(id), dir + "/stage-0.ckpt").ok());
-    if (id == 4) continue;  // never committed: no manifest
+    if (id == 5) continue;  // never committed: no manifest
     v1::CheckpointManifest m;
     m.set_id(id);
     m.set_step(static_cast<int64_t>(10 * id));
-    m.add_stage_files("stage-0.ckpt");
+    m.set_fingerprint(id == 4 ? "another" : "this");
     ASSERT_TRUE(WriteManifest(dir, m).ok());
   }
-  Flip(root.path_string() + "/" + CheckpointDirName(3) + "/stage-0.ckpt", 5);  // corrupt the newest
-  absl::StatusOr<FoundCheckpoint> f = FindLatestCheckpoint(root.path_string());
+  Flip(root.path_string() + "/" + CheckpointDirName(3) + "/MANIFEST", 2);  // damage it
+  std::filesystem::create_directories(root.path_string() + "/ckpt-junk");
+  absl::StatusOr<FoundCheckpoint> f = FindLatestCheckpoint(root.path_string(), "this");
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->manifest.id(), 2u);
   EXPECT_EQ(f->manifest.step(), 20);
-  EXPECT_EQ(f->uncommitted, 1);  // ckpt 4: no manifest, not damaged
-  ASSERT_EQ(f->skipped.size(), 1u);
-  EXPECT_NE(f->skipped[0].find("checksum mismatch"), std::string::npos) << f->skipped[0];
+  EXPECT_EQ(f->uncommitted, 1);  // ckpt 5: no manifest, not damaged
+  ASSERT_EQ(f->skipped.size(), 2u);
+  EXPECT_NE(f->skipped[0].find("another run's"), std::string::npos) << f->skipped[0];
+  EXPECT_NE(f->skipped[1].find("checksum mismatch"), std::string::npos) << f->skipped[1];
   RemoveUncommittedCheckpoints(root.path_string());
-  EXPECT_FALSE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(4)));
-  PruneCheckpoints(root.path_string(), 1);
-  EXPECT_TRUE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(3)));
+  EXPECT_FALSE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(5)));
+  // A damaged manifest takes no kept slot: keeping 2 keeps 4 and 2, and removes 3 and 1.
+  PruneCheckpoints(root.path_string(), 2);
+  EXPECT_TRUE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(4)));
+  EXPECT_TRUE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(2)));
+  EXPECT_FALSE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(3)));
   EXPECT_FALSE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(1)));
-  EXPECT_TRUE(std::filesystem::exists(root.path_string() + "/" + CheckpointDirName(3)));
   EXPECT_TRUE(absl::IsNotFound(FindLatestCheckpoint(root.path_string() + "/none").status()));
 }
 
