@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 
@@ -47,6 +48,21 @@ absl::Status FileError(const std::string& path, const char* what, int e) {
     default:
       return absl::DataLossError(message);
   }
+}
+
+absl::Status CheckWritableDirectory(const std::string& dir, const std::string& flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, "=", dir, ": cannot create: ", ec.message()));
+  const std::string probe = absl::StrCat(dir, "/.localpar-write-check.", getpid());
+  if (absl::Status s = WriteFileAtomically(probe, "ok\n"); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, "=", dir, ": not writable: ", s.message()));
+  }
+  std::filesystem::remove(probe, ec);
+  return absl::OkStatus();
 }
 
 absl::Status WriteFileAtomically(const std::string& path,

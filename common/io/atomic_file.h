@@ -20,6 +20,10 @@ inline absl::Status WriteFileAtomically(const std::string& path, std::string_vie
   return WriteFileAtomically(path, {contents});
 }
 
+// Makes `dir` (and its parents) and proves a file can be written there, before any work
+// whose result would go there; the error names `flag`, the directory and the reason.
+absl::Status CheckWritableDirectory(const std::string& dir, const std::string& flag);
+
 // The status for a failed system call on `path` (`what` says which step), from errno.
 absl::Status FileError(const std::string& path, const char* what, int error_number);
 

@@ -169,6 +169,7 @@ absl::Status LoadStageFile(Stage& stage, const std::string& path) {
 }
 
 absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
+                                                    const EpochProgress& progress,
                                                     const std::string& fingerprint,
                                                     const std::string& root, uint64_t id) {
   const std::string rel = absl::StrCat(CheckpointDirName(id), "/stage-", index, ".ckpt");
@@ -180,6 +181,10 @@ absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int
   }
   v1::StageCheckpoint c = SnapshotStageState(stage, index, step);
   c.set_fingerprint(fingerprint);
+  c.set_recent_loss_sum(progress.head.loss_sum);
+  c.set_recent_correct(progress.head.correct);
+  c.set_recent_count(progress.head.count);
+  c.set_recent_train_seconds(progress.train_seconds);
   const std::string payload = c.SerializeAsString();
   if (absl::Status s = WriteChecksummedFile(root + "/" + rel, payload); !s.ok()) return s;
   v1::StageSnapshot snap;
@@ -192,7 +197,8 @@ absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int
 }
 
 absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
-                                  const v1::StageSnapshot& want, const std::string& fingerprint) {
+                                  const v1::StageSnapshot& want, const std::string& fingerprint,
+                                  EpochProgress* progress) {
   const std::string path =
       absl::StrCat(root, "/", CheckpointDirName(want.checkpoint_id()), "/stage-", index, ".ckpt");
   const std::string at = absl::StrCat("stage ", index, ", checkpoint ", want.checkpoint_id(), ": ");
@@ -220,6 +226,8 @@ absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& ro
   if (absl::Status s = RestoreStageState(stage, c, path); !s.ok()) {
     return absl::DataLossError(absl::StrCat(at, s.message()));
   }
+  progress->head = HeadStats{c.recent_loss_sum(), c.recent_correct(), c.recent_count()};
+  progress->train_seconds = c.recent_train_seconds();
   return absl::OkStatus();
 }
 

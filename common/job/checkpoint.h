@@ -30,16 +30,24 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& ckpt,
 absl::Status SaveStageFile(Stage& stage, int index, int64_t step, const std::string& path);
 absl::Status LoadStageFile(Stage& stage, const std::string& path);
 
+// A stage's training figures since its last epoch boundary, kept with its snapshot.
+struct EpochProgress {
+  HeadStats head;
+  double train_seconds = 0;
+};
+
 // A worker's snapshot of its stage for checkpoint `id`, under the worker's own storage
 // `root`: root/ckpt-NNNNNN/stage-K.ckpt. Returns what the manifest records about it.
 absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
+                                                    const EpochProgress& progress,
                                                     const std::string& fingerprint,
                                                     const std::string& root, uint64_t id);
-// Restores `stage` from the snapshot `want` names under `root`, refusing (DATA_LOSS, naming
-// the stage and the file) a missing file, one whose size or checksum differs from `want`,
-// a damaged one, or one written by another run (`fingerprint`).
+// Restores `stage` (and *progress) from the snapshot `want` names under `root`, refusing
+// (DATA_LOSS, naming the stage and the file) a missing file, one whose size or checksum
+// differs from `want`, a damaged one, or one written by another run (`fingerprint`).
 absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
-                                  const v1::StageSnapshot& want, const std::string& fingerprint);
+                                  const v1::StageSnapshot& want, const std::string& fingerprint,
+                                  EpochProgress* progress);
 // Removes the snapshots under `root` whose checkpoint is not in `keep`.
 void PruneSnapshots(const std::string& root, const std::vector<uint64_t>& keep);
 

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/atomic_file.h"
 #include "common/job/run.h"
 #include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
@@ -69,8 +70,31 @@ std::string RunSettings(const v1::CoordinatorConfig& c) {
 
 }  // namespace
 
+absl::Status CheckRunSettings(const v1::CoordinatorConfig& c) {
+  if (c.resume() && c.checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  }
+  if (c.stop_after_steps() > 0 && c.checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError(
+        "--stop_after_steps needs --checkpoint_dir (the run stops at a checkpoint to resume from)");
+  }
+  if (!c.out().empty()) {
+    if (absl::Status s = CheckWritableDirectory(c.out(), "--out"); !s.ok()) return s;
+  }
+  if (!c.checkpoint_dir().empty()) {
+    if (absl::Status s = CheckWritableDirectory(c.checkpoint_dir(), "--checkpoint_dir"); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& security) {
   ConfigureAllocatorForMessages();
+  if (absl::Status s = CheckRunSettings(c); !s.ok()) {
+    std::cerr << "localpar: " << s.message() << "\n";
+    return kExitUsage;
+  }
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(c.job(), c.overrides());
   if (!job.ok()) {
     std::cerr << "localpar: " << job.status().message() << "\n";
@@ -84,10 +108,6 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
   if (c.overlap_max_delay() > 0 && !Rule(ToUpdateRule(job->rule())).allows_delay) {
     std::cerr << "localpar: --overlap_max_delay does not apply to "
               << v1::UpdateRule_Name(job->rule()) << "\n";
-    return kExitUsage;
-  }
-  if (c.resume() && c.checkpoint_dir().empty()) {
-    std::cerr << "localpar: --resume needs --checkpoint_dir\n";
     return kExitUsage;
   }
   absl::StatusOr<DataSplit> data = LoadJobData(*job);

@@ -1,6 +1,7 @@
 // `localpar train`, `localpar validate` and `localpar data`.
 #include <iostream>
 
+#include "common/io/atomic_file.h"
 #include "common/job/report.h"
 #include "common/job/run.h"
 #include "google/protobuf/struct.pb.h"
@@ -48,6 +49,11 @@ int TrainCommandMain(const Args& args) {
     return rc;
   }
   if (t.threads() < 1) return Fail(kExitUsage, "--threads must be >= 1");
+  if (!t.out().empty()) {
+    if (absl::Status s = CheckWritableDirectory(t.out(), "--out"); !s.ok()) {
+      return Fail(kExitUsage, std::string(s.message()));
+    }
+  }
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, t.overrides());
   if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
   absl::StatusOr<DataSplit> data = LoadJobData(*job);

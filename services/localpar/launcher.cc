@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "services/common/exit_codes.h"
 #include "services/common/port_file.h"
 #include "services/common/program_config.h"
+#include "services/coordinator/coordinator.h"
 #include "services/localpar/children.h"
 
 namespace localpar {
@@ -74,11 +76,6 @@ class Launcher {
     if (rc == kExitInterrupted) return rc;
     // After a clean run the workers were told to shut down; give them a moment, then stop.
     StopAll(children_, std::chrono::seconds(rc == kExitOk ? 10 : 2));
-    if (rc == kExitOk) {
-      std::filesystem::remove_all(run_dir_);
-    } else {
-      std::cerr << "localpar: worker logs are in " << run_dir_ << "\n";
-    }
     return rc;
   }
 
@@ -184,7 +181,6 @@ class Launcher {
         std::cerr << "\nlocalpar: interrupted; stopping the coordinator and " << stages_
                   << " workers\n";
         StopAll(children_, std::chrono::seconds(5));
-        std::filesystem::remove_all(run_dir_);
         return kExitInterrupted;
       }
       for (int k = 0; k < stages_; ++k) {
@@ -267,10 +263,33 @@ class Launcher {
   Clock::time_point worker_lost_at_ = Clock::time_point::max();
 };
 
+// A run directory holds launcher.pid while its launcher lives. One whose launcher is gone
+// without cleaning up (SIGKILL) is removed by the next launch; a failed run's directory,
+// kept for its logs, no longer has the file.
+constexpr char kRunDirPrefix[] = "localpar.";
+
+void RemoveStaleRunDirs() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/tmp", ec)) {
+    if (e.path().filename().string().rfind(kRunDirPrefix, 0) != 0) continue;
+    std::optional<std::vector<int>> pid = ReadPortFile((e.path() / "launcher.pid").string(), 1);
+    if (pid && kill((*pid)[0], 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 }  // namespace
 
 int Launch(const LaunchOptions& o) {
-  // Refuse a bad job or a missing data set before starting anything.
+  // Refuse bad settings, a bad job or a missing data set before starting anything.
+  v1::CoordinatorConfig settings = o.run.coordinator();
+  if (!o.run.resume().empty()) {
+    settings.set_resume(true);
+    if (settings.checkpoint_dir().empty()) settings.set_checkpoint_dir(o.run.resume());
+  }
+  if (absl::Status s = CheckRunSettings(settings); !s.ok()) {
+    std::cerr << "localpar: " << s.message() << "\n";
+    return kExitUsage;
+  }
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(o.job_path, o.run.coordinator().overrides());
   if (!job.ok()) {
     std::cerr << "localpar: " << job.status().message() << "\n";
@@ -291,17 +310,30 @@ int Launch(const LaunchOptions& o) {
       return kExitFailure;
     }
   }
+  RemoveStaleRunDirs();
   char tmpl[] = "/tmp/localpar.XXXXXX";
   if (!mkdtemp(tmpl)) {
     std::perror("localpar: mkdtemp");
+    return kExitFailure;
+  }
+  if (absl::Status s = WritePortFile(std::string(tmpl) + "/launcher.pid", {getpid()}); !s.ok()) {
+    std::cerr << "localpar: " << s.message() << "\n";
     return kExitFailure;
   }
   struct sigaction sa = {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  Launcher launcher(o, job->stages_size(), tmpl);
-  return launcher.Run();
+  const std::string run_dir = tmpl;
+  const int rc = Launcher(o, job->stages_size(), run_dir).Run();
+  std::error_code ec;
+  if (rc == kExitOk || rc == kExitInterrupted) {
+    std::filesystem::remove_all(run_dir, ec);
+  } else {
+    std::filesystem::remove(run_dir + "/launcher.pid", ec);  // kept for its logs
+    std::cerr << "localpar: worker logs are in " << run_dir << "\n";
+  }
+  return rc;
 }
 
 }  // namespace localpar

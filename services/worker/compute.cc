@@ -222,10 +222,11 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
 bool StageCompute::SaveCheckpoint(ComputeLinks& links, const v1::Control& c) {
   const std::string& root = host_.checkpoint_dir();
   absl::StatusOr<v1::StageSnapshot> snap =
-      root.empty() ? absl::FailedPreconditionError(
-                         "this worker has no --checkpoint_dir for its checkpoint snapshots")
-                   : SaveStageSnapshot(*setup_.stage_model, setup_.stage, stats_.steps(),
-                                       setup_.request.fingerprint(), root, c.checkpoint_id());
+      root.empty()
+          ? absl::FailedPreconditionError(
+                "this worker has no --checkpoint_dir for its checkpoint snapshots")
+          : SaveStageSnapshot(*setup_.stage_model, setup_.stage, stats_.steps(), stats_.progress(),
+                              setup_.request.fingerprint(), root, c.checkpoint_id());
   if (!snap.ok()) {
     links.SendUp(FrameItem(ErrorItem(c.seq(), setup_.stage, snap.status())));
     return false;

@@ -59,7 +59,7 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
                                               req.restore().checkpoint_id(), " from"));
     }
     if (absl::Status r = RestoreStageSnapshot(*s->stage_model, req.stage(), root, req.restore(),
-                                              req.fingerprint());
+                                              req.fingerprint(), &s->restored);
         !r.ok()) {
       return r;
     }

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/core/dtype.h"
+#include "common/job/checkpoint.h"
 #include "common/nn/trainer.h"
 #include "proto/config.pb.h"
 #include "proto/localpar.grpc.pb.h"
@@ -34,6 +35,7 @@ struct StageSetup {
   ProgramSpec program;
   ItemLimits limits;
   std::unique_ptr<Stage> stage_model;
+  EpochProgress restored;                     // the epoch's figures the restored snapshot carried
   std::shared_ptr<grpc::Channel> downstream;  // null for the last stage
 };
 

@@ -34,7 +34,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   std::shared_ptr<const StageSetup> s = host_.setup();
   stats_.Reset(s->request.job().name(), s->stage, s->stage_model->optimizer().steps(),
                options_.config.queue_capacity(), s->stage_model->StateBytes(),
-               s->stage_model->ActivationBytesPerExample());
+               s->stage_model->ActivationBytesPerExample(), s->restored);
   return grpc::Status::OK;
 }
 

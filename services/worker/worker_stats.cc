@@ -19,7 +19,7 @@ WorkerStats::WorkerStats(WorkerMetrics* metrics)
 
 void WorkerStats::Reset(const std::string& job, int stage, int64_t restored_steps,
                         int64_t queue_capacity, int64_t state_bytes,
-                        int64_t activation_bytes_per_example) {
+                        int64_t activation_bytes_per_example, const EpochProgress& restored) {
   if (metrics_) metrics_->Configure(job, stage);
   std::lock_guard<std::mutex> lock(mu_);
   auto rejected = stats_.rejected();
@@ -30,8 +30,9 @@ void WorkerStats::Reset(const std::string& job, int stage, int64_t restored_step
   stats_.set_queue_capacity(queue_capacity);
   stats_.set_state_bytes(state_bytes);
   stats_.set_activation_bytes_per_example(activation_bytes_per_example);
-  recent_ = eval_ = HeadStats();
-  train_seconds_ = 0;
+  recent_ = restored.head;
+  eval_ = HeadStats();
+  train_seconds_ = restored.train_seconds;
   epochs_.clear();
   intervals_.clear();
   delays_ = DelayStats();
@@ -111,6 +112,11 @@ void WorkerStats::EndOfEval(int epoch) {
   e.set_epoch(epoch);
   ToProto(eval_, e.mutable_eval());
   eval_ = HeadStats();
+}
+
+EpochProgress WorkerStats::progress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return EpochProgress{recent_, train_seconds_};
 }
 
 int64_t WorkerStats::steps() const {

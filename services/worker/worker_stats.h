@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/job/checkpoint.h"
 #include "common/nn/executor.h"
 #include "proto/localpar.pb.h"
 #include "services/common/metrics.h"
@@ -33,8 +34,10 @@ class WorkerStats {
   WorkerStats& operator=(const WorkerStats&) = delete;
 
   // A new configuration: figures start over, except the refusals counted so far.
+  // `restored` is the epoch's training figures a restored snapshot carried.
   void Reset(const std::string& job, int stage, int64_t restored_steps, int64_t queue_capacity,
-             int64_t state_bytes, int64_t activation_bytes_per_example);
+             int64_t state_bytes, int64_t activation_bytes_per_example,
+             const EpochProgress& restored);
   void Reject(const std::string& reason);
   void AddBytes(bool sent, int64_t n);
   void RecordTrainStep(const StepRecord& step);
@@ -46,6 +49,8 @@ class WorkerStats {
   void EndOfEval(int epoch);
 
   int64_t steps() const;
+  // The epoch's training figures so far, for a checkpoint snapshot.
+  EpochProgress progress() const;
   v1::StatsResponse Snapshot(bool include_intervals) const;
 
  private:

@@ -22,31 +22,12 @@
 namespace localpar {
 namespace {
 
+using testing::ExpectWeightsFileEquals;
 using testing::JsonNumbers;
 using testing::ReadFile;
 using testing::RunProcess;
+using testing::SmallJob;
 using testing::TempDir;
-
-// Four stages touching every kind of layer the rules must agree on: conv, batch norm (its
-// running statistics are in the weights compared), pooling, dropout
-// (seeded per step and micro-batch), layer norm, a residual block, several head kinds, a
-// cosine schedule with warm-up, and a partial last batch (200 = 6 x 30 + 20).
-std::string SmallJob(const std::string& rule, int micro_batches) {
-  std::ostringstream j;
-  j << "name: \"small4\"\nrule: " << rule << "\nmicro_batches: " << micro_batches << R"(
-batch_size: 30
-epochs: 2
-seed: 5
-data { synthetic { train_examples: 200 test_examples: 50 shape: [6, 6, 1] classes: 5 seed: 2 noise: 0.7 } }
-optimizer { adamw { weight_decay: 0.01 } }
-schedule { kind: COSINE lr: 0.01 warmup_steps: 3 }
-stages { layers { conv2d { out_channels: 4 padding: 1 } } layers { batch_norm {} } layers { relu {} } head { kind: CONV_POOL_LINEAR channels: 3 } }
-stages { layers { max_pool { kernel: 2 } } layers { linear { out_features: 16 } } layers { gelu {} } layers { dropout { rate: 0.2 } } }
-stages { layers { linear { out_features: 16 } } layers { layer_norm {} } layers { relu {} } head { kind: MLP hidden: 8 } }
-stages { layers { residual { body { linear { out_features: 16 } } body { relu {} } } } }
-)";
-  return j.str();
-}
 
 v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string& out) {
   absl::StatusOr<v1::Job> job = LoadJobFile(job_path);
@@ -62,30 +43,6 @@ v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string
   absl::StatusOr<v1::ModelWeights> w = ReadWeightsFile(out + "/weights.pb");
   EXPECT_TRUE(w.ok()) << w.status();
   return w.ok() ? *w : v1::ModelWeights();
-}
-
-void ExpectBitwiseEqual(const v1::ModelWeights& a, const v1::ModelWeights& b) {
-  ASSERT_EQ(a.stages_size(), b.stages_size());
-  int tensors = 0;
-  for (int k = 0; k < a.stages_size(); ++k) {
-    ASSERT_EQ(a.stages(k).params_size(), b.stages(k).params_size()) << "stage " << k;
-    for (int i = 0; i < a.stages(k).params_size(); ++i) {
-      const v1::NamedTensor& x = a.stages(k).params(i);
-      const v1::NamedTensor& y = b.stages(k).params(i);
-      EXPECT_EQ(x.name(), y.name());
-      EXPECT_TRUE(x.tensor().data() == y.tensor().data())
-          << "stage " << k << " " << x.name() << " differs";
-      ++tensors;
-    }
-  }
-  EXPECT_GT(tensors, 10);
-}
-
-// Reads a run's weights.pb and compares it with `want`, bit for bit.
-void ExpectWeightsFileEquals(const std::string& path, const v1::ModelWeights& want) {
-  absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(path);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ExpectBitwiseEqual(*got, want);
 }
 
 // Runs `job` on a local cluster (output in DIR/cluster) and checks that its weights equal

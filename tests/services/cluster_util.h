@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/tensor.pb.h"
+
 namespace localpar::testing {
 
 struct ProcessResult {
@@ -44,5 +46,12 @@ std::string BinDir();  // where the build put localpar, localpar_worker, ...
 
 // The numbers after each occurrence of "key": in a JSON text, in order.
 std::vector<double> JsonNumbers(const std::string& json, const std::string& key);
+
+// A 4-stage job touching every kind of layer the rules must agree on (see cluster_util.cc).
+std::string SmallJob(const std::string& rule, int micro_batches);
+// Bit for bit, tensor by tensor, naming the first that differs.
+void ExpectBitwiseEqual(const v1::ModelWeights& a, const v1::ModelWeights& b);
+// Reads a run's weights.pb and compares it with `want`.
+void ExpectWeightsFileEquals(const std::string& path, const v1::ModelWeights& want);
 
 }  // namespace localpar::testing

@@ -116,17 +116,23 @@ TEST(Checkpoint, ASnapshotRestoresOnlyWhenItMatchesTheManifestNamingStageAndFile
   auto cpu = MakeCpuBackend();
   DataDir worker;
   auto a = MakeStage(*cpu, 1), b = MakeStage(*cpu, 2);
+  const EpochProgress progress{HeadStats{5.5, 3, 8}, 1.25};
   absl::StatusOr<v1::StageSnapshot> snap =
-      SaveStageSnapshot(*a, 3, 10, "run-a", worker.path_string(), 7);
+      SaveStageSnapshot(*a, 3, 10, progress, "run-a", worker.path_string(), 7);
   ASSERT_TRUE(snap.ok()) << snap.status();
   EXPECT_EQ(snap->file(), "ckpt-000007/stage-3.ckpt");
   EXPECT_EQ(snap->bytes(),
             static_cast<int64_t>(std::filesystem::file_size(worker.file(snap->file()))));
-  ASSERT_TRUE(RestoreStageSnapshot(*b, 3, worker.path_string(), *snap, "run-a").ok());
+  EpochProgress restored;
+  ASSERT_TRUE(RestoreStageSnapshot(*b, 3, worker.path_string(), *snap, "run-a", &restored).ok());
   EXPECT_EQ(State(*a), State(*b));
+  EXPECT_EQ(restored.head.count, 8);
+  EXPECT_EQ(restored.head.loss_sum, 5.5);
+  EXPECT_EQ(restored.train_seconds, 1.25);
   auto refused = [&](const v1::StageSnapshot& want, const std::string& fingerprint,
                      const std::string& text) {
-    absl::Status st = RestoreStageSnapshot(*b, 3, worker.path_string(), want, fingerprint);
+    EpochProgress p;
+    absl::Status st = RestoreStageSnapshot(*b, 3, worker.path_string(), want, fingerprint, &p);
     EXPECT_TRUE(absl::IsDataLoss(st)) << st;
     EXPECT_NE(st.message().find("stage 3, checkpoint 7: "), std::string::npos) << st;
     EXPECT_NE(st.message().find(text), std::string::npos) << st;
@@ -141,7 +147,7 @@ TEST(Checkpoint, ASnapshotRestoresOnlyWhenItMatchesTheManifestNamingStageAndFile
   refused(*snap, "run-a", worker.file(snap->file()));  // the volume lost its file
   // Pruning keeps the snapshots of the checkpoints still kept.
   for (uint64_t id : {8, 9})
-    ASSERT_TRUE(SaveStageSnapshot(*a, 3, 1, "r", worker.path_string(), id).ok());
+    ASSERT_TRUE(SaveStageSnapshot(*a, 3, 1, progress, "r", worker.path_string(), id).ok());
   PruneSnapshots(worker.path_string(), {9});
   EXPECT_FALSE(std::filesystem::exists(worker.file("ckpt-000008")));
   EXPECT_TRUE(std::filesystem::exists(worker.file("ckpt-000009/stage-3.ckpt")));

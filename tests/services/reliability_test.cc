@@ -1,0 +1,181 @@
+// Checkpoints and runs at the edges: a reused checkpoint directory, a worker that lost its
+// volume, a checkpoint write that fails on one stage, a run whose every checkpoint fails,
+// settings refused before anything starts, the report of a resumed run, and run directories
+// left by a killed launcher.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/job/tensor_codec.h"
+#include "tests/services/cluster_util.h"
+
+namespace localpar {
+namespace {
+
+using testing::JsonNumbers;
+using testing::ReadFile;
+using testing::RunProcess;
+using testing::TempDir;
+
+struct Runs {
+  TempDir dir;
+  std::string bin = testing::BinDir() + "/localpar";
+  std::string job = dir.Write("job.textproto", testing::SmallJob("GREEDY", 1));
+  std::string ckpt = dir.path() + "/ckpt";
+  testing::ProcessResult Run(std::vector<std::string> extra, int timeout_s = 120) {
+    std::vector<std::string> argv = {bin, "run", job, "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunProcess(argv, timeout_s);
+  }
+  int Manifests() const {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+      n += std::filesystem::exists(e.path() / "MANIFEST");
+    }
+    return n;
+  }
+};
+
+TEST(Reliability, AFreshRunRefusesADirectoryHoldingAnotherRunsCheckpoints) {
+  Runs runs;
+  auto first = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=4"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto again = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--seed=6"});
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find(runs.ckpt + " already holds checkpoints"), std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("continue it with --resume"), std::string::npos) << again.output;
+  // Resuming it with another seed is another run: refused, saying what differs.
+  auto other = runs.Run({"--resume=" + runs.ckpt, "--seed=6"});
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_NE(other.output.find("another run's (job small4, rule GREEDY, seed 5"), std::string::npos)
+      << other.output;
+  EXPECT_GE(runs.Manifests(), 1) << "nothing of the first run was pruned";
+}
+
+TEST(Reliability, AWorkerThatLostItsVolumeIsDetectedNamingStageAndFile) {
+  Runs runs;
+  auto first = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=2",
+                         "--stop_after_steps=5"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  std::filesystem::remove_all(runs.ckpt + "/stage-1");  // its volume came back empty
+  auto second = runs.Run({"--resume=" + runs.ckpt});
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_NE(second.output.find("stage 1, checkpoint 3: " + runs.ckpt +
+                               "/stage-1/ckpt-000003/stage-1.ckpt"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("no older checkpoint under " + runs.ckpt), std::string::npos)
+      << second.output;
+}
+
+TEST(Reliability, AFailedSnapshotWriteFailsThatCheckpointOnlyAndTheRunGoesOn) {
+  Runs runs;
+  v1::ModelWeights want;
+  {
+    auto full = runs.Run({"--out=" + runs.dir.path() + "/full"});
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    want = *ReadWeightsFile(runs.dir.path() + "/full/weights.pb");
+  }
+  // Where stage 2 would put checkpoint 2 there is a file: its snapshot cannot be written.
+  std::filesystem::create_directories(runs.ckpt + "/stage-2");
+  std::ofstream(runs.ckpt + "/stage-2/ckpt-000002") << "in the way";
+  auto r = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=2",
+                     "--out=" + runs.dir.path() + "/run"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + runs.ckpt + "/ckpt-000002 failed at stage 2: " +
+                          runs.ckpt + "/stage-2/ckpt-000002: cannot create"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(runs.ckpt + "/ckpt-000002")) << "no partial checkpoint";
+  EXPECT_TRUE(std::filesystem::exists(runs.ckpt + "/ckpt-000007/MANIFEST")) << r.output;
+  testing::ExpectWeightsFileEquals(runs.dir.path() + "/run/weights.pb", want);
+}
+
+TEST(Reliability, SettingsThatCannotWorkAreRefusedBeforeAnythingStarts) {
+  Runs runs;
+  auto r = runs.Run({"--stop_after_steps=3"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--stop_after_steps needs --checkpoint_dir"), std::string::npos)
+      << r.output;
+  std::string file = runs.dir.Write("plain_file", "x");
+  r = runs.Run({"--out=" + file + "/out"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out=" + file + "/out: cannot create"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("workers up"), std::string::npos) << "nothing started";
+  r = RunProcess({runs.bin, "train", runs.job, "--quiet", "--out=" + file + "/out"}, 30);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+TEST(Reliability, AResumedRunReportsTheWholeRun) {
+  Runs runs;
+  auto full = runs.Run({"--out=" + runs.dir.path() + "/full"});
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  // 7 steps an epoch: stop in the second epoch, then resume.
+  auto first = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=4",
+                         "--stop_after_steps=9"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto second = runs.Run({"--resume=" + runs.ckpt, "--out=" + runs.dir.path() + "/resumed"});
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  std::string a = ReadFile(runs.dir.path() + "/full/report.json");
+  std::string b = ReadFile(runs.dir.path() + "/resumed/report.json");
+  EXPECT_EQ(JsonNumbers(a, "accuracy"), JsonNumbers(b, "accuracy")) << b;
+  EXPECT_EQ(JsonNumbers(a, "loss"), JsonNumbers(b, "loss"));
+  EXPECT_EQ(JsonNumbers(a, "train_examples"), JsonNumbers(b, "train_examples"));
+  EXPECT_GT(JsonNumbers(b, "wall_seconds")[0], 0);
+}
+
+TEST(Reliability, EveryCheckpointFailingIsAFailedRun) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", testing::SmallJob("GREEDY", 1));
+  // Workers started without storage of their own: no snapshot can be written.
+  std::vector<pid_t> workers;
+  std::string list;
+  for (int k = 0; k < 4; ++k) {
+    std::string pf = dir.path() + "/w" + std::to_string(k);
+    workers.push_back(testing::StartProcess({testing::BinDir() + "/localpar_worker", "--port_file=" + pf},
+                                            pf + ".log"));
+    int port = 0;
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::ifstream(pf) >> port;
+    }
+    list += (k ? "," : "") + ("127.0.0.1:" + std::to_string(port));
+  }
+  auto r = RunProcess({testing::BinDir() + "/localpar_coordinator", "--job=" + job, "--workers=" + list,
+                       "--quiet", "--checkpoint_dir=" + dir.path() + "/ckpt",
+                       "--checkpoint_every_steps=5"},
+                      60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("this worker has no --checkpoint_dir"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every checkpoint of this run failed"), std::string::npos) << r.output;
+  for (pid_t w : workers) {
+    kill(w, SIGTERM);
+    testing::WaitProcess(w, 10);
+  }
+}
+
+TEST(Reliability, ARunDirectoryLeftByAKilledLauncherIsRemovedByTheNextLaunch) {
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);  // a pid nobody holds now
+  std::string stale = "/tmp/localpar.reliability-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(stale);
+  std::ofstream(stale + "/launcher.pid") << gone << "\n";
+  std::string kept = stale + "-kept";  // a failed run's logs: no launcher.pid
+  std::filesystem::create_directories(kept);
+  Runs runs;
+  auto r = runs.Run({"--max_steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(kept));
+  std::filesystem::remove_all(kept);
+}
+
+}  // namespace
+}  // namespace localpar
