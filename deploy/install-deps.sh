@@ -6,9 +6,9 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev dataset-fashion-mnist
+  libopenblas-dev zlib1g-dev libmicrohttpd-dev dataset-fashion-mnist
   prometheus curl docker-compose openssl clang-14 libclang-rt-14-dev
-  fortunes gnuplot-nox python3
+  fortunes gnuplot-nox python3 python3-grpcio python3-grpc-tools python3-protobuf
 )
 
 missing=()

@@ -102,4 +102,8 @@ void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers);
 // Shape-only validation without allocating anything.
 bool InferLayerShape(const LayerConfig& config, const Shape& in, Shape* out, std::string* error);
 
+// How many values the layer's parameters hold (trainable or not) for input shape `in`,
+// computed from shapes alone: what a worker checks before it allocates a stage.
+int64_t LayerParameterCount(const LayerConfig& config, const Shape& in);
+
 }  // namespace localpar

@@ -774,6 +774,40 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
   return result("unknown layer kind");
 }
 
+int64_t LayerParameterCount(const LayerConfig& cfg, const Shape& in) {
+  using K = LayerConfig::Kind;
+  const int64_t last = in.empty() ? 0 : in.back();
+  switch (cfg.kind) {
+    case K::kLinear:
+      return (NumElements(in) + 1) * cfg.out_features;
+    case K::kDense:
+      return (last + 1) * cfg.out_features;
+    case K::kConv2d:
+      return (cfg.kernel * cfg.kernel * (in.size() == 3 ? in[2] : 0) + 1) * cfg.out_features;
+    case K::kLayerNorm:
+      return 2 * last;
+    case K::kBatchNorm:
+      return 4 * last;  // scale, shift, running mean and variance
+    case K::kEmbedding:
+      return cfg.vocab * cfg.dim;
+    case K::kCausalSelfAttention:
+      return 4 * last * last + 4 * last;  // qkv and output projections
+    case K::kResidual: {
+      int64_t n = 0;
+      Shape cur = in;
+      for (const LayerConfig& b : cfg.body) {
+        n += LayerParameterCount(b, cur);
+        Shape next;
+        std::string ignored;
+        if (InferLayerShape(b, cur, &next, &ignored)) cur = next;
+      }
+      return n;
+    }
+    default:
+      return 0;
+  }
+}
+
 void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers) {
   for (size_t i = 0; i + 1 < layers.size(); ++i) {
     auto* linear = dynamic_cast<Linear*>(layers[i].get());

@@ -45,6 +45,25 @@ std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config
   return st;
 }
 
+int64_t StageParameterCount(const StageConfig& config, const Shape& in, int64_t classes) {
+  int64_t n = 0;
+  Shape cur = in;
+  std::string error;
+  auto walk = [&](const std::vector<LayerConfig>& layers) {
+    for (const LayerConfig& l : layers) {
+      n += LayerParameterCount(l, cur);
+      Shape next;
+      if (!InferLayerShape(l, cur, &next, &error)) return false;
+      cur = next;
+    }
+    return true;
+  };
+  if (!walk(config.layers)) return 0;
+  std::vector<LayerConfig> head;
+  if (!HeadLayers(config.head, cur, classes, &head, &error) || !walk(head)) return 0;
+  return n;
+}
+
 Stage::Slot& Stage::slot(int i) {
   if (static_cast<size_t>(i) >= slots_.size()) slots_.resize(i + 1);
   return slots_[i];

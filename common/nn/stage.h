@@ -102,6 +102,10 @@ class Stage {
   std::vector<Slot> slots_;
 };
 
+// The parameter values a stage built from `config` for input `in` would hold, its head's
+// included, from shapes alone (0 when the shapes do not fit).
+int64_t StageParameterCount(const StageConfig& config, const Shape& in, int64_t classes);
+
 // Every participant derives a stage's seed the same way, so a worker that builds stage k
 // alone gets the weights the reference trainer has.
 uint64_t StageSeed(uint64_t model_seed, int stage_index);

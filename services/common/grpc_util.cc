@@ -87,11 +87,18 @@ void AddToken(grpc::ClientContext& ctx, const SecurityOptions& s) {
 grpc::Status CheckToken(const grpc::ServerContextBase& ctx, const SecurityOptions& s) {
   if (s.token.empty()) return grpc::Status::OK;
   auto it = ctx.client_metadata().find("authorization");
-  std::string want = "Bearer " + s.token;
-  if (it == ctx.client_metadata().end() ||
-      std::string(it->second.data(), it->second.size()) != want) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this control RPC needs a valid bearer token");
+  const std::string want = "Bearer " + s.token;
+  bool same = it != ctx.client_metadata().end() && it->second.size() == want.size();
+  if (same) {
+    // In constant time: how much of a guess was right must not show in the timing.
+    unsigned char diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      diff |= static_cast<unsigned char>(it->second.data()[i] ^ want[i]);
+    }
+    same = diff == 0;
+  }
+  if (!same) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this RPC needs a valid bearer token");
   }
   return grpc::Status::OK;
 }
@@ -131,7 +138,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   return grpc::CreateCustomChannel(address, creds, args);
 }
 
+// A bound on the threads synchronous handlers may take: calls beyond it are refused
+// (RESOURCE_EXHAUSTED) instead of piling up.
+constexpr int kMaxServerThreads = 64;
+
 void ConfigureServer(grpc::ServerBuilder& builder) {
+  static grpc::ResourceQuota* quota = [] {
+    auto* q = new grpc::ResourceQuota("localpar-server");
+    q->SetMaxThreads(kMaxServerThreads);
+    return q;
+  }();
+  builder.SetResourceQuota(*quota);
   // Without this, gRPC binds with SO_REUSEPORT and a second server on a used port
   // "succeeds", splitting traffic; we want "address in use" to be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -2,16 +2,14 @@
 #include "services/common/metrics.h"
 
 #include <arpa/inet.h>
+#include <microhttpd.h>
 #include <netinet/in.h>
 #include <prometheus/text_serializer.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace localpar {
@@ -30,17 +28,57 @@ const prometheus::Histogram::BucketBoundaries& StepBuckets() {
 
 }  // namespace
 
+namespace {
+
+// Scrapes are small and rare; these bound what a misbehaving client can take.
+constexpr unsigned kServerThreads = 4;
+constexpr unsigned kMaxConnections = 64;
+constexpr unsigned kConnectionTimeoutSeconds = 5;
+constexpr size_t kThreadStackBytes = 1 << 20;  // room for CUDA's static TLS
+
+MHD_Result Reply(MHD_Connection* connection, unsigned status, const std::string& body,
+                 const char* type) {
+  MHD_Response* r = MHD_create_response_from_buffer(body.size(), const_cast<char*>(body.data()),
+                                                    MHD_RESPMEM_MUST_COPY);
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  MHD_Result ok = MHD_queue_response(connection, status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+MHD_Result Handle(void* self, MHD_Connection* connection, const char* url, const char* method,
+                  const char*, const char*, size_t* upload_size, void** state) {
+  static int first_call;
+  if (*state == nullptr) {  // headers only so far; answer on the next call
+    *state = &first_call;
+    return MHD_YES;
+  }
+  if (*upload_size != 0) return MHD_NO;  // a scrape has no body
+  if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
+    return Reply(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "localpar serves GET /metrics\n",
+                 "text/plain");
+  }
+  if (std::strcmp(url, "/metrics") != 0) {
+    return Reply(connection, MHD_HTTP_NOT_FOUND, "localpar serves GET /metrics\n", "text/plain");
+  }
+  return Reply(connection, MHD_HTTP_OK, static_cast<MetricsServer*>(self)->Render(),
+               "text/plain; version=0.0.4");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen) {
   size_t colon = listen.rfind(':');
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
-  int port = colon == std::string::npos ? -1 : std::atoi(listen.c_str() + colon + 1);
+  int port = -1;
+  if (colon != std::string::npos && !absl::SimpleAtoi(listen.substr(colon + 1), &port)) port = -1;
   std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
   if (host == "0.0.0.0" || host == "*" || host.empty()) {
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  } else if (host == "localhost" || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) {
-    if (host == "localhost") addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  } else {
+  } else if (host == "localhost") {
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     port = -1;
   }
   if (port < 0 || port > 65535) {
@@ -50,62 +88,26 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   addr.sin_port = htons(static_cast<uint16_t>(port));
   auto m = std::unique_ptr<MetricsServer>(new MetricsServer());
   m->registry_ = std::make_shared<prometheus::Registry>();
-  m->fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  socklen_t len = sizeof(addr);
-  if (m->fd_ < 0 || bind(m->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(m->fd_, 16) != 0 ||
-      getsockname(m->fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  m->daemon_ = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, nullptr, nullptr, &Handle, m.get(),
+      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&addr), MHD_OPTION_THREAD_POOL_SIZE,
+      kServerThreads, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_CONNECTION_TIMEOUT,
+      kConnectionTimeoutSeconds, MHD_OPTION_THREAD_STACK_SIZE, kThreadStackBytes, MHD_OPTION_END);
+  if (!m->daemon_) {
     return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", listen, ": ", std::strerror(errno)));
+        absl::StrCat("metrics: cannot listen on ", listen, " (in use, or not this host's)"));
   }
-  m->port_ = ntohs(addr.sin_port);
-  m->thread_ = std::thread([p = m.get()] { p->Serve(); });
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(m->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  m->port_ = info ? info->port : port;
   return m;
 }
 
 MetricsServer::~MetricsServer() {
-  stopping_ = true;
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes accept()
-  if (thread_.joinable()) thread_.join();
-  if (fd_ >= 0) close(fd_);
+  if (daemon_) MHD_stop_daemon(daemon_);
 }
 
-void MetricsServer::Serve() {
-  while (!stopping_) {
-    int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) {
-      if (stopping_) return;
-      continue;
-    }
-    // A scraper's request is a few hundred bytes; read until the blank line (bounded).
-    timeval tv{2, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string request;
-    char buf[1024];
-    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
-      ssize_t n = recv(c, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      request.append(buf, static_cast<size_t>(n));
-    }
-    std::string status = "200 OK", type = "text/plain; version=0.0.4", body;
-    if (request.rfind("GET /metrics", 0) == 0) {
-      body = prometheus::TextSerializer().Serialize(registry_->Collect());
-    } else {
-      status = "404 Not Found";
-      type = "text/plain";
-      body = "localpar serves GET /metrics\n";
-    }
-    std::string response =
-        absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
-                     "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
-    size_t off = 0;
-    while (off < response.size()) {
-      ssize_t n = send(c, response.data() + off, response.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    close(c);
-  }
+std::string MetricsServer::Render() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r)

@@ -8,14 +8,14 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
+
+struct MHD_Daemon;  // libmicrohttpd
 
 namespace localpar {
 
@@ -36,12 +36,13 @@ inline constexpr const char* kRejectReasons[] = {
     "label_out_of_range", "unknown_phase",     "bad_position",    "bad_micro_batch",
     "non_finite",         "non_finite_skipped"};
 
-// Owns the registry and serves it as Prometheus text on GET /metrics.
+// Owns the registry and serves it as Prometheus text on exactly GET /metrics, through
+// libmicrohttpd: a pool of threads, a connection limit and a per-connection timeout, so a
+// slow or idle client cannot hold up a scrape. Anything else is 404 (405 for other methods).
 //
 // prometheus-cpp's own Exposer (civetweb) cannot start in our processes: civetweb creates
 // its threads with a ~100 KB stack, and cuBLASLt's 94 KB of static TLS (the worker links
-// CUDA) leaves too little, so pthread_create fails. This endpoint serves from one
-// ordinary thread; scrapes are rare and small.
+// CUDA) leaves too little, so pthread_create fails. libmicrohttpd's stack size is set here.
 class MetricsServer {
  public:
   // `listen` is host:port (IPv4); port 0 picks a free one.
@@ -49,16 +50,15 @@ class MetricsServer {
   ~MetricsServer();
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
+  // The exposition text (what GET /metrics answers).
+  std::string Render() const;
 
  private:
   MetricsServer() = default;
-  void Serve();
 
   std::shared_ptr<prometheus::Registry> registry_;
-  int fd_ = -1;
+  ::MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
 };
 
 // A layer worker's metrics. Families are registered when the worker starts; the labelled

@@ -13,8 +13,9 @@ v1::JobStatus StatusBoard::Get() const {
   return status_;
 }
 
-grpc::Status StatusService::Status(grpc::ServerContext*, const v1::StatusRequest*,
+grpc::Status StatusService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                                    v1::JobStatus* out) {
+  if (grpc::Status auth = CheckToken(*ctx, security_); !auth.ok()) return auth;
   *out = board_.Get();
   return grpc::Status::OK;
 }

@@ -36,6 +36,7 @@ int Status(const std::string& address, int sample_ms, const SecurityOptions& sec
   auto fetch = [&](v1::JobStatus* out) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    AddToken(ctx, security);
     grpc::Status st = stub->Status(&ctx, v1::StatusRequest(), out);
     if (!st.ok()) std::cerr << "localpar status: " << address << ": " << st.error_message() << "\n";
     return st.ok();

@@ -2,12 +2,15 @@
 #include "services/worker/compute.h"
 
 #include <chrono>
+#include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/job/checkpoint.h"
 #include "common/job/tensor_codec.h"
+#include "common/nn/rule.h"
 #include "services/common/grpc_util.h"
+#include "services/worker/item_check.h"
 
 namespace localpar {
 namespace {
@@ -66,6 +69,9 @@ class StageCompute::Ports final : public StagePorts {
   void SendActivations(int m, const Tensor& y) override {
     if (setup_.last()) return;
     v1::Batch& b = *items_[m].mutable_batch();
+    if (returns_gradients_ && b.phase() == v1::TRAIN) {
+      owed_.push_back({b.seq(), b.activations().shape(0)});  // a gradient will come for it
+    }
     v1::Batch next;
     next.set_seq(b.seq());
     next.set_epoch(b.epoch());
@@ -100,15 +106,33 @@ class StageCompute::Ports final : public StagePorts {
                                                                   : PortState::kGone;
   }
 
+  // The next gradient owed, checked against the batch it is for before anything uses it.
   PortState TakeGradient(bool wait, const Tensor** grad) override {
-    v1::Gradient g;
-    PortState s = links_->NextGradient(wait, &g);
-    if (s != PortState::kReady) return s;
     *grad = nullptr;
-    if (!g.has_grad()) return PortState::kReady;  // the batch died downstream
-    DecodeTensorInto(g.grad(), host_.backend(), &returned_);
-    *grad = &returned_;
-    return PortState::kReady;
+    while (true) {
+      v1::Gradient g;
+      PortState s = links_->NextGradient(wait, &g);
+      if (s != PortState::kReady) return s;
+      if (owed_.empty()) {
+        Refuse(g.seq(), absl::InvalidArgumentError("gradient: none is owed"));
+        continue;
+      }
+      const Owed owed = owed_.front();
+      if (!g.has_grad()) {                  // a batch died downstream
+        if (g.seq() != owed.seq) continue;  // not a training batch of ours
+        owed_.pop_front();
+        return PortState::kReady;
+      }
+      owed_.pop_front();
+      ItemCheck c = CheckGradient(g, owed.seq, owed.rows, setup_.stage_model->output_shape());
+      if (c.verdict != ItemCheck::kAccept) {
+        Refuse(owed.seq, c.status);
+        return PortState::kReady;  // nothing to apply for that batch
+      }
+      DecodeTensorInto(g.grad(), host_.backend(), &returned_);
+      *grad = &returned_;
+      return PortState::kReady;
+    }
   }
 
  private:
@@ -129,6 +153,7 @@ class StageCompute::Ports final : public StagePorts {
       }
       stats_.Reject("bad_micro_batch");
       const uint64_t seq = item->has_batch() ? item->batch().seq() : item->control().seq();
+      // (a control item or another step's batch: refused, the step goes on waiting)
       links_->SendUp(FrameItem(
           ErrorItem(seq, setup_.stage,
                     absl::FailedPreconditionError(absl::StrCat(
@@ -137,10 +162,27 @@ class StageCompute::Ports final : public StagePorts {
     }
   }
 
+  // A gradient from downstream that is not what this stage is owed: refused, counted and
+  // reported upstream; the batch it was for is not updated from it.
+  void Refuse(uint64_t seq, const absl::Status& why) {
+    stats_.Reject("bad_gradient");
+    links_->SendUp(
+        FrameItem(ErrorItem(seq, setup_.stage,
+                            absl::Status(why.code(), absl::StrCat("from stage ", setup_.stage + 1,
+                                                                  ": ", why.message())))));
+  }
+
+  struct Owed {
+    uint64_t seq;
+    int64_t rows;
+  };
+
   const StageSetup& setup_;
   StageHost& host_;
   WorkerStats& stats_;
   StageExecutor& executor_;
+  const bool returns_gradients_ = Rule(setup_.trainer.rule).returns_gradients && !setup_.last();
+  std::deque<Owed> owed_;  // training batches sent on whose gradients are still to come
   ComputeLinks* links_ = nullptr;
   std::vector<v1::DownItem> items_;      // this step's, by micro-batch
   std::vector<Tensor> inputs_, labels_;  // by slot: kept until the slot's backward
@@ -173,7 +215,7 @@ void StageCompute::Run(ComputeLinks& links) {
     }
     wait_start = MonotonicNanos();
   }
-  std::lock_guard<std::mutex> compute(host_.compute_mutex());
+  std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
   executor_.Flush(*ports_);
   stats_.SetDelays(executor_.delays());
 }
@@ -193,7 +235,7 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
   ports_->Begin(std::move(first), ctx.micro_batches);
   executor_.Begin(ctx);
   {
-    std::lock_guard<std::mutex> compute(host_.compute_mutex());
+    std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
     if (executor_.Run(*ports_) != StageExecutor::Result::kDone) return;  // the stream ended
   }
   if (!ctx.train) {
@@ -244,7 +286,7 @@ bool StageCompute::SaveCheckpoint(ComputeLinks& links, const v1::Control& c) {
 void StageCompute::Control(ComputeLinks& links, const v1::DownItem& item) {
   const v1::Control& c = item.control();
   {
-    std::lock_guard<std::mutex> compute(host_.compute_mutex());
+    std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
     executor_.Flush(*ports_);
     if (c.kind() == v1::Control::CHECKPOINT && !SaveCheckpoint(links, c)) return;
   }

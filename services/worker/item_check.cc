@@ -141,6 +141,38 @@ ItemCheck CheckTensors(const v1::Batch& b, const ItemLimits& l) {
 
 }  // namespace
 
+ItemCheck CheckGradient(const v1::Gradient& g, uint64_t seq, int64_t rows,
+                        const Shape& output_shape) {
+  if (g.seq() != seq) {
+    return Bad("bad_gradient", absl::StrCat("gradient.seq: ", g.seq(),
+                                            ", but the gradient owed "
+                                            "next is for batch ",
+                                            seq));
+  }
+  if (absl::Status s = CheckWireTensor(g.grad(), "gradient.grad"); !s.ok()) {
+    return Refuse("bad_gradient", s);
+  }
+  Shape want{rows};
+  want.insert(want.end(), output_shape.begin(), output_shape.end());
+  Shape got(g.grad().shape().begin(), g.grad().shape().end());
+  if (g.grad().dtype() != v1::F32 || got != want) {
+    return Bad("bad_gradient",
+               absl::StrCat("gradient.grad: need F32 ", ShapeString(want), " for batch ", seq,
+                            ", got ", v1::DType_Name(g.grad().dtype()), " ", ShapeString(got)));
+  }
+  if (int64_t bad = FirstNonFinite(g.grad()); bad >= 0) {
+    return Bad("bad_gradient", absl::StrCat("gradient.grad: non-finite value at index ", bad));
+  }
+  return ItemCheck();
+}
+
+std::string SanitizePeerText(std::string_view text, size_t max) {
+  std::string out;
+  for (char c : text.substr(0, max)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (text.size() > max) out += "...";
+  return out;
+}
+
 ItemCheck CheckDownItem(const v1::DownItem& item, const ItemLimits* limits, uint64_t last_seq) {
   if (!limits) {
     return Refuse("before_configure", absl::FailedPreconditionError(absl::StrCat(

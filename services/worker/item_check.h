@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "common/core/shape.h"
@@ -24,6 +25,9 @@ struct ItemLimits {
   int64_t total_steps = 0;
   int32_t epochs = 0;
   v1::ConfigureRequest::NonFinite non_finite = v1::ConfigureRequest::REJECT;
+  // The largest serialised item the job allows (its largest batch, plus slack); anything
+  // longer is refused before it is parsed.
+  int64_t max_item_bytes = 0;
 };
 
 struct ItemCheck {
@@ -32,6 +36,15 @@ struct ItemCheck {
   std::string reason;   // the `reason` label of localpar_rejected_total
   absl::Status status;  // what the peer is told (kReject)
 };
+
+// A gradient returned from downstream for the training batch `seq` of `rows` rows: a
+// float32 tensor of shape [rows, output_shape...] whose bytes match, every value finite.
+ItemCheck CheckGradient(const v1::Gradient& gradient, uint64_t seq, int64_t rows,
+                        const Shape& output_shape);
+
+// What a peer's text may become in our messages and logs: printable ASCII only (control
+// characters, escape sequences and other bytes become '?'), at most `max` characters.
+std::string SanitizePeerText(std::string_view text, size_t max = 512);
 
 // `limits` is null before Configure. `last_seq` is the last accepted item's seq (0: none):
 // seq must increase strictly.

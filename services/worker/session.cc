@@ -14,16 +14,21 @@ namespace {
 // this many means the peer sends gradients nobody asked for.
 constexpr size_t kMaxPendingGradients = 256;
 
+// How long a write upstream may wait for the peer to read before the stream is ended.
+constexpr int kUpstreamStallSeconds = 60;
+
 uint64_t SeqOf(const v1::DownItem& item) {
   return item.has_batch() ? item.batch().seq() : item.control().seq();
 }
 
 }  // namespace
 
-StreamSession::StreamSession(std::shared_ptr<const StageSetup> setup, StageHost& host,
+StreamSession::StreamSession(grpc::CallbackServerContext* context,
+                             std::shared_ptr<const StageSetup> setup, StageHost& host,
                              WorkerStats& stats, const WorkerOptions& options,
                              std::function<void()> on_finish, std::function<void(bool)> on_done)
-    : setup_(std::move(setup)),
+    : context_(context),
+      setup_(std::move(setup)),
       host_(host),
       stats_(stats),
       options_(options),
@@ -73,7 +78,19 @@ void StreamSession::OnReadDone(bool ok) {
 }
 
 void StreamSession::HandleItem() {
-  stats_.AddBytes(false, static_cast<int64_t>(read_buffer_.Length()));
+  const int64_t bytes = static_cast<int64_t>(read_buffer_.Length());
+  stats_.AddBytes(false, bytes);
+  if (setup_ && bytes > setup_->limits.max_item_bytes) {
+    read_buffer_.Clear();
+    stats_.Reject("item_too_large");
+    Write(FrameItem(ErrorItem(
+              0, stage_,
+              absl::InvalidArgumentError(absl::StrCat("item: ", bytes, " bytes exceed the ",
+                                                      setup_->limits.max_item_bytes,
+                                                      " this job's largest batch needs")))),
+          false);
+    return;
+  }
   v1::DownItem item;
   if (!grpc::SerializationTraits<v1::DownItem>::Deserialize(&read_buffer_, &item).ok()) {
     stats_.Reject("malformed_item");
@@ -129,8 +146,18 @@ std::optional<v1::DownItem> StreamSession::NextItem() {
 // wait while the queue is full; the reader (a gRPC thread) never waits, it stops reading.
 void StreamSession::Write(grpc::ByteBuffer item, bool wait_for_room) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (wait_for_room) {
-    write_room_.wait(lock, [&] { return upstream_gone_ || writes_.size() < max_queued_writes_; });
+  if (wait_for_room && !write_room_.wait_for(
+                           lock, std::chrono::seconds(kUpstreamStallSeconds),
+                           [&] { return upstream_gone_ || writes_.size() < max_queued_writes_; })) {
+    // The peer stopped reading what we owe it: end the stream rather than wait forever
+    // (holding the stage, and with it GetWeights and shutdown).
+    upstream_gone_ = true;
+    write_room_.notify_all();
+    lock.unlock();
+    std::cerr << "worker " << stage_ << ": upstream read nothing for " << kUpstreamStallSeconds
+              << " s; ending its stream\n";
+    context_->TryCancel();
+    return;
   }
   if (upstream_gone_ || finished_) return;
   writes_.push_back(std::move(item));
@@ -176,6 +203,8 @@ void StreamSession::FinishNow(const grpc::Status& status) {
   Finish(status);
 }
 
+// The call is over for the peer (it cancelled, the deadline passed, the server shuts down):
+// unblock every thread of the session so that it finishes, whatever it waits on.
 void StreamSession::OnCancel() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,6 +212,9 @@ void StreamSession::OnCancel() {
     write_room_.notify_all();
   }
   inbound_.Close();
+  outbound_.Close();
+  grads_.Close();
+  down_ctx_.TryCancel();
 }
 
 void StreamSession::OnDone() {
@@ -241,11 +273,15 @@ void StreamSession::DownReaderLoop() {
       if (gradients) grads_.Push(std::move(*up.mutable_gradient()));
       continue;  // under a rule without gradients, one is noise from a broken peer
     }
-    if (up.has_error() && gradients) {
-      // The batch died downstream: no gradient will come for it.
-      v1::Gradient none;
-      none.set_seq(up.error().seq());
-      grads_.Push(std::move(none));
+    if (up.has_error()) {
+      // Peer text: never relayed raw (escape sequences, megabytes of it).
+      up.mutable_error()->set_message(SanitizePeerText(up.error().message()));
+      if (gradients) {
+        // The batch died downstream: no gradient will come for it.
+        v1::Gradient none;
+        none.set_seq(up.error().seq());
+        grads_.Push(std::move(none));
+      }
     }
     Write(FrameItem(up), true);
   }

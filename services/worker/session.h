@@ -30,9 +30,9 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // just before the RPC is finished (the stage is no longer in use: the worker may take a
   // new stream or configuration); `on_done` once it is over, with whether a SHUTDOWN item
   // passed through. Then the session deletes itself.
-  StreamSession(std::shared_ptr<const StageSetup> setup, StageHost& host, WorkerStats& stats,
-                const WorkerOptions& options, std::function<void()> on_finish,
-                std::function<void(bool shutdown)> on_done);
+  StreamSession(grpc::CallbackServerContext* context, std::shared_ptr<const StageSetup> setup,
+                StageHost& host, WorkerStats& stats, const WorkerOptions& options,
+                std::function<void()> on_finish, std::function<void(bool shutdown)> on_done);
   ~StreamSession() override;
   void Start();
 
@@ -65,6 +65,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void SenderLoop();
   void DownReaderLoop();
 
+  grpc::CallbackServerContext* const context_;
   const std::shared_ptr<const StageSetup> setup_;
   StageHost& host_;
   WorkerStats& stats_;

@@ -1,7 +1,10 @@
 // Building and restoring a worker's stage.
 #include "services/worker/stage_host.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/job/checkpoint.h"
 #include "common/job/job.h"
 #include "common/job/run.h"
@@ -21,6 +24,23 @@ absl::Status StageHost::EnsureBackend() {
     host_backend_ = backend_->MakeStagingHost();  // page-locked: asynchronous copies
   }
   return absl::OkStatus();
+}
+
+// A stage whose training state would not fit is refused before anything is allocated.
+absl::Status StageHost::CheckStageFits(const StageConfig& stage, const Shape& in, int64_t classes,
+                                       int index) const {
+  // Each parameter value has a gradient and up to two optimizer moments, all float32.
+  const double need = 16.0 * static_cast<double>(StageParameterCount(stage, in, classes));
+  double allow = static_cast<double>(options_.config.max_stage_mib()) * (1 << 20);
+  if (allow <= 0) {
+    allow =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  }
+  if (need <= allow) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "stage %d needs about %.1f GiB for its parameters, gradients and optimizer state; this "
+      "worker allows %.1f GiB (--max_stage_mib)",
+      index, need / (1 << 30), allow / (1 << 30)));
 }
 
 absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
@@ -45,6 +65,11 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   if (absl::Status b = EnsureBackend(); !b.ok()) return b;
   ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
+  const Shape in = StageInputShape(mc, req.stage());
+  if (absl::Status fits = CheckStageFits(mc.stages[req.stage()], in, mc.classes, req.stage());
+      !fits.ok()) {
+    return fits;
+  }
   std::string error;
   s->stage_model =
       Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
@@ -84,6 +109,8 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   l.total_steps = req.total_steps();
   l.epochs = job.epochs();
   l.non_finite = req.non_finite();
+  const int64_t rows = std::max<int64_t>(job.batch_size(), job.eval_batch_size());
+  l.max_item_bytes = rows * (NumElements(l.input_shape) + l.labels_per_example) * 4 + (64 << 10);
   if (!last) s->downstream = MakeChannel(req.downstream(), options_.security);
   return absl::OkStatus();
 }
@@ -96,7 +123,7 @@ absl::StatusOr<v1::ConfigureResponse> StageHost::Configure(const v1::ConfigureRe
   resp.set_parameters(built->stage_model->num_parameters());
   for (int64_t d : built->stage_model->input_shape()) resp.add_input_shape(d);
   for (int64_t d : built->stage_model->output_shape()) resp.add_output_shape(d);
-  std::lock_guard<std::mutex> compute(compute_mu_);
+  std::lock_guard<std::timed_mutex> compute(compute_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   setup_ = std::move(built);
   return resp;
@@ -107,8 +134,12 @@ std::shared_ptr<const StageSetup> StageHost::setup() const {
   return setup_;
 }
 
-absl::StatusOr<v1::StageWeights> StageHost::Weights() {
-  std::lock_guard<std::mutex> compute(compute_mu_);
+absl::StatusOr<v1::StageWeights> StageHost::Weights(std::chrono::milliseconds wait) {
+  std::unique_lock<std::timed_mutex> compute(compute_mu_, wait);
+  if (!compute.owns_lock()) {
+    return absl::UnavailableError(
+        absl::StrCat("the stage is busy (its compute thread waits on a peer); try again"));
+  }
   std::shared_ptr<const StageSetup> s = setup();
   if (!s) return absl::FailedPreconditionError("not configured");
   return SnapshotStage(*s->stage_model, s->stage);

@@ -2,6 +2,7 @@
 // checkpoint) on the backend the worker was started for, all or nothing.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,7 @@ class StageHost {
 
   // Builds (or restores) the stage the request asks for. On any error the previous
   // configuration stays in place. Codes: INVALID_ARGUMENT for the job or request,
+  // RESOURCE_EXHAUSTED for a stage too large for this worker,
   // FAILED_PRECONDITION when the device cannot be had, DATA_LOSS when the snapshot to
   // restore is missing, damaged, or not the one the manifest describes.
   absl::StatusOr<v1::ConfigureResponse> Configure(const v1::ConfigureRequest& request);
@@ -55,19 +57,22 @@ class StageHost {
   // when it is the CPU, else page-locked memory beside it.
   Backend& host_backend() { return host_backend_ ? *host_backend_ : *backend_; }
   // Held while a batch is computed, so that weights are read between batches.
-  std::mutex& compute_mutex() { return compute_mu_; }
+  std::timed_mutex& compute_mutex() { return compute_mu_; }
   // The worker's own storage for its snapshots (empty: none).
   const std::string& checkpoint_dir() const { return options_.config.checkpoint_dir(); }
-  absl::StatusOr<v1::StageWeights> Weights();
+  // UNAVAILABLE when the stage stays busy (waiting on a peer) for `wait`.
+  absl::StatusOr<v1::StageWeights> Weights(std::chrono::milliseconds wait);
 
  private:
   absl::Status EnsureBackend();
+  absl::Status CheckStageFits(const StageConfig& stage, const Shape& in, int64_t classes,
+                              int index) const;
   absl::Status Build(const v1::ConfigureRequest& request, StageSetup* setup);
 
   const WorkerOptions& options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Backend> host_backend_;
-  std::mutex compute_mu_;
+  std::timed_mutex compute_mu_;
   mutable std::mutex mu_;
   std::shared_ptr<StageSetup> setup_;
 };

@@ -53,7 +53,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stre
     streaming_ = true;
   }
   auto* session = new StreamSession(
-      host_.setup(), host_, stats_, options_,
+      ctx, host_.setup(), host_, stats_, options_,
       [this] {
         std::lock_guard<std::mutex> lock(mu_);
         streaming_ = false;
@@ -65,8 +65,10 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stre
   return session;
 }
 
-grpc::Status WorkerService::Stats(grpc::ServerContext*, const v1::StatsRequest* req,
+grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) {
+  // Statistics describe the training (steps, losses, timing): as private as the weights.
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
   *resp = stats_.Snapshot(req->include_intervals());
   return grpc::Status::OK;
 }
@@ -74,7 +76,7 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const v1::StatsRequest* 
 grpc::Status WorkerService::GetWeights(grpc::ServerContext* ctx, const v1::WeightsRequest*,
                                        v1::StageWeights* resp) {
   if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
-  absl::StatusOr<v1::StageWeights> w = host_.Weights();
+  absl::StatusOr<v1::StageWeights> w = host_.Weights(std::chrono::seconds(10));
   if (!w.ok()) return ToGrpcStatus(w.status());
   *resp = *std::move(w);
   return grpc::Status::OK;

@@ -60,8 +60,8 @@ TEST(Reliability, AFreshRunRefusesADirectoryHoldingAnotherRunsCheckpoints) {
 
 TEST(Reliability, AWorkerThatLostItsVolumeIsDetectedNamingStageAndFile) {
   Runs runs;
-  auto first = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=2",
-                         "--stop_after_steps=5"});
+  auto first = runs.Run(
+      {"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=2", "--stop_after_steps=5"});
   ASSERT_EQ(first.exit_code, 0) << first.output;
   std::filesystem::remove_all(runs.ckpt + "/stage-1");  // its volume came back empty
   auto second = runs.Run({"--resume=" + runs.ckpt});
@@ -117,8 +117,8 @@ TEST(Reliability, AResumedRunReportsTheWholeRun) {
   auto full = runs.Run({"--out=" + runs.dir.path() + "/full"});
   ASSERT_EQ(full.exit_code, 0) << full.output;
   // 7 steps an epoch: stop in the second epoch, then resume.
-  auto first = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=4",
-                         "--stop_after_steps=9"});
+  auto first = runs.Run(
+      {"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=4", "--stop_after_steps=9"});
   ASSERT_EQ(first.exit_code, 0) << first.output;
   auto second = runs.Run({"--resume=" + runs.ckpt, "--out=" + runs.dir.path() + "/resumed"});
   ASSERT_EQ(second.exit_code, 0) << second.output;
@@ -138,8 +138,8 @@ TEST(Reliability, EveryCheckpointFailingIsAFailedRun) {
   std::string list;
   for (int k = 0; k < 4; ++k) {
     std::string pf = dir.path() + "/w" + std::to_string(k);
-    workers.push_back(testing::StartProcess({testing::BinDir() + "/localpar_worker", "--port_file=" + pf},
-                                            pf + ".log"));
+    workers.push_back(testing::StartProcess(
+        {testing::BinDir() + "/localpar_worker", "--port_file=" + pf}, pf + ".log"));
     int port = 0;
     for (int i = 0; i < 500 && port == 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -147,10 +147,10 @@ TEST(Reliability, EveryCheckpointFailingIsAFailedRun) {
     }
     list += (k ? "," : "") + ("127.0.0.1:" + std::to_string(port));
   }
-  auto r = RunProcess({testing::BinDir() + "/localpar_coordinator", "--job=" + job, "--workers=" + list,
-                       "--quiet", "--checkpoint_dir=" + dir.path() + "/ckpt",
-                       "--checkpoint_every_steps=5"},
-                      60);
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar_coordinator", "--job=" + job, "--workers=" + list, "--quiet",
+       "--checkpoint_dir=" + dir.path() + "/ckpt", "--checkpoint_every_steps=5"},
+      60);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("this worker has no --checkpoint_dir"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("every checkpoint of this run failed"), std::string::npos) << r.output;

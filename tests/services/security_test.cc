@@ -77,6 +77,7 @@ echo "s3cret-token" > token
     auto stub = v1::Worker::NewStub(MakeChannel("127.0.0.1:" + std::to_string(port_), s));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    AddToken(ctx, s);
     v1::StatsResponse resp;
     return stub->Stats(&ctx, v1::StatsRequest(), &resp);
   }
@@ -105,7 +106,10 @@ echo "s3cret-token" > token
 testing::TempDir* Security::dir_ = nullptr;
 
 TEST_F(Security, AClientWithACertificateFromTheRightCaIsServed) {
-  EXPECT_TRUE(Stats(Client("node.pem", "node.key", "ca.pem", false)).ok());
+  EXPECT_TRUE(Stats(Client("node.pem", "node.key", "ca.pem", true)).ok());
+  // Statistics are as private as the weights: the certificate alone is not enough.
+  EXPECT_EQ(Stats(Client("node.pem", "node.key", "ca.pem", false)).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST_F(Security, PlaintextWrongCaAndMissingOrForeignClientCertificatesAreRefused) {

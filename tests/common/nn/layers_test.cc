@@ -202,6 +202,20 @@ TEST_P(LayerGradient, CudaMatchesCpu) {
   ExpectCudaMatchesCpu(run(*gpu), run(*cpu));
 }
 
+// What a worker checks before it allocates a stage: the count from shapes alone is what the
+// built layer holds.
+TEST_P(LayerGradient, ParameterCountFromShapesMatchesTheBuiltLayer) {
+  const LayerCase& c = GetParam();
+  auto cpu = MakeCpuBackend();
+  Shape per_example(c.input.begin() + 1, c.input.end());
+  std::string error;
+  auto layer = MakeLayer(*cpu, c.config, per_example, 1, &error);
+  ASSERT_TRUE(layer) << error;
+  int64_t built = 0;
+  for (Param* p : layer->params()) built += p->value.numel();
+  EXPECT_EQ(LayerParameterCount(c.config, per_example), built);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layers, LayerGradient, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.name; });
 
