@@ -32,6 +32,7 @@ v1::WorkerConfig WorkerDefaults() {
   w.set_threads(1);
   w.set_queue_capacity(4);
   w.set_metrics_listen("127.0.0.1:0");
+  w.set_upstream_stall_s(60);
   return w;
 }
 

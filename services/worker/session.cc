@@ -14,9 +14,6 @@ namespace {
 // this many means the peer sends gradients nobody asked for.
 constexpr size_t kMaxPendingGradients = 256;
 
-// How long a write upstream may wait for the peer to read before the stream is ended.
-constexpr int kUpstreamStallSeconds = 60;
-
 uint64_t SeqOf(const v1::DownItem& item) {
   return item.has_batch() ? item.batch().seq() : item.control().seq();
 }
@@ -146,15 +143,17 @@ std::optional<v1::DownItem> StreamSession::NextItem() {
 // wait while the queue is full; the reader (a gRPC thread) never waits, it stops reading.
 void StreamSession::Write(grpc::ByteBuffer item, bool wait_for_room) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (wait_for_room && !write_room_.wait_for(
-                           lock, std::chrono::seconds(kUpstreamStallSeconds),
-                           [&] { return upstream_gone_ || writes_.size() < max_queued_writes_; })) {
+  const int stall_s =
+      options_.config.upstream_stall_s() > 0 ? options_.config.upstream_stall_s() : 60;
+  if (wait_for_room && !write_room_.wait_for(lock, std::chrono::seconds(stall_s), [&] {
+        return upstream_gone_ || writes_.size() < max_queued_writes_;
+      })) {
     // The peer stopped reading what we owe it: end the stream rather than wait forever
     // (holding the stage, and with it GetWeights and shutdown).
     upstream_gone_ = true;
     write_room_.notify_all();
     lock.unlock();
-    std::cerr << "worker " << stage_ << ": upstream read nothing for " << kUpstreamStallSeconds
+    std::cerr << "worker " << stage_ << ": upstream read nothing for " << stall_s
               << " s; ending its stream\n";
     context_->TryCancel();
     return;

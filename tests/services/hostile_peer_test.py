@@ -1,0 +1,484 @@
+#!/usr/bin/python3
+"""A hostile peer against live localpar processes.
+
+The client is generated from proto/ (Debian's protoc with its gRPC Python plugin, from
+protobuf-compiler-grpc) and uses none of the project's client code. It plays the upstream (the coordinator's side) and, for
+the gradient cases, the downstream worker. After every case the worker must still be
+alive, still train a good batch, and stay within a resident-memory bound.
+
+usage: hostile_peer_test.py BUILD_DIR SOURCE_DIR
+"""
+
+import concurrent.futures
+import math
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BUILD, SOURCE = sys.argv[1], sys.argv[2]
+WORK = tempfile.mkdtemp(prefix="localpar_hostile.")
+GEN = os.path.join(WORK, "gen")
+os.makedirs(GEN)
+protos = [os.path.join("proto", p) for p in sorted(os.listdir(os.path.join(SOURCE, "proto")))
+          if p.endswith(".proto")]
+subprocess.run(["protoc", "-I", SOURCE, "-I", "/usr/include", "--python_out", GEN,
+                "--grpc_python_out", GEN, "--plugin=protoc-gen-grpc_python=" +
+                shutil.which("grpc_python_plugin")] + protos, check=True, cwd=SOURCE)
+sys.path.insert(0, GEN)
+
+import grpc  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
+from proto import job_pb2, localpar_pb2, localpar_pb2_grpc, tensor_pb2  # noqa: E402
+
+# What a worker of these small jobs may hold, whatever it was sent (a sanitizer build, whose
+# shadow memory and quarantine take more, sets its own bound).
+RSS_BOUND = int(os.environ.get("LOCALPAR_HOSTILE_RSS_MIB", "400")) << 20
+FAILURES = []
+PROCESSES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print(f"  FAIL: {what}", flush=True)
+
+
+def job(rule, micro=1, classes=3):
+    return text_format.Parse(f"""
+        rule: {rule} micro_batches: {micro} batch_size: 8 epochs: 2
+        data {{ synthetic {{ shape: [6] classes: {classes} }} }}
+        stages {{ layers {{ linear {{ out_features: 6 }} }} }}
+        stages {{ layers {{ linear {{ out_features: 4 }} }} }}
+    """, job_pb2.Job())
+
+
+def tensor(dtype, shape, data):
+    return tensor_pb2.Tensor(dtype=dtype, shape=shape, data=data)
+
+
+def floats(values):
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def batch(seq, rows=2, features=6, step=0, phase=localpar_pb2.TRAIN, micro=0, micros=1,
+          batch_rows=None, values=None, labels=None):
+    values = values if values is not None else [0.25] * (rows * features)
+    labels = labels if labels is not None else [1] * rows
+    b = localpar_pb2.Batch(
+        seq=seq, epoch=1, phase=phase, step=step, micro_batch=micro, micro_batches=micros,
+        batch_rows=batch_rows if batch_rows is not None else rows,
+        activations=tensor(tensor_pb2.F32, [rows, features], floats(values)),
+        labels=tensor(tensor_pb2.I32, [rows], struct.pack(f"<{rows}i", *labels)))
+    return localpar_pb2.DownItem(batch=b)
+
+
+def control(seq, kind, **kw):
+    return localpar_pb2.DownItem(control=localpar_pb2.Control(seq=seq, kind=kind, **kw))
+
+
+def wait_port_file(path, count=2, timeout=15):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            ports = [int(p) for p in open(path).read().split()]
+            if len(ports) >= count and ports[0] > 0:
+                return ports
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{path}: no ports")
+
+
+class Worker:
+    def __init__(self, name, *flags):
+        self.dir = os.path.join(WORK, name)
+        os.makedirs(self.dir)
+        self.log = open(os.path.join(self.dir, "log"), "w")
+        self.proc = subprocess.Popen(
+            [os.path.join(BUILD, "localpar_worker"), "--port_file=" + self.dir + "/port",
+             "--checkpoint_dir=" + self.dir + "/ckpt"] + list(flags),
+            stdout=self.log, stderr=subprocess.STDOUT)
+        PROCESSES.append(self.proc)
+        self.port, self.metrics_port = wait_port_file(self.dir + "/port")
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address, options=[
+            ("grpc.max_receive_message_length", 1 << 30),
+            ("grpc.max_send_message_length", 1 << 30)])
+        self.stub = localpar_pb2_grpc.WorkerStub(self.channel)
+
+    def configure(self, j, stage=1, downstream="", metadata=None, **kw):
+        req = localpar_pb2.ConfigureRequest(job=j, stage=stage, downstream=downstream,
+                                            total_steps=100, **kw)
+        return self.stub.Configure(req, timeout=10, metadata=metadata)
+
+    def exchange(self, items, metadata=None, timeout=20):
+        """Sends the items, closes, and returns everything that came back."""
+        return list(self.stub.Stream(iter(items), timeout=timeout, metadata=metadata))
+
+    def stats(self, metadata=None):
+        return self.stub.Stats(localpar_pb2.StatsRequest(), timeout=5, metadata=metadata)
+
+    def rss(self):
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def healthy(self, what, metadata=None):
+        """Alive, trains a good batch, and within the memory bound."""
+        check(self.proc.poll() is None, f"{what}: the worker is alive")
+        if self.proc.poll() is not None:
+            return
+        before = self.stats(metadata).examples
+        up = self.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)], metadata)
+        check(any(u.HasField("ack") for u in up), f"{what}: a good batch is acknowledged")
+        check(self.stats(metadata).examples == before + 2, f"{what}: the good batch trained")
+        check(self.rss() < RSS_BOUND, f"{what}: resident {self.rss() >> 20} MiB < "
+                                      f"{RSS_BOUND >> 20} MiB")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return None
+        return self.proc.returncode
+
+
+def errors_of(up):
+    return [u.error for u in up if u.HasField("error")]
+
+
+def expect_refused(w, items, text, what):
+    errors = errors_of(w.exchange(items))
+    check(any(text in e.message for e in errors), f"{what}: refused naming '{text}' "
+                                                  f"(got {[e.message for e in errors]})")
+
+
+# ---- items from upstream ----------------------------------------------------------------
+
+def case_integers_out_of_range():
+    w = Worker("integers")
+    w.configure(job("BACKPROP", micro=1))
+    for micro in (7, -1, 100000):
+        expect_refused(w, [batch(1, micro=micro, micros=0)], "batch.micro_batch",
+                       f"micro_batch {micro} with micro_batches 0")
+    expect_refused(w, [batch(1, step=-1)], "batch.step: -1", "a negative step")
+    expect_refused(w, [batch(1, rows=2, batch_rows=9000)], "batch.batch_rows", "batch_rows")
+    expect_refused(w, [batch(5), batch(5)], "seq: 5 is not after", "a repeated seq")
+    w.healthy("integers out of range")
+    w.stop()
+
+
+def case_async_negative_step():
+    w = Worker("async")
+    w.configure(job("OVERLAP"), overlap_max_delay=2)
+    expect_refused(w, [batch(1, step=-3)], "batch.step: -3", "asynchronous OVERLAP, step -3")
+    w.healthy("asynchronous negative step")
+    w.stop()
+
+
+def case_no_path_from_the_wire():
+    w = Worker("paths")
+    w.configure(job("GREEDY"))
+    target = os.path.join(WORK, "victim")
+    open(target, "w").write("intact")
+    # Field 4 of Control used to be a path; a peer may still send one (as unknown bytes).
+    item = control(2, localpar_pb2.Control.CHECKPOINT, checkpoint_id=5)
+    raw = item.SerializeToString()
+    path = ("../../" + target + "\0.ckpt").encode()
+    inner = item.control.SerializeToString() + b"\x22" + bytes([len(path)]) + path
+    forged = b"\x12" + bytes([len(inner)]) + inner
+    check(len(raw) > 0, "the forged item serialises")
+    ch = w.channel.stream_stream("/localpar.v1.Worker/Stream",
+                                 request_serializer=lambda b: b,
+                                 response_deserializer=localpar_pb2.UpItem.FromString)
+    up = list(ch(iter([batch(1).SerializeToString(), forged]), timeout=10))
+    check(open(target).read() == "intact", "a path from the wire wrote nothing")
+    check(os.path.exists(os.path.join(w.dir, "ckpt", "ckpt-000005", "stage-1.ckpt")),
+          "the snapshot went to the worker's own directory")
+    check(any(u.HasField("saved") for u in up), "the snapshot was reported")
+    expect_refused(w, [control(1, localpar_pb2.Control.CHECKPOINT)], "checkpoint_id",
+                   "a CHECKPOINT without an id")
+    w.healthy("paths")
+    w.stop()
+
+
+def case_failed_configure_keeps_the_stage():
+    w = Worker("configure")
+    w.configure(job("GREEDY"))
+    w.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)])
+    steps = w.stats().steps
+    try:
+        w.configure(job("GREEDY"), restore=__import__("proto.checkpoint_pb2").checkpoint_pb2
+                    .StageSnapshot(stage=1, checkpoint_id=99, bytes=10, crc32=1))
+        check(False, "a restore of a missing snapshot is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.DATA_LOSS, f"DATA_LOSS, got {e.code()}")
+        check("stage 1, checkpoint 99" in e.details(), f"names stage and checkpoint: {e.details()}")
+    check(w.stats().steps == steps, "the live stage's statistics stay")
+    w.healthy("a failed Configure")
+    try:
+        w.configure(job("GREEDY", classes=2_000_000_000))
+        check(False, "2e9 classes are refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, f"RESOURCE_EXHAUSTED, got {e.code()}")
+        check("--max_stage_mib" in e.details(), e.details())
+    w.healthy("a model that cannot fit")
+    w.stop()
+
+
+def case_memory_is_bounded_by_the_job():
+    w = Worker("memory")
+    w.configure(job("GREEDY"))
+    rows = 4_000_000  # 96 MB of activations for a job whose batches are 8 rows
+    big = batch(1, rows=rows, values=[0.0] * (rows * 6), labels=[0] * rows)
+    errors = errors_of(w.exchange([big]))
+    check(any("exceed" in e.message for e in errors), f"an oversized item is refused: {errors}")
+    expect_refused(w, [batch(1, rows=20, batch_rows=20)], "batch_rows", "more rows than batch_size")
+    w.healthy("oversized items")
+    w.stop()
+
+
+def case_metrics_take_many_clients_and_serve_only_metrics():
+    w = Worker("metrics")
+    idle = []
+    for _ in range(20):  # slowloris: connect and say nothing
+        s = socket.create_connection(("127.0.0.1", w.metrics_port))
+        s.send(b"GET /met")
+        idle.append(s)
+    start = time.time()
+    with socket.create_connection(("127.0.0.1", w.metrics_port), timeout=5) as s:
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        reply = s.recv(65536)
+    check(time.time() - start < 2 and b"200 OK" in reply,
+          f"a scrape beside 20 idle connections answers at once ({time.time() - start:.2f} s)")
+    for s in idle:
+        s.close()
+    for path in ("/metricsXYZ", "/metrics/../../etc/passwd", "/"):
+        with socket.create_connection(("127.0.0.1", w.metrics_port), timeout=5) as s:
+            s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            check(b"404" in s.recv(4096).split(b"\r\n")[0], f"{path} is not found")
+    w.configure(job("GREEDY"))
+    w.healthy("metrics clients")
+    w.stop()
+
+
+def case_access_control():
+    token_file = os.path.join(WORK, "token")
+    open(token_file, "w").write("s3cret\n")
+    w = Worker("tokens", "--auth_token_file=" + token_file)
+    calls = {
+        "Configure": lambda md: w.configure(job("GREEDY"), metadata=md),
+        "Stats": lambda md: w.stats(md),
+        "GetWeights": lambda md: w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=5,
+                                                    metadata=md),
+        "Stream": lambda md: w.exchange([control(1, localpar_pb2.Control.DRAIN)], md),
+    }
+    for name, call in calls.items():
+        for md, label in ((None, "no token"), ([("authorization", "Bearer wrong")], "a wrong token")):
+            try:
+                call(md)
+                check(False, f"{name} with {label} is refused")
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.UNAUTHENTICATED, f"{name}, {label}: {e.code()}")
+        try:
+            call([("authorization", "Bearer s3cret")])
+        except grpc.RpcError as e:
+            check(False, f"{name} with the right token: {e.code()} {e.details()}")
+    from proto import health_pb2, health_pb2_grpc  # noqa: E402 (the standard health service)
+    health = health_pb2_grpc.HealthStub(w.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    check(health.status == health_pb2.HealthCheckResponse.SERVING, "health answers without a token")
+    try:
+        w.stub.Shutdown(localpar_pb2.ShutdownRequest(), timeout=5)
+        check(False, "Shutdown without a token is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAUTHENTICATED, f"Shutdown: {e.code()}")
+    w.healthy("tokens", metadata=[("authorization", "Bearer s3cret")])
+    w.stub.Shutdown(localpar_pb2.ShutdownRequest(), timeout=5,
+                    metadata=[("authorization", "Bearer s3cret")])
+    check(w.proc.wait(timeout=15) == 0, "Shutdown with the token stops the worker")
+
+
+# ---- gradients and replies from downstream ------------------------------------------------
+
+class FakeDownstream:
+    """The next stage, played by us: answers every batch with `reply(batch)` items."""
+
+    def __init__(self, reply, end=None):
+        self.reply, self.end = reply, end
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+        handler = grpc.method_handlers_generic_handler("localpar.v1.Worker", {
+            "Stream": grpc.stream_stream_rpc_method_handler(
+                self.stream, request_deserializer=localpar_pb2.DownItem.FromString,
+                response_serializer=lambda m: m.SerializeToString())})
+        self.server.add_generic_rpc_handlers((handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stream(self, requests, context):
+        for item in requests:
+            if item.HasField("batch"):
+                for up in self.reply(item.batch):
+                    yield up
+            elif item.control.kind in (localpar_pb2.Control.DRAIN, localpar_pb2.Control.SHUTDOWN):
+                yield localpar_pb2.UpItem(ack=localpar_pb2.Ack(seq=item.control.seq,
+                                                               kind=item.control.kind))
+            if self.end and self.end(item, context):
+                return
+
+
+def gradient(b, shape=None, data=None, seq=None):
+    shape = shape if shape is not None else [b.activations.shape[0], 6]
+    data = data if data is not None else floats([0.01] * int(math.prod(shape)))
+    return localpar_pb2.UpItem(gradient=localpar_pb2.Gradient(
+        seq=b.seq if seq is None else seq, step=b.step,
+        grad=tensor(tensor_pb2.F32, shape, data)))
+
+
+def overlap_worker(name, reply, end=None):
+    down = FakeDownstream(reply, end)
+    w = Worker(name)
+    w.configure(job("OVERLAP"), stage=0, downstream=f"127.0.0.1:{down.port}")
+    return w, down
+
+
+def weights_finite(w):
+    for p in w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10).params:
+        values = struct.unpack(f"<{len(p.tensor.data) // 4}f", p.tensor.data)
+        if not all(math.isfinite(v) for v in values):
+            return False
+    return True
+
+
+def case_bad_gradients():
+    bad = {
+        "a short buffer": lambda b: [gradient(b, data=b"\0" * 7)],
+        "NaN": lambda b: [gradient(b, data=floats([float("nan")] * (b.activations.shape[0] * 6)))],
+        "a huge claimed shape": lambda b: [gradient(b, shape=[1 << 40, 6], data=b"")],
+        "another batch's seq": lambda b: [gradient(b, seq=b.seq + 100)],
+    }
+    for what, reply in bad.items():
+        w, down = overlap_worker("grad_" + what.replace(" ", "_").replace("'", ""), reply)
+        up = w.exchange([batch(1), batch(2, step=1), control(3, localpar_pb2.Control.DRAIN)])
+        errors = errors_of(up)
+        check(any("from stage 1" in e.message for e in errors),
+              f"{what}: refused and reported ({[e.message for e in errors]})")
+        check(any(u.HasField("ack") for u in up), f"{what}: the stream went on")
+        check(w.proc.poll() is None and weights_finite(w), f"{what}: alive, weights finite")
+        w.stop()
+        down.server.stop(0)
+
+
+def case_unwanted_gradients_cannot_wedge_a_stage():
+    down = FakeDownstream(lambda b: [gradient(b) for _ in range(300)])
+    w = Worker("wedge")
+    w.configure(job("GREEDY"), stage=0, downstream=f"127.0.0.1:{down.port}")
+    up = w.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)], timeout=15)
+    check(any(u.HasField("ack") for u in up), "acks still flow after 300 unwanted gradients")
+    start = time.time()
+    check(w.stop() == 0 and time.time() - start < 10, "SIGTERM stops it")
+    down.server.stop(0)
+
+
+def case_forged_errors_are_sanitised():
+    forged = "\x1b[31mowned\x1b[0m" + "x" * 1_000_000
+    reply = lambda b: [localpar_pb2.UpItem(error=localpar_pb2.ItemError(  # noqa: E731
+        seq=b.seq, stage=1, code=3, message=forged))]
+    w, down = overlap_worker("forged", reply)
+    errors = errors_of(w.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)]))
+    relayed = [e.message for e in errors if "owned" in e.message]
+    check(relayed and "\x1b" not in relayed[0] and len(relayed[0]) < 1000,
+          f"a forged error is relayed without escapes and cut short ({len(relayed[0]) if relayed else None})")
+    w.stop()
+    down.server.stop(0)
+
+
+def case_lost_downstream_is_unavailable():
+    def end(item, context):
+        if item.HasField("batch"):
+            context.abort(grpc.StatusCode.INTERNAL, "gone")
+        return False
+    w, down = overlap_worker("lost", lambda b: [], end)
+    try:
+        w.exchange([batch(1), batch(2, step=1), control(3, localpar_pb2.Control.DRAIN)], timeout=15)
+        check(False, "a lost downstream ends the stream")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAVAILABLE and "stage 1" in e.details(),
+              f"UNAVAILABLE naming the stage, got {e.code()} {e.details()}")
+    check(w.proc.poll() is None, "the worker outlives its downstream")
+    w.stop()
+    down.server.stop(0)
+
+
+def case_upstream_that_stops_reading():
+    w = Worker("stall", "--upstream_stall_s=2")
+    wide = text_format.Parse("""
+        rule: OVERLAP batch_size: 64 epochs: 1
+        data { synthetic { shape: [16] classes: 3 } }
+        stages { layers { linear { out_features: 4096 } } }
+        stages { layers { linear { out_features: 4 } } }
+    """, job_pb2.Job())
+    w.configure(wide, stage=1)  # the last stage returns a 1 MiB gradient per batch
+    items = (batch(i + 1, rows=64, features=4096, step=i, values=[0.1] * (64 * 4096),
+                   labels=[1] * 64) for i in range(100))
+    call = w.stub.Stream(items, timeout=120)  # never read
+    end = time.time() + 30
+    while time.time() < end and "upstream read nothing" not in open(w.dir + "/log").read():
+        time.sleep(0.2)
+    check("upstream read nothing for 2 s" in open(os.path.join(w.dir, "log")).read(),
+          "a stream whose peer stopped reading is ended")
+    start = time.time()
+    threads = []
+    for _ in range(100):
+        t = threading.Thread(target=lambda: w.stub.GetWeights(localpar_pb2.WeightsRequest()))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(timeout=30)
+    check(time.time() - start < 30, "100 calls without a deadline all return")
+    threads_now = len(os.listdir(f"/proc/{w.proc.pid}/task"))
+    check(threads_now < 100, f"server threads stay bounded ({threads_now})")
+    call.cancel()
+    w.configure(job("GREEDY"))
+    w.healthy("an upstream that stopped reading")
+    w.stop()
+
+
+CASES = [case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
+         case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
+         case_metrics_take_many_clients_and_serve_only_metrics, case_access_control,
+         case_bad_gradients, case_unwanted_gradients_cannot_wedge_a_stage,
+         case_forged_errors_are_sanitised, case_lost_downstream_is_unavailable,
+         case_upstream_that_stops_reading]
+
+ONLY = os.environ.get("HOSTILE_CASES", "")  # a comma-separated subset, for development
+try:
+    for case in CASES:
+        if ONLY and case.__name__ not in ONLY.split(","):
+            continue
+        print(f"hostile_peer: {case.__name__}", flush=True)
+        try:
+            case()
+        except Exception as e:  # a crash of ours, or a dead worker
+            check(False, f"{case.__name__}: {type(e).__name__}: {e}")
+finally:
+    for p in PROCESSES:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if not FAILURES:
+        shutil.rmtree(WORK, ignore_errors=True)
+if FAILURES:
+    print(f"hostile_peer: {len(FAILURES)} failure(s); logs in {WORK}")
+    sys.exit(1)
+print("hostile_peer: ok")
