@@ -33,6 +33,7 @@ v1::WorkerConfig WorkerDefaults() {
   w.set_queue_capacity(4);
   w.set_metrics_listen("127.0.0.1:0");
   w.set_upstream_stall_s(60);
+  w.set_progress_timeout_s(300);
   return w;
 }
 

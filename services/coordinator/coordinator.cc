@@ -17,6 +17,7 @@ namespace {
 // The Coordinator service on `listen`; its port goes to `port_file`.
 std::unique_ptr<grpc::Server> ServeStatus(const v1::CoordinatorConfig& c,
                                           const SecurityOptions& security, StatusService* service) {
+  grpc::EnableDefaultHealthCheckService(true);  // the launcher's liveness check
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
   int port = 0;

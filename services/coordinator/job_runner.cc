@@ -55,25 +55,31 @@ v1::RunReport JobRunner::History() {
 int JobRunner::Run() {
   monitor_.Start();
   std::unique_ptr<PipelineLink> link;
-  bool drained = false;
   int rc = kExitOk;
+  bool collected = false;
   for (int attempt = 0;; ++attempt) {
     if ((rc = Configure()) != kExitOk) break;
     link = std::make_unique<PipelineLink>(pool_.stub(0), security_);
     StartEvents(*link);
     const bool fed = Feed(*link);
     const uint64_t drain = NextSeq();
-    drained = fed && SendControl(*link, v1::Control::DRAIN, 0, drain) && WaitAck(drain);
-    if (drained) break;
+    if (fed && SendControl(*link, v1::Control::DRAIN, 0, drain) && WaitAck(drain)) {
+      // A stage lost after the last commit (before its weights were read) is recovered
+      // like any other: from the final checkpoint, with nothing left to replay.
+      rc = Collect();
+      if (rc != kExitWorkerLost || !checkpointer_.enabled()) {
+        collected = true;
+        break;
+      }
+    }
     StopEvents(*link);
     if ((rc = Recover(*link, attempt)) != kExitOk) break;
   }
   monitor_.Stop();
-  if (!drained) {
+  if (!collected) {
     if (link) StopEvents(*link);
     return rc;
   }
-  rc = Collect();
   // Shutdown travels in-band like every control item: each worker passes it on, then exits
   // once its upstream stream closes.
   const uint64_t bye = NextSeq();
@@ -83,7 +89,8 @@ int JobRunner::Run() {
   if (!fin.ok() && rc == kExitOk) return LostWorker(fin);
   if (stopped_early_) {
     std::cerr << "localpar: stopped after step " << steps_ << " at checkpoint "
-              << checkpointer_.last_committed() << "; continue with --resume\n";
+              << checkpointer_.last_committed() << "; continue with --resume (localpar run: "
+              << "--resume=" << checkpointer_.dir() << ")\n";
   }
   return rc;
 }

@@ -17,9 +17,15 @@ void Child::Start() {
   pid = SpawnProcess(argv, log_path);
   exited = false;
   status = 0;
+  cause.clear();
+  restart_at = {};
 }
 
 std::string Child::Describe() const {
+  if (!cause.empty()) return absl::StrCat(name, " ", cause);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) {
+    return name + " was stopped by SIGTERM (it drained and exited)";
+  }
   if (WIFEXITED(status)) return absl::StrCat(name, " exited with code ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat(name, " was killed by signal ", WTERMSIG(status));
   return name + " stopped";

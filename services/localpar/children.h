@@ -17,9 +17,11 @@ struct Child {
   bool exited = false;
   int status = 0;  // from waitpid
   int restarts = 0;
+  std::string cause;  // why the launcher killed it (a failed health check), if it did
+  std::chrono::steady_clock::time_point restart_at{};  // when a restart is due (backoff)
 
   void Start();
-  // "worker for stage 2 exited with code 1" / "... was killed by signal 9".
+  // "worker for stage 2 exited with code 1" / "... was killed by signal 9" / the cause.
   std::string Describe() const;
   // Exited, and not with code 0 (a worker leaves with 0 after the in-band SHUTDOWN).
   bool Lost() const;

@@ -25,6 +25,7 @@
 #include "services/common/program_config.h"
 #include "services/coordinator/coordinator.h"
 #include "services/localpar/children.h"
+#include "services/localpar/health_watch.h"
 
 namespace localpar {
 namespace {
@@ -33,7 +34,14 @@ volatile std::sig_atomic_t g_interrupted = 0;
 void OnSignal(int) { g_interrupted = 1; }
 
 constexpr int kMaxRestarts = 5;
+// A process that answers no health check (or only NOT_SERVING) this long is hung or stopped.
+constexpr double kUnhealthySeconds = 5;
 using Clock = std::chrono::steady_clock;
+
+// Restarts back off: 0.25 s, 0.5 s, 1 s, ... up to 8 s.
+std::chrono::milliseconds RestartDelay(int restarts) {
+  return std::chrono::milliseconds(std::min(8000, 250 << std::min(restarts, 5)));
+}
 
 // Prometheus file_sd: a list of target groups with labels.
 absl::Status WriteTargets(const std::string& path, const std::vector<int>& workers,
@@ -55,12 +63,14 @@ absl::Status WriteTargets(const std::string& path, const std::vector<int>& worke
 
 class Launcher {
  public:
-  Launcher(const LaunchOptions& options, int stages, std::string run_dir)
+  Launcher(const LaunchOptions& options, const SecurityOptions& security, int stages,
+           std::string run_dir)
       : options_(options),
         stages_(stages),
         run_dir_(std::move(run_dir)),
         addresses_(stages),
-        metrics_ports_(stages, 0) {}
+        metrics_ports_(stages, 0),
+        health_(security) {}
 
   int Run() {
     if (!StartWorkers()) {
@@ -129,6 +139,7 @@ class Launcher {
       }
       addresses_[k] = absl::StrCat("127.0.0.1:", (*ports)[0]);
       metrics_ports_[k] = (*ports)[1];
+      health_.Watch(k, addresses_[k]);
     }
     return true;
   }
@@ -159,17 +170,13 @@ class Launcher {
   int Supervise() {
     while (true) {
       Reap(children_);
+      KillUnhealthy();
       Child& coordinator = children_.back();
       // A coordinator killed by a signal is restarted to resume from its last checkpoint.
       if (coordinator.exited && WIFSIGNALED(coordinator.status) && !checkpoint_dir_.empty() &&
           coordinator.restarts < kMaxRestarts && !g_interrupted) {
-        std::cerr << "\nlocalpar: " << coordinator.Describe() << "; restarting it to resume from "
-                  << checkpoint_dir_ << "\n";
-        if (coordinator.restarts++ == 0) coordinator.argv.push_back("--resume_if_present");
-        coordinator.Start();
-        continue;
-      }
-      if (coordinator.exited) {
+        if (Due(coordinator, "to resume from " + checkpoint_dir_)) RestartCoordinator();
+      } else if (coordinator.exited) {
         // The coordinator may have stopped over a lost worker before this loop saw it go.
         for (int k = 0; k < stages_; ++k) {
           if (children_[k].Lost()) ReportLost(k);
@@ -185,10 +192,10 @@ class Launcher {
       }
       for (int k = 0; k < stages_; ++k) {
         if (!children_[k].Lost()) continue;
-        if (children_[k].restarts < kMaxRestarts) {
-          RestartWorker(k);
-        } else {
+        if (children_[k].restarts >= kMaxRestarts) {
           ReportLost(k);
+        } else if (Due(children_[k], "")) {
+          RestartWorker(k);
         }
       }
       // The coordinator notices a lost worker by itself; give it time to say so, then stop.
@@ -200,11 +207,48 @@ class Launcher {
     }
   }
 
+  // A hung or stopped process answers no health check: killed, so that it is restarted
+  // like a crashed one.
+  void KillUnhealthy() {
+    for (size_t i = 0; i < children_.size(); ++i) {
+      Child& c = children_[i];
+      if (c.exited || health_.SecondsUnhealthy(static_cast<int>(i)) < kUnhealthySeconds) continue;
+      c.cause = absl::StrCat("answered no health check for ", kUnhealthySeconds,
+                             " s (hung or stopped); the launcher killed it");
+      health_.Forget(static_cast<int>(i));
+      kill(c.pid, SIGKILL);
+    }
+  }
+
+  // The first call after `c` went away schedules its restart (printing why, and when);
+  // true once the backoff has passed.
+  bool Due(Child& c, const std::string& why) {
+    if (c.restart_at == Clock::time_point{}) {
+      const auto delay = RestartDelay(c.restarts);
+      c.restart_at = Clock::now() + delay;
+      std::cerr << "\nlocalpar: " << c.Describe() << "; restarting it" << (why.empty() ? "" : " ")
+                << why << " in " << delay.count() / 1000.0 << " s\n";
+    }
+    return Clock::now() >= c.restart_at;
+  }
+
+  void RestartCoordinator() {
+    // Workers that already left (after the job's SHUTDOWN) are needed again to resume.
+    for (int k = 0; k < stages_; ++k) {
+      if (children_[k].exited && !children_[k].Lost()) RestartWorker(k);
+    }
+    Child& c = children_.back();
+    if (c.restarts++ == 0) c.argv.push_back("--resume_if_present");
+    std::filesystem::remove(run_dir_ + "/coordinator.status_port");
+    status_announced_ = false;
+    health_.Forget(stages_);
+    c.Start();
+  }
+
   // A crashed worker comes back on the same address; the coordinator rolls the pipeline
   // back to its last checkpoint (or gives up if it has none).
   void RestartWorker(int k) {
     Child& c = children_[k];
-    std::cerr << "\nlocalpar: " << c.Describe() << "; restarting it\n";
     ++c.restarts;
     std::filesystem::remove(PortFile(k));
     metrics_ports_[k] = -1;  // re-read from the new port file, then republish targets
@@ -214,6 +258,7 @@ class Launcher {
     }
     c.log_path = absl::StrCat(run_dir_, "/worker", k, ".log.", c.restarts);
     c.Start();
+    health_.Watch(k, addresses_[k]);
   }
 
   // Names the first lost worker, once.
@@ -228,8 +273,12 @@ class Launcher {
   void Announce() {
     if (!status_announced_) {
       if (auto port = ReadPortFile(run_dir_ + "/coordinator.status_port", 1)) {
-        std::cerr << "localpar: " << stages_
-                  << " workers up; watch with: localpar status 127.0.0.1:" << (*port)[0] << "\n";
+        const std::string address = absl::StrCat("127.0.0.1:", (*port)[0]);
+        if (children_.back().restarts == 0) {
+          std::cerr << "localpar: " << stages_ << " workers up; watch with: localpar status "
+                    << address << "\n";
+        }
+        health_.Watch(stages_, address);
         status_announced_ = true;
       }
     }
@@ -261,6 +310,7 @@ class Launcher {
   bool status_announced_ = false;
   bool targets_written_ = false;
   Clock::time_point worker_lost_at_ = Clock::time_point::max();
+  HealthWatch health_;  // ids: the stage for workers, `stages_` for the coordinator
 };
 
 // A run directory holds launcher.pid while its launcher lives. One whose launcher is gone
@@ -325,7 +375,12 @@ int Launch(const LaunchOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const std::string run_dir = tmpl;
-  const int rc = Launcher(o, job->stages_size(), run_dir).Run();
+  SecurityOptions security;
+  if (absl::Status s = LoadSecurity(o.run.coordinator().security(), &security); !s.ok()) {
+    std::cerr << "localpar: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  const int rc = Launcher(o, security, job->stages_size(), run_dir).Run();
   std::error_code ec;
   if (rc == kExitOk || rc == kExitInterrupted) {
     std::filesystem::remove_all(run_dir, ec);

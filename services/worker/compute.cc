@@ -29,6 +29,41 @@ v1::UpItem ErrorItem(uint64_t seq, int stage, const absl::Status& s) {
   return up;
 }
 
+// The session's links, with the compute thread's liveness noted around every call: while
+// it waits on a peer (or for input) it is not stuck, whatever the wait.
+class WatchedLinks final : public ComputeLinks {
+ public:
+  WatchedLinks(ComputeLinks& links, WorkerStats& stats) : links_(links), stats_(stats) {}
+  std::optional<v1::DownItem> NextItem() override {
+    Wait w(stats_);
+    return links_.NextItem();
+  }
+  void SendDown(grpc::ByteBuffer item, std::function<void()> ready) override {
+    Wait w(stats_);
+    links_.SendDown(std::move(item), std::move(ready));
+  }
+  void SendUp(grpc::ByteBuffer item) override {
+    Wait w(stats_);
+    links_.SendUp(std::move(item));
+  }
+  PortState NextGradient(bool wait, v1::Gradient* out) override {
+    Wait w(stats_);
+    return links_.NextGradient(wait, out);
+  }
+  void QueueDepths(int64_t* a, int64_t* b, int64_t* c, int64_t* d) override {
+    links_.QueueDepths(a, b, c, d);
+  }
+
+ private:
+  struct Wait {
+    explicit Wait(WorkerStats& s) : stats(s) { stats.Waiting(); }
+    ~Wait() { stats.Working(); }
+    WorkerStats& stats;
+  };
+  ComputeLinks& links_;
+  WorkerStats& stats_;
+};
+
 // The ports of one step: its items as they arrive, decoded into per-slot tensors, and the
 // framed messages the program sends.
 class StageCompute::Ports final : public StagePorts {
@@ -203,7 +238,8 @@ StageCompute::StageCompute(const StageSetup& setup, StageHost& host, WorkerStats
 
 StageCompute::~StageCompute() = default;
 
-void StageCompute::Run(ComputeLinks& links) {
+void StageCompute::Run(ComputeLinks& session) {
+  WatchedLinks links(session, stats_);
   ports_->Attach(&links);
   int64_t wait_start = MonotonicNanos();
   while (std::optional<v1::DownItem> item = links.NextItem()) {
@@ -218,6 +254,8 @@ void StageCompute::Run(ComputeLinks& links) {
   std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
   executor_.Flush(*ports_);
   stats_.SetDelays(executor_.delays());
+  ports_->Attach(nullptr);
+  stats_.Waiting();
 }
 
 void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double receive_wait) {

@@ -38,7 +38,7 @@ class StageCompute {
   ~StageCompute();
 
   // Processes every item until the stream ends, then applies what is still owed.
-  void Run(ComputeLinks& links);
+  void Run(ComputeLinks& session);
   bool shutdown_requested() const { return shutdown_; }
 
  private:

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <thread>
@@ -69,20 +70,48 @@ int RunWorker(const WorkerOptions& options) {
   std::cerr << "localpar_worker: serving on port " << port;
   if (metrics_server) std::cerr << ", metrics on port " << metrics_port;
   std::cerr << "\n";
+  int stopped_by = 0;
   std::thread signals([&] {
     char c = 0;
     if (read(g_signal_pipe[0], &c, 1) == 1 && c != 0) {
       std::cerr << "localpar_worker: signal " << int{c} << ": draining and shutting down\n";
+      stopped_by = c;
       service.RequestShutdown();
     }
   });
+  // Progress-based liveness: a compute thread that has worked on its own too long without
+  // finishing (a hang, not a wait on a peer) makes the health check say NOT_SERVING, so
+  // that a supervisor restarts the worker; it says SERVING again if the work finishes.
+  std::atomic<bool> stopping{false};
+  std::thread watchdog([&] {
+    const int timeout_s = options.config.progress_timeout_s();
+    bool serving = true;
+    while (!stopping && timeout_s > 0) {
+      const bool stuck = service.StuckSeconds() > timeout_s;
+      if (stuck == serving) {
+        serving = !stuck;
+        server->GetHealthCheckService()->SetServingStatus(serving);
+        std::cerr << "localpar_worker: "
+                  << (stuck ? "the compute thread made no progress for " +
+                                  std::to_string(timeout_s) + " s: NOT_SERVING"
+                            : "the compute thread is making progress again: SERVING")
+                  << "\n";
+      }
+      for (int i = 0; i < 10 && !stopping; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
   service.WaitForShutdown();
+  stopping = true;
+  watchdog.join();
   // Streams in flight get a grace period to finish their batches.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   char zero = 0;
   (void)!write(g_signal_pipe[1], &zero, 1);  // wake the signal thread if no signal came
   signals.join();
-  return 0;
+  // Stopped from outside (not by the job's SHUTDOWN or the Shutdown RPC): 128 + the signal,
+  // so that a supervisor (the launcher, Compose, Kubernetes) knows to restart it.
+  return stopped_by ? 128 + stopped_by : 0;
 }
 
 }  // namespace localpar

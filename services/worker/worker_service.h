@@ -26,6 +26,9 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_Stream<v1::
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
                         v1::ShutdownResponse*) override;
 
+  // How long the compute thread has worked on its own without finishing (WorkerStats).
+  double StuckSeconds() const { return stats_.StuckSeconds(); }
+
   // Blocks until a Shutdown RPC, a SHUTDOWN item or RequestShutdown.
   void WaitForShutdown();
   void RequestShutdown();

@@ -119,6 +119,16 @@ EpochProgress WorkerStats::progress() const {
   return EpochProgress{recent_, train_seconds_};
 }
 
+void WorkerStats::Working() {
+  int64_t idle = 0;
+  working_since_ns_.compare_exchange_strong(idle, MonotonicNanos());
+}
+
+double WorkerStats::StuckSeconds() const {
+  const int64_t since = working_since_ns_;
+  return since ? static_cast<double>(MonotonicNanos() - since) * 1e-9 : 0.0;
+}
+
 int64_t WorkerStats::steps() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_.steps();

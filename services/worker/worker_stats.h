@@ -2,6 +2,7 @@
 // their own lock: the compute thread records, RPC handlers read snapshots.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -48,6 +49,13 @@ class WorkerStats {
   void EndOfEpoch(int epoch);
   void EndOfEval(int epoch);
 
+  // The compute thread's liveness: Working() when it starts work of its own, Waiting() when
+  // it waits on a peer or for input. StuckSeconds() is how long the current stretch of its
+  // own work has lasted (0 while it waits).
+  void Working();
+  void Waiting() { working_since_ns_ = 0; }
+  double StuckSeconds() const;
+
   int64_t steps() const;
   // The epoch's training figures so far, for a checkpoint snapshot.
   EpochProgress progress() const;
@@ -57,6 +65,7 @@ class WorkerStats {
   static constexpr size_t kMaxIntervals = 4096;
 
   WorkerMetrics* const metrics_;  // may be null
+  std::atomic<int64_t> working_since_ns_{0};
   const int64_t baseline_bytes_;  // resident memory before any stage exists
   mutable std::mutex mu_;
   v1::StatsResponse stats_;
