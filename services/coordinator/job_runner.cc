@@ -58,7 +58,15 @@ int JobRunner::Run() {
   int rc = kExitOk;
   bool collected = false;
   for (int attempt = 0;; ++attempt) {
-    if ((rc = Configure()) != kExitOk) break;
+    if ((rc = Configure()) != kExitOk) {
+      // A stage lost while being configured comes back like one lost while training.
+      if (rc != kExitWorkerLost || (rc = Recover(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                              "a stage was lost while configuring"),
+                                                 attempt)) != kExitOk) {
+        break;
+      }
+      continue;
+    }
     link = std::make_unique<PipelineLink>(pool_.stub(0), security_);
     StartEvents(*link);
     const bool fed = Feed(*link);
@@ -73,7 +81,7 @@ int JobRunner::Run() {
       }
     }
     StopEvents(*link);
-    if ((rc = Recover(*link, attempt)) != kExitOk) break;
+    if ((rc = Recover(link->Finish(), attempt)) != kExitOk) break;
   }
   monitor_.Stop();
   if (!collected) {
@@ -271,8 +279,7 @@ int JobRunner::Configure() {
   }
 }
 
-int JobRunner::Recover(PipelineLink& link, int attempt) {
-  grpc::Status st = link.Finish();
+int JobRunner::Recover(const grpc::Status& st, int attempt) {
   std::string lost = pool_.Unreachable(2);
   const std::string last =
       checkpointer_.last_committed().empty() ? "none" : checkpointer_.last_committed();

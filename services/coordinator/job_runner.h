@@ -52,7 +52,8 @@ class JobRunner {
                 const v1::Batch& meta);
   bool StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor& cursor);
   int Configure();
-  int Recover(PipelineLink& link, int attempt);
+  // After a break (`why`): waits for every stage, then rolls back to the last commit.
+  int Recover(const grpc::Status& why, int attempt);
   int Collect();
   int LostWorker(const grpc::Status& final_status);
   // The report so far (epochs scored, wall time): what a checkpoint keeps of it.

@@ -31,8 +31,6 @@ std::string Child::Describe() const {
   return name + " stopped";
 }
 
-bool Child::Lost() const { return exited && !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
-
 void Reap(std::vector<Child>& children) {
   for (Child& c : children) {
     if (c.exited) continue;

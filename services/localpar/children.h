@@ -23,8 +23,9 @@ struct Child {
   void Start();
   // "worker for stage 2 exited with code 1" / "... was killed by signal 9" / the cause.
   std::string Describe() const;
-  // Exited, and not with code 0 (a worker leaves with 0 after the in-band SHUTDOWN).
-  bool Lost() const;
+  // Exited while it was still needed (the launcher's workers stay after the job's SHUTDOWN,
+  // so any exit before the launcher stops them is a loss).
+  bool Lost() const { return exited; }
 };
 
 // Notes every child that has exited, without waiting.

@@ -48,9 +48,8 @@ void HealthWatch::Loop() {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(800));
       grpc::health::v1::HealthCheckResponse resp;
-      const bool serving =
-          stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok() &&
-          resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+      const bool serving = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok() &&
+                           resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
       if (!serving) continue;
       std::lock_guard<std::mutex> lock(mu_);
       auto it = targets_.find(id);
@@ -59,7 +58,8 @@ void HealthWatch::Loop() {
         it->second.seen = true;
       }
     }
-    for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 10 && !stop_; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

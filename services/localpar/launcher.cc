@@ -102,6 +102,9 @@ class Launcher {
     w.set_queue_capacity(r.queue_capacity());
     if (k == r.slow_stage()) w.set_debug_delay_ms(r.slow_ms());
     *w.mutable_security() = r.coordinator().security();
+    // The launcher stops its workers itself, after the coordinator: one that exits before
+    // then, whatever its exit code, is lost and restarted (a restarted coordinator needs it).
+    w.set_stay_after_shutdown(true);
     // Each worker owns its storage, as on separate hosts: one directory per stage.
     std::string dir =
         r.coordinator().checkpoint_dir().empty() ? r.resume() : r.coordinator().checkpoint_dir();
@@ -124,11 +127,22 @@ class Launcher {
       children_.push_back(std::move(c));
     }
     for (int k = 0; k < stages_; ++k) {
-      absl::StatusOr<std::vector<int>> ports =
-          WaitForPortFile(PortFile(k), 2, std::chrono::seconds(30), [&] {
-            Reap(children_);
-            return children_[k].exited || g_interrupted;
-          });
+      absl::StatusOr<std::vector<int>> ports;
+      while (true) {
+        ports = WaitForPortFile(PortFile(k), 2, std::chrono::seconds(30), [&] {
+          Reap(children_);
+          return children_[k].exited || g_interrupted;
+        });
+        // Killed before it was up (not a startup error of its own): started again.
+        Child& c = children_[k];
+        if (ports.ok() || !c.exited || !WIFSIGNALED(c.status) || c.restarts >= kMaxRestarts ||
+            g_interrupted) {
+          break;
+        }
+        std::cerr << "localpar: " << c.Describe() << " while starting; starting it again\n";
+        ++c.restarts;
+        c.Start();
+      }
       if (!ports.ok()) {
         std::cerr << "localpar: "
                   << (children_[k].exited ? children_[k].Describe()
@@ -233,10 +247,6 @@ class Launcher {
   }
 
   void RestartCoordinator() {
-    // Workers that already left (after the job's SHUTDOWN) are needed again to resume.
-    for (int k = 0; k < stages_; ++k) {
-      if (children_[k].exited && !children_[k].Lost()) RestartWorker(k);
-    }
     Child& c = children_.back();
     if (c.restarts++ == 0) c.argv.push_back("--resume_if_present");
     std::filesystem::remove(run_dir_ + "/coordinator.status_port");

@@ -59,7 +59,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stre
         streaming_ = false;
       },
       [this](bool shutdown) {
-        if (shutdown) RequestShutdown();
+        if (shutdown && !options_.config.stay_after_shutdown()) RequestShutdown();
       });
   session->Start();
   return session;
