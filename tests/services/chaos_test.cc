@@ -36,12 +36,13 @@ TEST_P(Chaos, RandomKillsStopsAndTermsStillEndBitwiseEqualToTheReferenceTrainer)
   text.replace(text.find("epochs: 2"), 9, "epochs: 6");
   const std::string job = dir.Write("job.textproto", text);
   const std::string bin = testing::BinDir() + "/localpar";
-  auto ref = testing::RunProcess({bin, "train", job, "--quiet", "--out=" + dir.path() + "/ref"}, 120);
+  auto ref =
+      testing::RunProcess({bin, "train", job, "--quiet", "--out=" + dir.path() + "/ref"}, 120);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/ref/weights.pb");
   ASSERT_TRUE(want.ok());
-  const std::vector<std::string> run = {bin, "run", job, "--quiet", "--slow_stage=3", "--slow_ms=20",
-                                        "--checkpoint_every_steps=3"};
+  const std::vector<std::string> run = {
+      bin, "run", job, "--quiet", "--slow_stage=3", "--slow_ms=20", "--checkpoint_every_steps=3"};
 
   // How long an undisturbed run takes, so that "the last second" means something.
   auto start = Clock::now();
@@ -75,8 +76,9 @@ TEST_P(Chaos, RandomKillsStopsAndTermsStillEndBitwiseEqualToTheReferenceTrainer)
       std::this_thread::sleep_until(t0 + std::chrono::duration<double>(e.at_s));
       std::vector<pid_t> now = testing::LaunchedProcesses(launcher);  // restarts have new pids
       if (e.target < static_cast<int>(now.size())) kill(now[e.target], e.signal);
-      plan += " " + Name(e.signal) + " to " + (e.target == 4 ? "the coordinator" : "stage " + std::to_string(e.target)) +
-              " at " + std::to_string(e.at_s) + " s;";
+      plan += " " + Name(e.signal) + " to " +
+              (e.target == 4 ? "the coordinator" : "stage " + std::to_string(e.target)) + " at " +
+              std::to_string(e.at_s) + " s;";
     }
     const int rc = testing::WaitProcess(launcher, 240);
     const std::string log = testing::ReadFile(at + ".log");
