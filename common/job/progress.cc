@@ -39,7 +39,11 @@ void ProgressPrinter::Update(const ProgressLine& l, bool force) {
 void ProgressPrinter::EpochResult(int epoch, const std::vector<HeadStats>& test, double seconds) {
   std::string accs;
   for (size_t k = 0; k < test.size(); ++k) {
-    absl::StrAppendFormat(&accs, " s%d %.2f%%", k, 100 * test[k].accuracy());
+    if (test[k].count > 0) {
+      absl::StrAppendFormat(&accs, " s%d %.2f%%", k, 100 * test[k].accuracy());
+    } else {
+      absl::StrAppendFormat(&accs, " s%d -", k);  // no figures: the stage did not answer
+    }
   }
   out_ << (pending_ ? "\r\033[K" : "") << absl::StrFormat("epoch %d: test accuracy%s", epoch, accs);
   if (seconds >= 0) out_ << absl::StrFormat(" (%.1fs)", seconds);

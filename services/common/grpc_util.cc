@@ -142,7 +142,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
 // (RESOURCE_EXHAUSTED) instead of piling up.
 constexpr int kMaxServerThreads = 64;
 
-void ConfigureServer(grpc::ServerBuilder& builder) {
+void ConfigureServer(grpc::ServerBuilder& builder, int max_receive_bytes) {
   static grpc::ResourceQuota* quota = [] {
     auto* q = new grpc::ResourceQuota("localpar-server");
     q->SetMaxThreads(kMaxServerThreads);
@@ -152,7 +152,7 @@ void ConfigureServer(grpc::ServerBuilder& builder) {
   // Without this, gRPC binds with SO_REUSEPORT and a second server on a used port
   // "succeeds", splitting traffic; we want "address in use" to be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(max_receive_bytes > 0 ? max_receive_bytes : kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);

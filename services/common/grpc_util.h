@@ -40,8 +40,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // mutual TLS) when `security` says so.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const SecurityOptions& security = {});
-// Applies the same limits and keep-alive policy to a server under construction.
-void ConfigureServer(grpc::ServerBuilder& builder);
+// Applies the same limits and keep-alive policy to a server under construction; it takes
+// messages of at most `max_receive_bytes` (0: kMaxMessageBytes). A larger one ends its call
+// with RESOURCE_EXHAUSTED before it is held in memory.
+void ConfigureServer(grpc::ServerBuilder& builder, int max_receive_bytes = 0);
 
 // Resident set size of this process, from /proc/self/statm.
 int64_t ResidentBytes();

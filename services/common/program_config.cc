@@ -34,6 +34,7 @@ v1::WorkerConfig WorkerDefaults() {
   w.set_metrics_listen("127.0.0.1:0");
   w.set_upstream_stall_s(60);
   w.set_progress_timeout_s(300);
+  w.set_max_message_mib(256);
   return w;
 }
 

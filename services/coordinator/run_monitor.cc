@@ -116,6 +116,13 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
   out.set_epochs(job_.epochs());
   out.set_progress(total_steps_ > 0 ? static_cast<double>(feed_.fed_steps) / total_steps_ : 0.0);
   out.set_uptime_seconds(uptime);
+  out.set_total_steps(total_steps_);
+  out.set_fed_steps(feed_.fed_steps);
+  out.set_checkpoints(checkpointer_.enabled());
+  if (std::string last = checkpointer_.last_committed(); !last.empty()) {
+    out.set_last_checkpoint(last);
+    out.set_checkpoint_age_seconds(checkpointer_.seconds_since_commit());
+  }
   for (size_t k = 0; k < stats.size(); ++k) {
     v1::StageStatus* s = out.add_stages();
     s->set_stage(static_cast<int>(k));

@@ -1,6 +1,10 @@
 // The Coordinator service.
 #include "services/coordinator/status_service.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
 namespace localpar {
 
 void StatusBoard::Publish(v1::JobStatus status) {
@@ -27,7 +31,17 @@ grpc::Status StatusService::Checkpoint(grpc::ServerContext* ctx, const v1::Check
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this run has no --checkpoint_dir");
   }
   checkpointer_.Request();
-  out->set_message("a checkpoint follows the next training step, under " + checkpointer_.dir());
+  // The marker follows the next step fed, which the last stage reaches only once the steps
+  // already on their way have passed every stage.
+  const v1::JobStatus now = board_.Get();
+  const int64_t last = now.stages_size() > 0 ? now.stages(now.stages_size() - 1).steps() : 0;
+  const int64_t fed = now.fed_steps();
+  out->set_message(absl::StrCat("a checkpoint follows the next step fed (step ", fed + 1,
+                                "; the last stage is at step ", last, ", so it commits once the ",
+                                std::max<int64_t>(0, fed - last),
+                                " steps on their way have "
+                                "passed), under ",
+                                checkpointer_.dir()));
   return grpc::Status::OK;
 }
 

@@ -48,15 +48,22 @@ int Status(const std::string& address, int sample_ms, const SecurityOptions& sec
   double dt = b.uptime_seconds() - a.uptime_seconds();
   std::cout << absl::StrFormat("%s (%s): epoch %d/%d, %.1f%% fed, up %.0f s\n", b.job(), b.rule(),
                                b.epoch(), b.epochs(), 100 * b.progress(), b.uptime_seconds());
-  std::cout
-      << "stage  address                 examples/s   loss     queue   refused  checkpoint age\n";
+  if (!b.checkpoints()) {
+    std::cout << "checkpoints: off (no --checkpoint_dir)\n";
+  } else if (b.last_checkpoint().empty()) {
+    std::cout << "checkpoints: none committed yet\n";
+  } else {
+    std::cout << absl::StrFormat("last checkpoint: %s (%.0f s ago)\n", b.last_checkpoint(),
+                                 b.checkpoint_age_seconds());
+  }
+  std::cout << "stage  address                 examples/s   loss     queue   refused\n";
   for (int k = 0; k < b.stages_size(); ++k) {
     const v1::StageStatus& s = b.stages(k);
     int64_t before = k < a.stages_size() ? a.stages(k).examples() : s.examples();
     double rate = dt > 0 ? (s.examples() - before) / dt : 0;
-    std::cout << absl::StrFormat("%5d  %-22s  %10.0f  %7.4f  %3d/%-3d  %7d  %s%s\n", s.stage(),
+    std::cout << absl::StrFormat("%5d  %-22s  %10.0f  %7.4f  %3d/%-3d  %7d%s\n", s.stage(),
                                  s.address(), rate, s.loss(), s.queue_depth(), s.queue_capacity(),
-                                 s.rejected(), "-", s.reachable() ? "" : "  UNREACHABLE");
+                                 s.rejected(), s.reachable() ? "" : "  UNREACHABLE");
   }
   return 0;
 }

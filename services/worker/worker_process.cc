@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <iostream>
@@ -49,7 +50,8 @@ int RunWorker(const WorkerOptions& options) {
   WorkerService service(options, metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  ConfigureServer(builder);
+  const int64_t max_message = options.config.max_message_mib() << 20;
+  ConfigureServer(builder, static_cast<int>(std::min<int64_t>(max_message, kMaxMessageBytes)));
   int port = 0;
   builder.AddListeningPort(options.config.listen(), ServerCredentials(options.security), &port);
   builder.RegisterService(&service);

@@ -1,6 +1,9 @@
-// Fuzz target: an item from a peer (localpar.v1.DownItem) against the worker's item check.
-// Whatever the check accepts must be safe to use: its tensors decode to the sizes the job
-// allows, every label is a class, and the micro-batch fits its step.
+// Fuzz target: an item from a peer against the worker's checks, read both ways: as a
+// localpar.v1.DownItem from upstream and as a localpar.v1.UpItem (a gradient) from
+// downstream. Whatever a check accepts must be safe to use: its tensors decode to the sizes
+// the job allows, every label is a class, the micro-batch fits its step, and a gradient is
+// the owed batch's shape with every value finite.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,10 +28,29 @@ localpar::ItemLimits Limits(int stage) {
   return l;
 }
 
+void CheckUpItem(const uint8_t* data, size_t size, localpar::Backend& cpu) {
+  localpar::v1::UpItem up;
+  if (!up.ParseFromArray(data, static_cast<int>(size)) || !up.has_gradient()) return;
+  const localpar::v1::Gradient& g = up.gradient();
+  for (int64_t rows : {int64_t{1}, int64_t{3}}) {
+    localpar::ItemCheck c = localpar::CheckGradient(g, g.seq() + size % 2, rows, {4, 2});
+    if (c.verdict == localpar::ItemCheck::kReject && c.status.ok()) __builtin_trap();
+    if (c.verdict != localpar::ItemCheck::kAccept) continue;
+    if (size % 2 != 0) __builtin_trap();  // the gradient of another batch was taken
+    localpar::Tensor grad;
+    localpar::DecodeTensorInto(g.grad(), cpu, &grad);
+    if (grad.numel() != rows * 8) __builtin_trap();
+    for (int64_t i = 0; i < grad.numel(); ++i) {
+      if (!std::isfinite(grad.f32()[i])) __builtin_trap();
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static auto* cpu = localpar::MakeCpuBackend().release();
+  CheckUpItem(data, size, *cpu);
   localpar::v1::DownItem item;
   if (!item.ParseFromArray(data, static_cast<int>(size))) return 0;
   for (int stage : {0, 1}) {

@@ -598,11 +598,12 @@ struct LongRun {
   TempDir dir;
   pid_t launcher = -1;
   std::vector<pid_t> children;
-  LongRun() {
+  explicit LongRun(const std::vector<std::string>& extra = {}) {
     std::string job = dir.Write("job.textproto", PipelineJob(50, 64 * 10));
-    launcher = testing::StartProcess(
-        {testing::BinDir() + "/localpar", "run", job, "--quiet", "--slow_stage=3", "--slow_ms=20"},
-        dir.path() + "/log");
+    std::vector<std::string> argv = {
+        testing::BinDir() + "/localpar", "run", job, "--quiet", "--slow_stage=3", "--slow_ms=20"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    launcher = testing::StartProcess(argv, dir.path() + "/log");
     for (int i = 0; i < 500 && children.size() < 5; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       children = testing::LaunchedProcesses(launcher);
@@ -638,8 +639,50 @@ TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
     }
   }
   EXPECT_NE(r.output.find("pipe (GREEDY): epoch"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checkpoints: off"), std::string::npos) << r.output;
   EXPECT_EQ(rows, 4) << r.output;
   EXPECT_EQ(moving, 4) << r.output;
+  kill(run.launcher, SIGINT);
+  testing::WaitProcess(run.launcher, 30);
+}
+
+std::string StatusAddress(const LongRun& run) {
+  std::string log;
+  std::smatch m;
+  std::regex announce("localpar status (127\\.0\\.0\\.1:[0-9]+)");
+  for (int i = 0; i < 100 && !std::regex_search(log, m, announce); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    log = ReadFile(run.dir.path() + "/log");
+  }
+  return std::regex_search(log, m, announce) ? m[1].str() : "";
+}
+
+TEST(Launcher, ACheckpointOnDemandCommitsAndStatusShowsIt) {
+  TempDir ckpt;
+  LongRun run({"--checkpoint_dir=" + ckpt.path()});
+  ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
+  const std::string address = StatusAddress(run);
+  ASSERT_FALSE(address.empty()) << ReadFile(run.dir.path() + "/log");
+  auto before = RunProcess({testing::BinDir() + "/localpar", "status", address}, 30);
+  ASSERT_EQ(before.exit_code, 0) << before.output;
+  EXPECT_NE(before.output.find("checkpoints: none committed yet"), std::string::npos)
+      << before.output;
+  auto asked = RunProcess({testing::BinDir() + "/localpar", "checkpoint", address}, 30);
+  ASSERT_EQ(asked.exit_code, 0) << asked.output;
+  EXPECT_NE(asked.output.find("a checkpoint follows the next step fed (step "), std::string::npos)
+      << asked.output;
+  EXPECT_NE(asked.output.find("the last stage is at step "), std::string::npos) << asked.output;
+  testing::ProcessResult r;
+  for (int i = 0; i < 60; ++i) {
+    r = RunProcess({testing::BinDir() + "/localpar", "status", address}, 30);
+    if (r.output.find("last checkpoint: " + ckpt.path() + "/ckpt-000001") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_NE(r.output.find("last checkpoint: " + ckpt.path() + "/ckpt-000001 ("), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(ckpt.path() + "/ckpt-000001/MANIFEST")) << r.output;
   kill(run.launcher, SIGINT);
   testing::WaitProcess(run.launcher, 30);
 }

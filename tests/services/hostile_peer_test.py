@@ -249,6 +249,20 @@ def case_memory_is_bounded_by_the_job():
     w.stop()
 
 
+def case_message_cap_refuses_before_receiving():
+    w = Worker("message_cap", "--max_message_mib=4")
+    w.configure(job("GREEDY"))
+    rows = 400_000  # a 9.6 MB message for a 4 MiB cap
+    big = batch(1, rows=rows, values=[0.0] * (rows * 6), labels=[0] * rows)
+    try:
+        w.exchange([big])
+        check(False, "a message over --max_message_mib ends the call")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, f"RESOURCE_EXHAUSTED, got {e.code()}")
+    w.healthy("a message over the cap")
+    w.stop()
+
+
 def case_metrics_take_many_clients_and_serve_only_metrics():
     w = Worker("metrics")
     idle = []
@@ -456,6 +470,7 @@ def case_upstream_that_stops_reading():
 
 CASES = [case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
          case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
+         case_message_cap_refuses_before_receiving,
          case_metrics_take_many_clients_and_serve_only_metrics, case_access_control,
          case_bad_gradients, case_unwanted_gradients_cannot_wedge_a_stage,
          case_forged_errors_are_sanitised, case_lost_downstream_is_unavailable,

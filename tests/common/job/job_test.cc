@@ -7,8 +7,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "common/job/plan.h"
+#include "common/job/progress.h"
 
 namespace localpar {
 namespace {
@@ -345,6 +347,14 @@ TEST(JobFiles, OverridesApplyBeforeTheJobIsChecked) {
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(j->epochs(), 4);
   EXPECT_EQ(j->seed(), 0u);
+}
+
+TEST(ProgressPrinter, EpochResultShowsADashForAStageWithoutFigures) {
+  std::ostringstream out;
+  ProgressPrinter printer(out, /*live=*/false, /*enabled=*/true);
+  HeadStats answered{/*loss_sum=*/1.0, /*correct=*/3.0, /*count=*/4};
+  printer.EpochResult(2, {answered, HeadStats{}}, 1.5);
+  EXPECT_EQ(out.str(), "epoch 2: test accuracy s0 75.00% s1 - (1.5s)\n");
 }
 
 }  // namespace
