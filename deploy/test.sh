@@ -9,6 +9,11 @@ build_dir="${BUILD_DIR:-build/ci}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCALPAR_WERROR=ON
 cmake --build "$build_dir" -j "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
+# The shipped Compose cluster as separate containers: images built (and cached by a hash of
+# their inputs), a worker and then the coordinator container killed mid-run, the weights
+# compared bitwise, Prometheus and the dashboard's queries checked (LOCALPAR_SKIP_CONTAINERS=1
+# skips it for a quick local run; CI never sets it).
+python3 tests/containers/compose_test.py
 # Then the same tests under AddressSanitizer/UndefinedBehaviorSanitizer, and the fuzzers
 # (a second build; LOCALPAR_SKIP_SANITIZE=1 skips it for a quick local run).
 if [ "${LOCALPAR_SKIP_SANITIZE:-0}" != 1 ]; then

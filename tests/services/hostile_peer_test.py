@@ -122,6 +122,21 @@ class Worker:
         """Sends the items, closes, and returns everything that came back."""
         return list(self.stub.Stream(iter(items), timeout=timeout, metadata=metadata))
 
+    def exchange_when_free(self, items, metadata=None, wait_s=10):
+        """exchange(), once the worker has let go of the previous upstream stream: a call the
+        client saw end (a refused message, a cancel) can take a moment to end on the worker,
+        which until then refuses a second upstream with FAILED_PRECONDITION."""
+        deadline = time.time() + wait_s
+        while True:
+            try:
+                return self.exchange(items, metadata)
+            except grpc.RpcError as e:
+                busy = (e.code() == grpc.StatusCode.FAILED_PRECONDITION
+                        and "already has an upstream stream" in (e.details() or ""))
+                if not busy or time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+
     def stats(self, metadata=None):
         return self.stub.Stats(localpar_pb2.StatsRequest(), timeout=5, metadata=metadata)
 
@@ -137,7 +152,7 @@ class Worker:
         if self.proc.poll() is not None:
             return
         before = self.stats(metadata).examples
-        up = self.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)], metadata)
+        up = self.exchange_when_free([batch(1), control(2, localpar_pb2.Control.DRAIN)], metadata)
         check(any(u.HasField("ack") for u in up), f"{what}: a good batch is acknowledged")
         check(self.stats(metadata).examples == before + 2, f"{what}: the good batch trained")
         check(self.rss() < RSS_BOUND, f"{what}: resident {self.rss() >> 20} MiB < "

@@ -1,7 +1,7 @@
 // Checkpoints and runs at the edges: a reused checkpoint directory, a worker that lost its
 // volume, a checkpoint write that fails on one stage, a run whose every checkpoint fails,
-// settings refused before anything starts, the report of a resumed run, and run directories
-// left by a killed launcher.
+// settings refused before anything starts, the report of a resumed run, run directories
+// left by a killed launcher, and a stage whose state is far larger than a gRPC message.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -175,6 +175,43 @@ TEST(Reliability, ARunDirectoryLeftByAKilledLauncherIsRemovedByTheNextLaunch) {
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_TRUE(std::filesystem::exists(kept));
   std::filesystem::remove_all(kept);
+}
+
+// A stage with 64 MiB of weights (a 4096x4096 linear layer; 192 MiB with AdamW's moments):
+// its snapshots are written and read by its own worker, the manifest records their size and
+// CRC, the resumed run ends bitwise equal to the reference trainer, and the final weights
+// cross gRPC to the coordinator's weights.pb.
+TEST(Reliability, AStageWith64MiBOfStateCheckpointsAndResumesBitwiseEqual) {
+  TempDir dir;
+  std::string job = dir.Write("big.textproto", R"(name: "big"
+rule: GREEDY
+batch_size: 8
+epochs: 1
+seed: 3
+data { synthetic { train_examples: 64 test_examples: 16 shape: [32] classes: 4 seed: 1 } }
+optimizer { adamw {} }
+schedule { lr: 0.001 }
+stages { layers { linear { out_features: 4096 } } layers { relu {} } head { kind: LINEAR } }
+stages { layers { linear { out_features: 4096 } } layers { relu {} } head { kind: LINEAR } }
+stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: LINEAR } }
+)");
+  const std::string bin = testing::BinDir() + "/localpar", ckpt = dir.path() + "/ckpt";
+  auto ref = RunProcess({bin, "train", job, "--quiet", "--out=" + dir.path() + "/ref"}, 300);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  auto first = RunProcess({bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt,
+                           "--checkpoint_every_steps=2", "--stop_after_steps=3"},
+                          300);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string snapshot = ckpt + "/stage-1/ckpt-000001/stage-1.ckpt";
+  ASSERT_TRUE(std::filesystem::exists(snapshot)) << first.output;
+  EXPECT_GE(std::filesystem::file_size(snapshot), 3u * 64 * 1024 * 1024) << snapshot;
+  auto resumed = RunProcess(
+      {bin, "run", job, "--quiet", "--resume=" + ckpt, "--out=" + dir.path() + "/resumed"}, 300);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/ref/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(want->stages(1).params(0).tensor().data().size(), 4096u * 4096 * 4);
+  testing::ExpectWeightsFileEquals(dir.path() + "/resumed/weights.pb", *want);
 }
 
 }  // namespace
