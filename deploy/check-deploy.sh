@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Validates the deployment files as far as this machine allows (no Docker engine, no
-# Kubernetes cluster): every kustomize overlay renders and passes the Kubernetes and
-# Prometheus Operator schemas offline; the Compose file parses; the dashboards are JSON.
+# Validates the deployment files offline (tests/containers runs the Compose cluster itself;
+# there is no Kubernetes cluster here): every kustomize overlay renders and passes the
+# Kubernetes and Prometheus Operator schemas; the Compose file parses; the dashboards are JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d deploy/validate/node_modules ]; then
