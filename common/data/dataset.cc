@@ -1,76 +1,146 @@
 // Data set loading, synthetic data, standardisation, shuffling and batching.
 #include "common/data/dataset.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/core/rng.h"
 #include "common/data/idx.h"
 
 namespace localpar {
 namespace {
 
-absl::StatusOr<Dataset> LoadSplit(const std::string& dir, const std::string& prefix,
-                                  int64_t limit) {
-  std::string images = absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte.gz");
-  std::string labels = absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte.gz");
-  absl::StatusOr<IdxArray> img = ReadIdxFile(images);
+// `dir/prefix-kind` gzipped (.gz) or plain, whichever exists; the .gz is tried first.
+absl::StatusOr<std::string> FindIdxFile(const std::string& dir, const std::string& prefix,
+                                        const std::string& kind) {
+  const std::string plain = absl::StrCat(dir, "/", prefix, "-", kind);
+  for (const std::string& path : {plain + ".gz", plain}) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) return path;
+  }
+  return absl::NotFoundError(absl::StrCat(plain, ".gz (or ", plain, "): no such file"));
+}
+
+// [rows, cols, 1] for a [count, rows, cols] file, [rows, cols, channels] for a 4-D one.
+absl::StatusOr<Shape> ExampleShape(const std::vector<int64_t>& dims, const std::string& path) {
+  if (dims.size() == 3) return Shape{dims[1], dims[2], 1};
+  if (dims.size() == 4) return Shape{dims[1], dims[2], dims[3]};
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": expected 3 dimensions (count, rows, cols) or 4 (count, rows, cols, channels), got ",
+      dims.size()));
+}
+
+struct IdxSplit {
+  IdxArray images, labels;
+  std::string images_path, labels_path;
+  int32_t max_label = -1;
+};
+
+absl::StatusOr<IdxSplit> ReadSplit(const std::string& dir, const std::string& prefix) {
+  IdxSplit s;
+  absl::StatusOr<std::string> images = FindIdxFile(dir, prefix, "images-idx3-ubyte");
+  if (!images.ok()) return images.status();
+  absl::StatusOr<std::string> labels = FindIdxFile(dir, prefix, "labels-idx1-ubyte");
+  if (!labels.ok()) return labels.status();
+  s.images_path = *images;
+  s.labels_path = *labels;
+  absl::StatusOr<IdxArray> img = ReadIdxFile(*images);
   if (!img.ok()) return img.status();
-  absl::StatusOr<IdxArray> lab = ReadIdxFile(labels);
+  absl::StatusOr<IdxArray> lab = ReadIdxFile(*labels);
   if (!lab.ok()) return lab.status();
-  if (img->dims.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        images, ": expected 3 dimensions (count, rows, cols), got ", img->dims.size()));
+  if (absl::StatusOr<Shape> shape = ExampleShape(img->dims, *images); !shape.ok()) {
+    return shape.status();
   }
   if (lab->dims.size() != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat(labels, ": expected 1 dimension, got ", lab->dims.size()));
+        absl::StrCat(*labels, ": expected 1 dimension, got ", lab->dims.size()));
   }
   if (img->dims[0] != lab->dims[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(images, " has ", img->dims[0], " images but ",
-                                                   labels, " has ", lab->dims[0], " labels"));
+    return absl::InvalidArgumentError(absl::StrCat(*images, " has ", img->dims[0], " images but ",
+                                                   *labels, " has ", lab->dims[0], " labels"));
   }
-  int64_t n = img->dims[0];
-  if (limit > 0 && limit < n) n = limit;
+  for (uint8_t l : lab->data) s.max_label = std::max<int32_t>(s.max_label, l);
+  s.images = *std::move(img);
+  s.labels = *std::move(lab);
+  return s;
+}
+
+Dataset ToDataset(const IdxSplit& s, int32_t classes, int64_t limit) {
   Dataset d;
-  d.example_shape = {img->dims[1], img->dims[2], 1};
-  d.classes = 10;
+  d.example_shape = *ExampleShape(s.images.dims, s.images_path);
+  d.classes = classes;
+  int64_t n = s.images.dims[0];
+  if (limit > 0 && limit < n) n = limit;
   int64_t per = d.example_size();
   d.x.resize(static_cast<size_t>(n * per));
   d.y.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n * per; ++i) d.x[i] = img->data[i] * (1.0f / 255.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    if (lab->data[i] >= d.classes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(labels, ": label ", int{lab->data[i]}, " at index ", i, " is not in 0..9"));
-    }
-    d.y[i] = lab->data[i];
-  }
+  for (int64_t i = 0; i < n * per; ++i) d.x[i] = s.images.data[i] * (1.0f / 255.0f);
+  for (int64_t i = 0; i < n; ++i) d.y[i] = s.labels.data[i];
   return d;
+}
+
+absl::Status WithInstallHint(const absl::Status& s, const std::string& dir) {
+  if (!absl::IsNotFound(s) || dir != kDefaultFashionMnistDir) return s;
+  return absl::NotFoundError(absl::StrCat(s.message(),
+                                          "; Fashion-MNIST comes in the Debian package "
+                                          "dataset-fashion-mnist (apt-get install "
+                                          "dataset-fashion-mnist)"));
 }
 
 }  // namespace
 
 absl::StatusOr<DataSplit> LoadFashionMnist(const std::string& dir, int64_t train_limit,
                                            int64_t test_limit) {
-  DataSplit s;
-  absl::StatusOr<Dataset> train = LoadSplit(dir, "train", train_limit);
-  if (!train.ok()) {
-    if (absl::IsNotFound(train.status())) {
-      return absl::NotFoundError(
-          absl::StrCat(train.status().message(),
-                       "; Fashion-MNIST comes in the Debian package dataset-fashion-mnist "
-                       "(apt-get install dataset-fashion-mnist)"));
-    }
-    return train.status();
+  absl::StatusOr<IdxSplit> train = ReadSplit(dir, "train");
+  if (!train.ok()) return WithInstallHint(train.status(), dir);
+  absl::StatusOr<IdxSplit> test = ReadSplit(dir, "t10k");
+  if (!test.ok()) return WithInstallHint(test.status(), dir);
+  if (train->images.dims.size() != test->images.dims.size() ||
+      !std::equal(train->images.dims.begin() + 1, train->images.dims.end(),
+                  test->images.dims.begin() + 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        test->images_path, ": examples of shape [",
+        absl::StrJoin(test->images.dims.begin() + 1, test->images.dims.end(), ","), "], but ",
+        train->images_path, " has [",
+        absl::StrJoin(train->images.dims.begin() + 1, train->images.dims.end(), ","), "]"));
   }
-  absl::StatusOr<Dataset> test = LoadSplit(dir, "t10k", test_limit);
-  if (!test.ok()) return test.status();
-  s.train = *std::move(train);
-  s.test = *std::move(test);
+  // The class count is the largest label in either split, plus one.
+  const int32_t classes = std::max(train->max_label, test->max_label) + 1;
+  if (classes < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(train->labels_path, " and ", test->labels_path,
+                     ": every label is 0; a classifier needs at least 2 classes"));
+  }
+  DataSplit s;
+  s.train = ToDataset(*train, classes, train_limit);
+  s.test = ToDataset(*test, classes, test_limit);
   return s;
+}
+
+absl::StatusOr<IdxDataShape> ReadFashionMnistShape(const std::string& dir) {
+  IdxDataShape out;
+  absl::StatusOr<std::string> images = FindIdxFile(dir, "train", "images-idx3-ubyte");
+  if (!images.ok()) return WithInstallHint(images.status(), dir);
+  absl::StatusOr<std::vector<int64_t>> dims = ReadIdxDims(*images);
+  if (!dims.ok()) return dims.status();
+  absl::StatusOr<Shape> shape = ExampleShape(*dims, *images);
+  if (!shape.ok()) return shape.status();
+  out.example_shape = *shape;
+  int32_t max_label = -1;
+  for (const char* prefix : {"train", "t10k"}) {
+    absl::StatusOr<std::string> labels = FindIdxFile(dir, prefix, "labels-idx1-ubyte");
+    if (!labels.ok()) return WithInstallHint(labels.status(), dir);
+    absl::StatusOr<IdxArray> lab = ReadIdxFile(*labels);
+    if (!lab.ok()) return lab.status();
+    for (uint8_t l : lab->data) max_label = std::max<int32_t>(max_label, l);
+  }
+  out.classes = max_label + 1;
+  return out;
 }
 
 DataSplit MakeSynthetic(const SyntheticOptions& o) {

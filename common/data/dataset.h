@@ -27,11 +27,22 @@ struct DataSplit {
   Dataset train, test;
 };
 
-// Reads the four Fashion-MNIST IDX files from `dir` (pixels scaled to [0, 1]); checks that
-// image and label counts agree and that labels are in 0..9. `limit` > 0 keeps the first
+// Reads the four IDX files of the Fashion-MNIST layout from `dir` (train- and t10k-,
+// images-idx3-ubyte and labels-idx1-ubyte, each gzipped or plain), pixels scaled to [0, 1]:
+// any image size, [count, rows, cols] or [count, rows, cols, channels]. The class count is
+// the largest label in either split plus one. Checks that image and label counts agree and
+// that both splits have the same example shape, naming the file. `limit` > 0 keeps the first
 // examples of each split.
 absl::StatusOr<DataSplit> LoadFashionMnist(const std::string& dir, int64_t train_limit = 0,
                                            int64_t test_limit = 0);
+
+struct IdxDataShape {
+  Shape example_shape;
+  int32_t classes = 0;
+};
+// What LoadFashionMnist would give as example shape and class count, reading only the
+// training images' header and the labels.
+absl::StatusOr<IdxDataShape> ReadFashionMnistShape(const std::string& dir);
 
 // Reads the CIFAR-10 binary files in `dir` (data_batch_1..5.bin, test_batch.bin) into NHWC
 // [32, 32, 3] images scaled to [0, 1]. Errors name the file: missing, truncated (not a whole

@@ -35,13 +35,10 @@ int64_t ReadFully(gzFile f, uint8_t* dst, int64_t n) {
 // allocate without limit.
 constexpr int64_t kMaxBytes = int64_t{4} << 30;
 
-}  // namespace
-
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
-  GzHandle f(gzopen(path.c_str(), "rb"));
-  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+// Reads and checks the magic number and the dimensions; leaves `f` at the first element.
+absl::StatusOr<std::vector<int64_t>> ReadHeader(gzFile f, const std::string& path, int64_t* total) {
   uint8_t header[4];
-  int64_t got = ReadFully(f.get(), header, 4);
+  int64_t got = ReadFully(f, header, 4);
   if (got < 0) return absl::DataLossError(absl::StrCat(path, ": corrupt gzip stream"));
   if (got < 4) return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   if (header[0] != 0 || header[1] != 0) {
@@ -57,11 +54,11 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   if (rank < 1 || rank > 4) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": rank ", rank, " out of range 1..4"));
   }
-  IdxArray out;
-  int64_t total = 1;
+  std::vector<int64_t> dims;
+  *total = 1;
   for (int i = 0; i < rank; ++i) {
     uint8_t d[4];
-    if (ReadFully(f.get(), d, 4) != 4) {
+    if (ReadFully(f, d, 4) != 4) {
       return absl::DataLossError(absl::StrCat(path, ": truncated header (dimension ", i, ")"));
     }
     int64_t dim = (int64_t{d[0]} << 24) | (d[1] << 16) | (d[2] << 8) | d[3];
@@ -69,17 +66,37 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": dimension ", i, " is ", dim));
     }
     // Compare before multiplying: two 32-bit extents can overflow 64 bits.
-    if (dim > kMaxBytes / total) {
+    if (dim > kMaxBytes / *total) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": header claims more than ", kMaxBytes, " bytes"));
     }
-    total *= dim;
-    out.dims.push_back(dim);
+    *total *= dim;
+    dims.push_back(dim);
   }
+  return dims;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> ReadIdxDims(const std::string& path) {
+  GzHandle f(gzopen(path.c_str(), "rb"));
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  int64_t total = 0;
+  return ReadHeader(f.get(), path, &total);
+}
+
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  GzHandle f(gzopen(path.c_str(), "rb"));
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  int64_t total = 0;
+  absl::StatusOr<std::vector<int64_t>> dims = ReadHeader(f.get(), path, &total);
+  if (!dims.ok()) return dims.status();
+  IdxArray out;
+  out.dims = *std::move(dims);
+  int64_t got = 0;
   // Grow the buffer as data actually arrives (a header alone cannot make us allocate
   // gigabytes), in chunks of at most 16 MiB.
   constexpr int64_t kChunk = int64_t{16} << 20;
-  got = 0;
   while (got < total) {
     int64_t want = std::min(kChunk, total - got);
     out.data.resize(static_cast<size_t>(got + want));

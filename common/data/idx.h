@@ -17,5 +17,7 @@ struct IdxArray {
 // Refuses, naming the file: a missing file, a wrong magic number, a type other than
 // unsigned byte, absurd dimensions, a truncated payload, and trailing bytes.
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
+// The dimensions alone, from the header (checked as above); nothing else is read.
+absl::StatusOr<std::vector<int64_t>> ReadIdxDims(const std::string& path);
 
 }  // namespace localpar

@@ -1,10 +1,12 @@
 // Job parsing, defaults and validation.
 #include "common/job/job.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -306,6 +308,8 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
   absl::StatusOr<v1::Job> job = ParseJobText(*text, path);
   if (!job.ok()) return job.status();
   if (absl::Status s = ApplyOverrides(overrides, &*job); !s.ok()) return s;
+  // The data's own shape and class count, before anything is checked against them.
+  if (absl::Status s = ResolveDataShape(&*job); !s.ok()) return s;
   if (absl::Status s = ValidateJob(*job); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", path, ": ", s.message()));
   }
@@ -543,14 +547,55 @@ Shape JobInputShape(const v1::Job& job) {
   }
   if (d.has_cifar10()) return {32, 32, 3};
   if (d.has_text()) return {d.text().seq_len()};
-  return {28, 28, 1};
+  if (d.has_fashion_mnist() && !d.fashion_mnist().shape().empty()) {
+    const auto& s = d.fashion_mnist().shape();
+    return Shape(s.begin(), s.end());
+  }
+  return {28, 28, 1};  // Fashion-MNIST's, until the files have been read
 }
 
 int32_t JobClasses(const v1::Job& job) {
   if (job.data().has_synthetic()) return job.data().synthetic().classes();
   if (job.data().has_text()) return 256;  // bytes
+  if (job.data().has_fashion_mnist() && job.data().fashion_mnist().classes() > 0) {
+    return job.data().fashion_mnist().classes();
+  }
   return 10;
 }
+
+absl::Status ResolveDataShape(v1::Job* job) {
+  if (!job->data().has_fashion_mnist()) return absl::OkStatus();
+  v1::FashionMnist* f = job->mutable_data()->mutable_fashion_mnist();
+  absl::StatusOr<IdxDataShape> read = ReadFashionMnistShape(f->dir());
+  if (!read.ok()) return MarkDataError(read.status());
+  const std::string files = absl::StrCat("the IDX files in ", f->dir());
+  if (!f->shape().empty() && !std::equal(f->shape().begin(), f->shape().end(),
+                                         read->example_shape.begin(), read->example_shape.end())) {
+    return MarkDataError(absl::InvalidArgumentError(absl::StrCat(
+        "data.fashion_mnist.shape: [", absl::StrJoin(f->shape(), ","), "], but ", files,
+        " hold examples of shape [", absl::StrJoin(read->example_shape, ","), "]")));
+  }
+  if (f->classes() > 0 && f->classes() != read->classes) {
+    return MarkDataError(absl::InvalidArgumentError(
+        absl::StrCat("data.fashion_mnist.classes: ", f->classes(), ", but ", files,
+                     " have labels 0..", read->classes - 1)));
+  }
+  f->clear_shape();
+  for (int64_t d : read->example_shape) f->add_shape(d);
+  f->set_classes(read->classes);
+  return absl::OkStatus();
+}
+
+namespace {
+constexpr char kDataErrorPayload[] = "type.localpar/data-error";
+}  // namespace
+
+absl::Status MarkDataError(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kDataErrorPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsDataError(const absl::Status& s) { return s.GetPayload(kDataErrorPayload).has_value(); }
 
 int64_t JobLabelsPerExample(const v1::Job& job) {
   return job.data().has_text() ? job.data().text().seq_len() : 1;

@@ -17,7 +17,9 @@ namespace localpar {
 absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source);
 absl::StatusOr<v1::Job> LoadJobFile(const std::string& path);
 // Parses the file, applies defaults, then `overrides` (so a --rule that changes what is
-// valid counts), then validates once. Errors name the file, or the flag that was wrong.
+// valid counts), reads the data's shape and class count (ResolveDataShape), then validates
+// once. Errors name the file, or the flag that was wrong; data errors are marked
+// (IsDataError).
 absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
                                              const v1::JobOverrides& overrides);
 
@@ -27,6 +29,15 @@ void ApplyJobDefaults(v1::Job& job);
 // Field-level checks (naming the field path and the reason), then shape inference through
 // every stage and head (naming the stage, the layer and both shapes).
 absl::Status ValidateJob(const v1::Job& job);
+
+// Fills data.fashion_mnist's shape and classes from the IDX files' headers and labels (and
+// checks them where the job file set them). Errors name the file or the field and are
+// marked as data errors. Other sources need nothing read.
+absl::Status ResolveDataShape(v1::Job* job);
+// A data error (a missing or unreadable data set) rather than a wrong job: callers exit 4,
+// not 3.
+absl::Status MarkDataError(absl::Status s);
+bool IsDataError(const absl::Status& s);
 
 // Per-example input shape and class count the job's data source produces.
 Shape JobInputShape(const v1::Job& job);

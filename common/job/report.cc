@@ -1,6 +1,7 @@
 // Run reports.
 #include "common/job/report.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +39,34 @@ void AddHeadFigures(const std::vector<HeadStats>& stats,
     f->set_stage(static_cast<int>(k));
     f->set_loss(stats[k].mean_loss());
     f->set_accuracy(stats[k].accuracy());
+    f->set_examples(static_cast<double>(stats[k].count));
   }
+}
+
+absl::Status CheckRunTrained(const v1::RunReport& r) {
+  for (const v1::EpochFigures& e : r.epochs()) {
+    double trained = 0;
+    for (const v1::HeadFigures& f : e.train()) trained += f.examples();
+    if (trained == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "epoch ", e.epoch(),
+          " trained on nothing: no stage's head scored a single training "
+          "example, so every batch was refused or lost (see the errors above); the weights are "
+          "untrained"));
+    }
+    for (const auto* heads : {&e.train(), &e.test()}) {
+      for (const v1::HeadFigures& f : *heads) {
+        if (f.examples() > 0 && !std::isfinite(f.loss())) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "stage %d's %s loss is %s in epoch %d: training diverged (lower the learning "
+              "rate, or add warm-up); the weights are not usable",
+              f.stage(), heads == &e.train() ? "training" : "test",
+              std::isnan(f.loss()) ? "NaN" : "infinite", e.epoch()));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string ReportTable(const v1::RunReport& r) {

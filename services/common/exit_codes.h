@@ -10,6 +10,7 @@ enum ExitCode {
   kExitBadJob = 3,
   kExitBadData = 4,
   kExitWorkerLost = 5,
+  kExitTrainingFailed = 6,  // the loss went non-finite, or an epoch trained on nothing
   kExitInterrupted = 130,
 };
 

@@ -10,6 +10,7 @@ void SetHead(int stage, const v1::HeadStatistics& s, v1::HeadFigures* out) {
   out->set_stage(stage);
   out->set_loss(s.count() ? s.loss_sum() / s.count() : 0.0);
   out->set_accuracy(s.count() ? s.correct() / s.count() : 0.0);
+  out->set_examples(static_cast<double>(s.count()));
 }
 
 v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {

@@ -99,7 +99,7 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(c.job(), c.overrides());
   if (!job.ok()) {
     std::cerr << "localpar: " << job.status().message() << "\n";
-    return kExitBadJob;
+    return IsDataError(job.status()) ? kExitBadData : kExitBadJob;
   }
   if (c.workers_size() != job->stages_size()) {
     std::cerr << "localpar: --workers lists " << c.workers_size() << " addresses but job "

@@ -364,6 +364,10 @@ int JobRunner::Collect() {
   AddClusterFigures(stats, epoch_stats_.All(), history_, epochs_sent_, &report);
   std::cout << ReportTable(report);
   int rc = kExitOk;
+  if (absl::Status trained = CheckRunTrained(report); !trained.ok()) {
+    std::cerr << "localpar: " << trained.message() << "\n";
+    rc = kExitTrainingFailed;
+  }
   if (checkpointer_.started() > 0 && checkpointer_.committed() == 0) {
     std::cerr << "localpar: every checkpoint of this run failed (" << checkpointer_.started()
               << " tried); see the messages above\n";

@@ -30,7 +30,10 @@ int LoadJobCommand(const char* command, const char* usage, const Args& args, v1:
   int rc = 0;
   if (!ParseCommand(command, usage, args, c, {}, path, &rc)) return rc;
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(*path, c->overrides());
-  if (!loaded.ok()) return Fail(kExitBadJob, std::string(loaded.status().message()));
+  if (!loaded.ok()) {
+    return Fail(IsDataError(loaded.status()) ? kExitBadData : kExitBadJob,
+                std::string(loaded.status().message()));
+  }
   *job = *std::move(loaded);
   return -1;
 }
@@ -55,7 +58,10 @@ int TrainCommandMain(const Args& args) {
     }
   }
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, t.overrides());
-  if (!job.ok()) return Fail(kExitBadJob, std::string(job.status().message()));
+  if (!job.ok()) {
+    return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
+                std::string(job.status().message()));
+  }
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
   RunOptions options;
@@ -71,6 +77,9 @@ int TrainCommandMain(const Args& args) {
   }
   std::cout << ReportTable(*report);
   if (!options.out_dir.empty()) std::cout << "report: " << options.out_dir << "/report.json\n";
+  if (absl::Status trained = CheckRunTrained(*report); !trained.ok()) {
+    return Fail(kExitTrainingFailed, std::string(trained.message()));
+  }
   return kExitOk;
 }
 

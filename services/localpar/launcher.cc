@@ -353,15 +353,7 @@ int Launch(const LaunchOptions& o) {
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(o.job_path, o.run.coordinator().overrides());
   if (!job.ok()) {
     std::cerr << "localpar: " << job.status().message() << "\n";
-    return kExitBadJob;
-  }
-  if (job->data().has_fashion_mnist()) {
-    std::string probe = job->data().fashion_mnist().dir() + "/train-images-idx3-ubyte.gz";
-    if (!std::filesystem::exists(probe)) {
-      std::cerr << "localpar: " << probe << " not found; Fashion-MNIST comes in the Debian "
-                << "package dataset-fashion-mnist (apt-get install dataset-fashion-mnist)\n";
-      return kExitBadData;
-    }
+    return IsDataError(job.status()) ? kExitBadData : kExitBadJob;
   }
   for (const char* program : {"/localpar_worker", "/localpar_coordinator"}) {
     const std::string bin = o.bin_dir + program;

@@ -35,7 +35,10 @@ int Profile(const char* command, const char* usage, const Args& args, v1::Profil
   v1::JobOverrides overrides = c->overrides();
   overrides.clear_stages();
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(path, overrides);
-  if (!loaded.ok()) return Fail(kExitBadJob, std::string(loaded.status().message()));
+  if (!loaded.ok()) {
+    return Fail(IsDataError(loaded.status()) ? kExitBadData : kExitBadJob,
+                std::string(loaded.status().message()));
+  }
   *job = *std::move(loaded);
   RunOptions ro;
   ro.device = c->device();

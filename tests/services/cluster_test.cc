@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
 #include "google/protobuf/util/json_util.h"
@@ -554,14 +555,100 @@ TEST(Plan, PrintsAValidJobThatBalancesAnUnbalancedModel) {
   EXPECT_NE(bad.output.find("16 layers, so 1..16 stages"), std::string::npos) << bad.output;
 }
 
-TEST(Launcher, MissingDataSetNamesTheDebianPackage) {
+// IDX files of the user's own: 12x12 images and 3 classes, uncompressed. The shape and the
+// class count come from the files, for the cluster's workers as for the reference trainer.
+TEST(Launcher, OwnIdxDataOfAnyShapeTrainsBitwiseEqualToTheReference) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  std::filesystem::create_directories(data);
+  auto write_split = [&](const std::string& prefix, uint32_t n) {
+    auto be = [](std::string* b, uint32_t v) {
+      for (int s = 24; s >= 0; s -= 8) b->push_back(static_cast<char>(v >> s));
+    };
+    std::string images("\0\0\x08\x03", 4), labels("\0\0\x08\x01", 4);
+    be(&images, n), be(&images, 12), be(&images, 12), be(&labels, n);
+    uint32_t x = prefix.size();
+    for (uint32_t i = 0; i < n; ++i) {
+      labels.push_back(static_cast<char>(i % 3));
+      for (int p = 0; p < 144; ++p) {
+        x = x * 1103515245u + 12345u;  // pixels: noise plus a bright band per class
+        images.push_back(
+            static_cast<char>((x >> 24) / 2 + (p / 48 == static_cast<int>(i % 3)) * 120));
+      }
+    }
+    std::ofstream(data + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(data + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  };
+  write_split("train", 192);
+  write_split("t10k", 48);
+  std::string job = dir.Write("own.textproto", absl::StrCat(R"(name: "own"
+rule: GREEDY
+batch_size: 16
+epochs: 2
+seed: 4
+data { fashion_mnist { dir: ")",
+                                                            data, R"(" } }
+optimizer { adamw {} }
+schedule { lr: 0.003 }
+stages { layers { linear { out_features: 32 } } layers { relu {} } head { kind: LINEAR } }
+stages { layers { linear { out_features: 32 } } layers { relu {} } head { kind: LINEAR } }
+stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: LINEAR } }
+)"));
+  const std::string bin = testing::BinDir() + "/localpar";
+  auto ref = RunProcess({bin, "train", job, "--quiet", "--out=" + dir.path() + "/ref"}, 120);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  auto run = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/run"}, 120);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("refused"), std::string::npos) << run.output;
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/ref/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  const v1::Tensor& w0 = want->stages(0).params(0).tensor();  // Linear [in, out]
+  ASSERT_EQ(w0.shape_size(), 2);
+  EXPECT_EQ(w0.shape(0), 144) << "12 x 12 x 1 inputs";
+  const v1::Tensor& head = want->stages(2).params(2).tensor();  // the last head's Linear
+  EXPECT_EQ(head.shape(head.shape_size() - 1), 3) << "3 classes";
+  testing::ExpectWeightsFileEquals(dir.path() + "/run/weights.pb", *want);
+  auto info = RunProcess({bin, "data", job}, 60);
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("\"classes\": 3"), std::string::npos) << info.output;
+}
+
+// A run whose loss goes non-finite has failed: run and train both exit 6 and say why.
+TEST(Launcher, ARunThatDivergesExitsSixSayingWhy) {
+  TempDir dir;
+  std::string job = dir.Write("nan.textproto", R"(name: "nan"
+rule: GREEDY
+batch_size: 32
+data { synthetic { train_examples: 320 test_examples: 64 shape: [8] classes: 3 } }
+optimizer { sgd {} }
+schedule { lr: 1e8 }
+stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: LINEAR } }
+stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: LINEAR } }
+)");
+  for (const char* command : {"run", "train"}) {
+    auto r = RunProcess({testing::BinDir() + "/localpar", command, job, "--quiet"}, 60);
+    EXPECT_EQ(r.exit_code, 6) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find("training loss is NaN in epoch 1: training diverged"),
+              std::string::npos)
+        << command << "\n"
+        << r.output;
+  }
+}
+
+// A directory of the user's own: the error names the files looked for, and does not send
+// the user to the Debian package (that hint is for the default directory only).
+TEST(Launcher, AMissingDataSetIsADataErrorNamingTheFiles) {
   TempDir dir;
   std::string job = dir.Write("job.textproto",
                               "rule: GREEDY data { fashion_mnist { dir: \"/nonexistent\" } }\n"
                               "stages { layers { linear { out_features: 4 } } }\n");
   auto r = RunProcess({testing::BinDir() + "/localpar", "run", job}, 30);
   EXPECT_EQ(r.exit_code, 4) << r.output;
-  EXPECT_NE(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/train-images-idx3-ubyte.gz (or "
+                          "/nonexistent/train-images-idx3-ubyte): no such file"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
 }
 
 TEST(Worker, APortInUseIsAClearStartupError) {

@@ -1,4 +1,5 @@
-// IDX reading (gzip and plain), its refusals of bad files, the real Fashion-MNIST files,
+// IDX reading (gzip and plain), its refusals of bad files, IDX data sets of any image shape
+// and class count, the real Fashion-MNIST files,
 // synthetic data, standardisation and epoch shuffling.
 #include "common/data/idx.h"
 
@@ -86,10 +87,70 @@ TEST(Idx, RefusesBadFilesNamingTheFileAndTheProblem) {
   EXPECT_TRUE(absl::IsNotFound(missing.status()));
 }
 
-TEST(FashionMnist, MissingDirectoryNamesTheDebianPackage) {
+// A directory of the user's own names the files looked for; the Debian package is named
+// only for the default directory.
+TEST(FashionMnist, AMissingDirectoryNamesTheFilesLookedFor) {
   absl::StatusOr<DataSplit> d = LoadFashionMnist("/nonexistent/fashion");
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find("dataset-fashion-mnist"), std::string::npos);
+  EXPECT_TRUE(absl::IsNotFound(d.status()));
+  EXPECT_NE(d.status().message().find("/nonexistent/fashion/train-images-idx3-ubyte.gz (or "
+                                      "/nonexistent/fashion/train-images-idx3-ubyte)"),
+            std::string::npos)
+      << d.status();
+  EXPECT_EQ(d.status().message().find("dataset-fashion-mnist"), std::string::npos);
+}
+
+// Writes a split of `n` examples of `dims` (after the count) with labels i % classes.
+void WriteSplit(const DataDir& dir, const std::string& prefix, uint32_t n,
+                std::vector<uint32_t> dims, int classes, bool gz) {
+  uint32_t per = 1;
+  for (uint32_t d : dims) per *= d;
+  std::vector<uint8_t> pixels(n * per), labels(n);
+  for (uint32_t i = 0; i < n * per; ++i) pixels[i] = static_cast<uint8_t>(i * 7);
+  for (uint32_t i = 0; i < n; ++i) labels[i] = static_cast<uint8_t>(i % classes);
+  dims.insert(dims.begin(), n);
+  auto write = gz ? WriteGz : WritePlain;
+  const std::string ext = gz ? ".gz" : "";
+  write(dir.file(prefix + "-images-idx3-ubyte" + ext), IdxBytes(dims, pixels));
+  write(dir.file(prefix + "-labels-idx1-ubyte" + ext), IdxBytes({n}, labels));
+}
+
+TEST(FashionMnist, AnyImageShapeAndClassCountGzippedOrPlain) {
+  DataDir dir;
+  WriteSplit(dir, "train", 30, {12, 12}, 3, /*gz=*/true);
+  WriteSplit(dir, "t10k", 9, {12, 12}, 3, /*gz=*/false);
+  absl::StatusOr<DataSplit> d = LoadFashionMnist(dir.path_string());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train.example_shape, (Shape{12, 12, 1}));
+  EXPECT_EQ(d->test.example_shape, (Shape{12, 12, 1}));
+  EXPECT_EQ(d->train.classes, 3);
+  EXPECT_EQ(d->test.classes, 3);
+  EXPECT_EQ(d->train.size(), 30);
+  EXPECT_FLOAT_EQ(d->train.x[1], 7.0f / 255.0f);
+  absl::StatusOr<IdxDataShape> header = ReadFashionMnistShape(dir.path_string());
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->example_shape, (Shape{12, 12, 1}));
+  EXPECT_EQ(header->classes, 3);
+
+  DataDir colour;  // [count, rows, cols, channels]
+  WriteSplit(colour, "train", 8, {4, 4, 3}, 5, true);
+  WriteSplit(colour, "t10k", 5, {4, 4, 3}, 5, true);
+  absl::StatusOr<DataSplit> c = LoadFashionMnist(colour.path_string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train.example_shape, (Shape{4, 4, 3}));
+  EXPECT_EQ(c->train.classes, 5);
+}
+
+TEST(FashionMnist, SplitsOfDifferentShapesAreRefusedNamingTheFile) {
+  DataDir dir;
+  WriteSplit(dir, "train", 4, {12, 12}, 2, true);
+  WriteSplit(dir, "t10k", 4, {10, 10}, 2, true);
+  absl::StatusOr<DataSplit> d = LoadFashionMnist(dir.path_string());
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find(dir.file("t10k-images-idx3-ubyte.gz") +
+                                      ": examples of shape [10,10]"),
+            std::string::npos)
+      << d.status();
 }
 
 TEST(FashionMnist, LabelCountMismatchIsRefused) {
@@ -107,6 +168,11 @@ TEST(FashionMnist, DebianFilesHaveTheKnownShapeAndBalancedClasses) {
   EXPECT_EQ(d->train.size(), 60000);
   EXPECT_EQ(d->test.size(), 10000);
   EXPECT_EQ(d->train.example_shape, (Shape{28, 28, 1}));
+  EXPECT_EQ(d->train.classes, 10);
+  absl::StatusOr<IdxDataShape> header = ReadFashionMnistShape(kDefaultFashionMnistDir);
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->example_shape, (Shape{28, 28, 1}));
+  EXPECT_EQ(header->classes, 10);
   std::map<int32_t, int> counts;
   for (int32_t y : d->test.y) ++counts[y];
   ASSERT_EQ(counts.size(), 10u);

@@ -9,8 +9,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "common/data/dataset.h"
 #include "common/job/plan.h"
 #include "common/job/progress.h"
+#include "common/job/report.h"
 
 namespace localpar {
 namespace {
@@ -324,6 +327,62 @@ stages { layers { conv2d { out_channels: 2 } } layers { batch_norm {} } layers {
                                         "number > 0"),
             std::string::npos)
       << bad.status();
+}
+
+// The data's own shape and class count reach the job (and so every worker) when it is
+// loaded; a value the job file sets is checked against the files.
+TEST(JobFiles, AnIdxDataSetsShapeAndClassesComeFromItsFiles) {
+  std::string path = ::testing::TempDir() + "/idx.textproto";
+  std::ofstream(path) << "rule: GREEDY data { fashion_mnist {} }\n"
+                         "stages { layers { linear { out_features: 4 } } }\n";
+  absl::StatusOr<v1::Job> j = LoadJobWithOverrides(path, {});
+  ASSERT_TRUE(j.ok()) << j.status() << " (deploy/install-deps.sh installs the data set)";
+  EXPECT_EQ(JobInputShape(*j), (Shape{28, 28, 1}));
+  EXPECT_EQ(JobClasses(*j), 10);
+  EXPECT_EQ(j->data().fashion_mnist().classes(), 10);
+
+  std::ofstream(path) << "rule: GREEDY data { fashion_mnist { classes: 5 } }\n"
+                         "stages { layers { linear { out_features: 4 } } }\n";
+  absl::StatusOr<v1::Job> wrong = LoadJobWithOverrides(path, {});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_TRUE(IsDataError(wrong.status()));
+  EXPECT_EQ(wrong.status().message(),
+            absl::StrCat("data.fashion_mnist.classes: 5, but the IDX files in ",
+                         kDefaultFashionMnistDir, " have labels 0..9"));
+
+  std::ofstream(path) << "rule: GREEDY data { fashion_mnist { dir: \"/nonexistent\" } }\n"
+                         "stages { layers { linear { out_features: 4 } } }\n";
+  absl::StatusOr<v1::Job> missing = LoadJobWithOverrides(path, {});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(IsDataError(missing.status())) << missing.status();
+  EXPECT_FALSE(IsDataError(LoadJobWithOverrides("/nonexistent.textproto", {}).status()));
+}
+
+// A run that trained nothing, or diverged, is a failed run.
+TEST(RunReport, ARunThatTrainedNothingOrDivergedIsRefused) {
+  v1::RunReport r;
+  v1::EpochFigures* e = r.add_epochs();
+  e->set_epoch(1);
+  for (int k = 0; k < 2; ++k) {
+    v1::HeadFigures* f = e->add_train();
+    f->set_stage(k);
+    f->set_loss(0.5);
+    f->set_examples(k == 0 ? 0 : 64);  // a stage without a head scores nothing: fine
+    *e->add_test() = *f;
+  }
+  EXPECT_TRUE(CheckRunTrained(r).ok()) << CheckRunTrained(r);
+  v1::RunReport nothing = r;
+  nothing.mutable_epochs(0)->mutable_train(1)->set_examples(0);
+  EXPECT_EQ(CheckRunTrained(nothing).message(),
+            "epoch 1 trained on nothing: no stage's head scored a single training example, so "
+            "every batch was refused or lost (see the errors above); the weights are untrained");
+  v1::RunReport diverged = r;
+  diverged.mutable_epochs(0)->mutable_test(1)->set_loss(std::nan(""));
+  EXPECT_EQ(CheckRunTrained(diverged).message(),
+            "stage 1's test loss is NaN in epoch 1: training diverged (lower the learning rate, "
+            "or add warm-up); the weights are not usable");
+  diverged.mutable_epochs(0)->mutable_test(1)->set_loss(INFINITY);
+  EXPECT_NE(CheckRunTrained(diverged).message().find("is infinite"), std::string::npos);
 }
 
 TEST(JobFiles, OverridesApplyBeforeTheJobIsChecked) {
