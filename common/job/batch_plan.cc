@@ -7,9 +7,12 @@
 
 namespace localpar {
 
+int64_t StepsPerEpoch(const v1::Job& job, int64_t train_examples) {
+  return (train_examples + job.batch_size() - 1) / job.batch_size();
+}
+
 int64_t TotalSteps(const v1::Job& job, int64_t train_examples) {
-  int64_t per_epoch = (train_examples + job.batch_size() - 1) / job.batch_size();
-  int64_t total = per_epoch * job.epochs();
+  int64_t total = StepsPerEpoch(job, train_examples) * job.epochs();
   if (job.max_steps() > 0 && job.max_steps() < total) total = job.max_steps();
   return total;
 }

@@ -27,6 +27,8 @@ struct PlanItem {
   DataCursor after;  // kTrain: where the run stands once this step is done
 };
 
+// Training steps in one epoch of `train_examples` (the last batch may be short).
+int64_t StepsPerEpoch(const v1::Job& job, int64_t train_examples);
 // Total training steps of a job over `train_examples` (epochs, capped by max_steps).
 int64_t TotalSteps(const v1::Job& job, int64_t train_examples);
 

@@ -1,14 +1,98 @@
 // The progress printer.
 #include "common/job/progress.h"
 
-#include <algorithm>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace localpar {
 
-ProgressPrinter::ProgressPrinter(std::ostream& out, bool live, bool enabled)
-    : out_(out), live_(live), enabled_(enabled) {}
+namespace {
+
+// Columns of the terminal on stderr; COLUMNS, then 80, when it does not say.
+int TerminalColumns() {
+  winsize ws{};
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS"); c != nullptr && std::atoi(c) > 0) {
+    return std::atoi(c);
+  }
+  return 80;
+}
+
+}  // namespace
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
+  if (s < 60) return absl::StrFormat("%ds", s);
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, s % 3600 / 60);
+}
+
+ProgressPrinter::ProgressPrinter(std::ostream& out, bool live, bool enabled, int width)
+    : out_(out),
+      live_(live),
+      enabled_(enabled),
+      // A live line stays one column short of the terminal's width, so it never wraps.
+      width_(width > 0 ? width : (live ? TerminalColumns() - 1 : 0)) {}
+
+std::string ProgressPrinter::Format(const ProgressLine& l) {
+  std::string times;
+  if (l.elapsed_seconds >= 0) {
+    if (first_step_ < 0) {
+      first_step_ = l.step;
+      first_elapsed_ = l.elapsed_seconds;
+    }
+    times = absl::StrCat(" ", FormatDuration(l.elapsed_seconds));
+    const int64_t done = l.step - first_step_;
+    const double spent = l.elapsed_seconds - first_elapsed_;
+    if (done > 0 && spent > 0 && l.total_steps >= l.step) {
+      absl::StrAppend(&times, " ETA ",
+                      FormatDuration(spent / static_cast<double>(done) *
+                                     static_cast<double>(l.total_steps - l.step)));
+    }
+  }
+  std::string every, range = " -";  // every stage's loss; the lowest and the highest
+  int lo = -1, hi = -1;
+  for (size_t k = 0; k < l.recent.size(); ++k) {
+    const HeadStats& r = l.recent[k];
+    if (r.count > 0) {
+      absl::StrAppendFormat(&every, " s%d %.3f", k, r.mean_loss());
+      if (lo < 0 || r.mean_loss() < l.recent[lo].mean_loss()) lo = static_cast<int>(k);
+      if (hi < 0 || r.mean_loss() > l.recent[hi].mean_loss()) hi = static_cast<int>(k);
+    } else {
+      absl::StrAppendFormat(&every, " s%d -", k);
+    }
+  }
+  if (lo >= 0) {
+    range = absl::StrFormat(" %.3f-%.3f", l.recent[lo].mean_loss(), l.recent[hi].mean_loss());
+  }
+  auto compose = [&](int bar, const std::string& losses) {
+    std::string bar_text;
+    if (bar > 0) {
+      const int filled =
+          l.total_steps > 0
+              ? static_cast<int>(bar * std::min(l.step, l.total_steps) / l.total_steps)
+              : 0;
+      bar_text = absl::StrCat(" [", std::string(filled, '#'), std::string(bar - filled, ' '), "]");
+    }
+    return absl::StrFormat("epoch %d/%d%s step %d/%d %.0f ex/s%s loss%s", l.epoch, l.epochs,
+                           bar_text, l.step, l.total_steps, l.examples_per_second, times, losses);
+  };
+  // Narrower and narrower until it fits: every stage's loss, then the lowest and highest,
+  // then a shorter bar, then none; a line that still does not fit is cut.
+  std::string line = compose(20, every);
+  const auto fits = [&] { return width_ <= 0 || static_cast<int>(line.size()) <= width_; };
+  if (!fits()) line = compose(20, range);
+  if (!fits()) line = compose(10, range);
+  if (!fits()) line = compose(0, range);
+  if (!fits()) line.resize(static_cast<size_t>(width_));
+  return line;
+}
 
 void ProgressPrinter::Update(const ProgressLine& l, bool force) {
   if (!enabled_) return;
@@ -16,22 +100,7 @@ void ProgressPrinter::Update(const ProgressLine& l, bool force) {
   const auto every = live_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000);
   if (!force && now - last_ < every) return;
   last_ = now;
-  constexpr int kWidth = 20;
-  const int filled =
-      l.total_steps > 0 ? static_cast<int>(kWidth * std::min(l.step, l.total_steps) / l.total_steps)
-                        : 0;
-  std::string losses;
-  for (size_t k = 0; k < l.recent.size(); ++k) {
-    if (l.recent[k].count > 0) {
-      absl::StrAppendFormat(&losses, " s%d %.3f", k, l.recent[k].mean_loss());
-    } else {
-      absl::StrAppendFormat(&losses, " s%d -", k);
-    }
-  }
-  out_ << absl::StrFormat("%sepoch %d/%d [%s%s] step %d/%d %.0f ex/s loss%s%s",
-                          live_ ? "\r\033[K" : "", l.epoch, l.epochs, std::string(filled, '#'),
-                          std::string(kWidth - filled, ' '), l.step, l.total_steps,
-                          l.examples_per_second, losses, live_ ? "" : "\n");
+  out_ << (live_ ? "\r\033[K" : "") << Format(l) << (live_ ? "" : "\n");
   out_.flush();
   pending_ = live_;
 }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "common/nn/stage.h"
@@ -12,26 +13,38 @@
 namespace localpar {
 
 struct ProgressLine {
-  int epoch = 0, epochs = 0;  // the epoch the last stage is in
-  int64_t step = 0, total_steps = 0;
+  int epoch = 0, epochs = 0;          // the epoch the last stage is in
+  int64_t step = 0, total_steps = 0;  // steps the last stage has done, of the run's
   double examples_per_second = 0;
   // Each stage's mean training loss since its last epoch boundary; a stage with nothing
   // yet (count 0) shows "-".
   std::vector<HeadStats> recent;
+  double elapsed_seconds = -1;  // since the run started (< 0: not shown, nor the ETA)
 };
+
+// "42s", "3m07s", "2h05m".
+std::string FormatDuration(double seconds);
 
 class ProgressPrinter {
  public:
   // `live`: a terminal (rewrite the line); `enabled`: false prints epoch results only.
-  ProgressPrinter(std::ostream& out, bool live, bool enabled);
+  // `width`: the columns a line may take (0: the terminal's when live, unlimited otherwise).
+  ProgressPrinter(std::ostream& out, bool live, bool enabled, int width = 0);
   // At most every quarter second on a terminal, every two seconds elsewhere, unless `force`.
+  // The ETA extrapolates the steps done since the first line. A line wider than `width`
+  // shows the lowest and highest stage loss instead of every stage's, and is then cut.
   void Update(const ProgressLine& line, bool force = false);
+  // The line Update would print, without the terminal controls.
+  std::string Format(const ProgressLine& line);
   void EpochResult(int epoch, const std::vector<HeadStats>& test, double seconds);
   void Done();  // clears a live line
 
  private:
   std::ostream& out_;
   const bool live_, enabled_;
+  const int width_;
+  int64_t first_step_ = -1;  // the step and time of the first line: the ETA's base
+  double first_elapsed_ = 0;
   bool pending_ = false;  // a live line is on screen
   std::chrono::steady_clock::time_point last_{};
 };

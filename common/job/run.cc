@@ -137,12 +137,14 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
       std::vector<HeadStats> s = trainer.TrainStep(x, y);
       for (int k = 0; k < stages; ++k) train_stats[k].Add(s[k]);
       examples += item.rows;
+      const double elapsed = Seconds(start, Clock::now());
       ProgressLine line{item.epoch,
                         job.epochs(),
                         item.step + 1,
                         plan.total_steps(),
-                        examples / std::max(Seconds(start, Clock::now()), 1e-9),
-                        train_stats};
+                        examples / std::max(elapsed, 1e-9),
+                        train_stats,
+                        elapsed};
       progress.Update(line);
     } else if (item.kind == PlanItem::kEndOfEpoch) {
       train_seconds += Seconds(epoch_start, Clock::now());

@@ -32,8 +32,8 @@ JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions&
       pool_({config.workers().begin(), config.workers().end()}, security),
       checkpointer_(config, job_, std::move(fingerprint), metrics, [this] { return History(); }),
       total_steps_(TotalSteps(job_, data_.train.size())),
-      monitor_(job_, total_steps_, config.quiet(), pool_, board_, checkpointer_, metrics, feed_,
-               epoch_stats_) {}
+      monitor_(job_, total_steps_, StepsPerEpoch(job_, data_.train.size()), config.quiet(), pool_,
+               board_, checkpointer_, metrics, feed_, epoch_stats_) {}
 
 JobRunner::~JobRunner() = default;
 
@@ -351,6 +351,9 @@ int JobRunner::Collect() {
     }
     *weights.add_stages() = *std::move(w);
   }
+  // Nothing is lost from here on: end the progress line and print the last epoch's figures
+  // before the table.
+  monitor_.Stop();
   v1::RunReport report;
   report.set_job(job_.name());
   report.set_rule(v1::UpdateRule_Name(job_.rule()));

@@ -29,12 +29,13 @@ std::map<int, std::vector<v1::StatsResponse>> EpochStatsStore::All() const {
   return by_epoch_;
 }
 
-RunMonitor::RunMonitor(const v1::Job& job, int64_t total_steps, bool quiet, WorkerPool& pool,
-                       StatusBoard& board, const Checkpointer& checkpointer,
+RunMonitor::RunMonitor(const v1::Job& job, int64_t total_steps, int64_t steps_per_epoch, bool quiet,
+                       WorkerPool& pool, StatusBoard& board, const Checkpointer& checkpointer,
                        CoordinatorMetrics* metrics, const FeedProgress& feed,
                        const EpochStatsStore& epochs)
     : job_(job),
       total_steps_(total_steps),
+      steps_per_epoch_(steps_per_epoch),
       pool_(pool),
       board_(board),
       checkpointer_(checkpointer),
@@ -80,14 +81,18 @@ void RunMonitor::Tick() {
   PrintFinishedEpochs();
   if (metrics_) metrics_->SetCheckpointAge(checkpointer_.seconds_since_commit());
   ProgressLine line;
-  line.epoch = feed_.epoch;
   line.epochs = job_.epochs();
   line.total_steps = total_steps_;
+  line.elapsed_seconds = uptime;
   if (!stats.empty() && stats.back()) {
     line.step = stats.back()->steps();
     line.examples_per_second =
         static_cast<double>(stats.back()->examples()) / std::max(uptime, 1e-9);
   }
+  // The epoch the last stage is in, as the bar and the step are (the feeder runs ahead).
+  line.epoch = static_cast<int>(std::min<int64_t>(
+      job_.epochs(),
+      (std::max<int64_t>(line.step, 1) - 1) / std::max<int64_t>(steps_per_epoch_, 1) + 1));
   for (const auto& s : stats) line.recent.push_back(s ? FromProto(s->recent()) : HeadStats());
   progress_.Update(line);
 }

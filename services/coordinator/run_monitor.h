@@ -40,9 +40,9 @@ struct FeedProgress {
 
 class RunMonitor {
  public:
-  RunMonitor(const v1::Job& job, int64_t total_steps, bool quiet, WorkerPool& pool,
-             StatusBoard& board, const Checkpointer& checkpointer, CoordinatorMetrics* metrics,
-             const FeedProgress& feed, const EpochStatsStore& epochs);
+  RunMonitor(const v1::Job& job, int64_t total_steps, int64_t steps_per_epoch, bool quiet,
+             WorkerPool& pool, StatusBoard& board, const Checkpointer& checkpointer,
+             CoordinatorMetrics* metrics, const FeedProgress& feed, const EpochStatsStore& epochs);
   ~RunMonitor();
   void Start();
   // Stops polling, clears the progress line and prints the epochs not printed yet.
@@ -55,7 +55,7 @@ class RunMonitor {
   void Publish(const std::vector<std::optional<v1::StatsResponse>>& stats, double uptime);
 
   const v1::Job& job_;
-  const int64_t total_steps_;
+  const int64_t total_steps_, steps_per_epoch_;
   WorkerPool& pool_;
   StatusBoard& board_;
   const Checkpointer& checkpointer_;

@@ -408,6 +408,44 @@ TEST(JobFiles, OverridesApplyBeforeTheJobIsChecked) {
   EXPECT_EQ(j->seed(), 0u);
 }
 
+TEST(ProgressPrinter, ShowsElapsedTimeAndAnEtaFromTheStepsSinceTheFirstLine) {
+  std::ostringstream out;
+  ProgressPrinter printer(out, /*live=*/false, /*enabled=*/true);
+  HeadStats s0{/*loss_sum=*/2.0, /*correct=*/0, /*count=*/4}, none;
+  ProgressLine line{1, 2, 100, 1000, 512, {s0, none}, 30.0};
+  EXPECT_EQ(printer.Format(line),
+            "epoch 1/2 [##                  ] step 100/1000 512 ex/s 30s loss s0 0.500 s1 -");
+  line.step = 200;
+  line.elapsed_seconds = 40.0;  // 100 steps in 10 s: 800 to go take 80 s
+  EXPECT_EQ(printer.Format(line),
+            "epoch 1/2 [####                ] step 200/1000 512 ex/s 40s ETA 1m20s loss s0 0.500 "
+            "s1 -");
+  EXPECT_EQ(FormatDuration(7384), "2h03m");
+}
+
+TEST(ProgressPrinter, ALineWiderThanTheTerminalNarrowsUntilItFits) {
+  std::ostringstream out;
+  std::vector<HeadStats> eight;
+  for (int k = 0; k < 8; ++k) eight.push_back(HeadStats{1.0 + 0.1 * k, 0, 1});
+  eight[5].loss_sum = 0.25;
+  ProgressLine line{2, 3, 50, 100, 2000, eight, 754.0};
+  ProgressPrinter wide(out, /*live=*/false, /*enabled=*/true, /*width=*/200);
+  EXPECT_EQ(wide.Format(line),
+            "epoch 2/3 [##########          ] step 50/100 2000 ex/s 12m34s loss s0 1.000 s1 1.100 "
+            "s2 1.200 s3 1.300 s4 1.400 s5 0.250 s6 1.600 s7 1.700");
+  // 79 columns (an 80-column terminal): the lowest and the highest stage loss instead.
+  ProgressPrinter terminal(out, false, true, 79);
+  EXPECT_EQ(terminal.Format(line),
+            "epoch 2/3 [##########          ] step 50/100 2000 ex/s 12m34s loss 0.250-1.700");
+  ProgressPrinter narrower(out, false, true, 70);
+  EXPECT_EQ(narrower.Format(line),
+            "epoch 2/3 [#####     ] step 50/100 2000 ex/s 12m34s loss 0.250-1.700");
+  ProgressPrinter no_bar(out, false, true, 55);
+  EXPECT_EQ(no_bar.Format(line), "epoch 2/3 step 50/100 2000 ex/s 12m34s loss 0.250-1.700");
+  ProgressPrinter tiny(out, false, true, 20);
+  EXPECT_EQ(tiny.Format(line), "epoch 2/3 step 50/10");
+}
+
 TEST(ProgressPrinter, EpochResultShowsADashForAStageWithoutFigures) {
   std::ostringstream out;
   ProgressPrinter printer(out, /*live=*/false, /*enabled=*/true);
