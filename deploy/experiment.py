@@ -35,7 +35,10 @@ import sys
 import time
 
 RULES = ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP")
-PROGRESS = re.compile(r" (\d+) ex/s loss((?: s\d+ (?:[-+0-9.eEnaif]+|-))+)")
+# A progress line: "... 5142 ex/s 11s ETA 4s loss s0 0.451 s1 - ..." (piped, so every
+# stage's loss is shown; the elapsed time and the ETA may be missing).
+PROGRESS = re.compile(
+    r" (\d+) ex/s (?:[0-9hms]+ (?:ETA [0-9hms]+ )?)?loss((?: s\d+ (?:[-+0-9.eEnaif]+|-))+)")
 
 
 def fail(message):
