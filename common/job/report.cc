@@ -44,16 +44,18 @@ void AddHeadFigures(const std::vector<HeadStats>& stats,
 }
 
 absl::Status CheckRunTrained(const v1::RunReport& r) {
+  // Over the whole run, not epoch by epoch: after a resume, an epoch whose training was done
+  // before the restart rightly shows none in this process.
+  double trained = 0;
   for (const v1::EpochFigures& e : r.epochs()) {
-    double trained = 0;
     for (const v1::HeadFigures& f : e.train()) trained += f.examples();
-    if (trained == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "epoch ", e.epoch(),
-          " trained on nothing: no stage's head scored a single training "
-          "example, so every batch was refused or lost (see the errors above); the weights are "
-          "untrained"));
-    }
+  }
+  if (!r.epochs().empty() && trained == 0) {
+    return absl::FailedPreconditionError(
+        "the run trained on nothing: no stage's head scored a single training example, so "
+        "every batch was refused or lost (see the errors above); the weights are untrained");
+  }
+  for (const v1::EpochFigures& e : r.epochs()) {
     for (const auto* heads : {&e.train(), &e.test()}) {
       for (const v1::HeadFigures& f : *heads) {
         if (f.examples() > 0 && !std::isfinite(f.loss())) {

@@ -24,8 +24,8 @@ absl::Status WriteReport(const v1::RunReport& report, const std::string& dir);
 void AddHeadFigures(const std::vector<HeadStats>& stats,
                     google::protobuf::RepeatedPtrField<v1::HeadFigures>* out);
 
-// OK when the run trained: every epoch scored some training example on some stage, and no
-// head's loss is NaN or infinite. Otherwise FAILED_PRECONDITION saying which epoch and stage;
+// OK when the run trained: some stage's head scored some training example, and no head's
+// loss is NaN or infinite. Otherwise FAILED_PRECONDITION saying which epoch and stage;
 // `localpar run` and `localpar train` then exit kExitTrainingFailed.
 absl::Status CheckRunTrained(const v1::RunReport& report);
 

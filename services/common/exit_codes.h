@@ -10,7 +10,7 @@ enum ExitCode {
   kExitBadJob = 3,
   kExitBadData = 4,
   kExitWorkerLost = 5,
-  kExitTrainingFailed = 6,  // the loss went non-finite, or an epoch trained on nothing
+  kExitTrainingFailed = 6,  // the loss went non-finite, or the run trained on nothing
   kExitInterrupted = 130,
 };
 

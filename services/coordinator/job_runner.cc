@@ -94,7 +94,15 @@ int JobRunner::Run() {
   if (SendControl(*link, v1::Control::SHUTDOWN, 0, bye)) WaitAck(bye);
   grpc::Status fin = link->Finish();
   StopEvents(*link);
-  if (!fin.ok() && rc == kExitOk) return LostWorker(fin);
+  if (!fin.ok()) {
+    // The weights and the report are complete: a stage lost now loses nothing, but it may
+    // not have been told to exit.
+    std::string lost = pool_.Unreachable(2);
+    std::cerr << "\nlocalpar: the run is complete, but "
+              << (lost.empty() ? std::string("the pipeline") : lost)
+              << " was lost while shutting down (" << fin.error_message()
+              << "); a worker that missed SHUTDOWN keeps running until it is stopped\n";
+  }
   if (stopped_early_) {
     std::cerr << "localpar: stopped after step " << steps_ << " at checkpoint "
               << checkpointer_.last_committed() << "; continue with --resume (localpar run: "
@@ -200,6 +208,7 @@ bool JobRunner::Feed(PipelineLink& link) {
     meta.set_step(item.step);
     if (item.kind == PlanItem::kTrain) {
       feed_.epoch = item.epoch;
+      feed_.phase = FeedProgress::kTraining;
       if (metrics_) metrics_->SetEpoch(item.epoch);
       train.Gather(plan.order(), item.begin, item.rows);
       const int parts = StepMicroBatches(job_micro, item.rows);
@@ -229,6 +238,7 @@ bool JobRunner::Feed(PipelineLink& link) {
         return true;
       }
     } else if (item.kind == PlanItem::kEval) {
+      feed_.phase = FeedProgress::kEvaluating;
       test.Gather(plan.test_order(), item.begin, item.rows);
       meta.set_phase(v1::EVAL);
       meta.set_batch_rows(item.rows);
@@ -243,6 +253,7 @@ bool JobRunner::Feed(PipelineLink& link) {
       if (!end_of_epoch) epochs_sent_ = item.epoch;
     }
   }
+  feed_.phase = FeedProgress::kFinishing;
   // A final checkpoint, so a finished run can be extended or evaluated later.
   if (checkpointer_.enabled() && checkpointer_.last_started_step() != steps_) {
     DataCursor end{steps_, std::min(job_.epochs(), epochs_sent_), 0};
@@ -256,6 +267,7 @@ bool JobRunner::Feed(PipelineLink& link) {
 // Configures every stage, from resume_ when set; a stage that cannot restore its snapshot
 // of that checkpoint (its volume lost, or a file damaged) falls back to the next older one.
 int JobRunner::Configure() {
+  feed_.phase = FeedProgress::kConfiguring;
   while (true) {
     StageSettings s;
     s.total_steps = total_steps_;
@@ -280,6 +292,7 @@ int JobRunner::Configure() {
 }
 
 int JobRunner::Recover(const grpc::Status& st, int attempt) {
+  feed_.phase = FeedProgress::kRecovering;
   std::string lost = pool_.Unreachable(2);
   const std::string last =
       checkpointer_.last_committed().empty() ? "none" : checkpointer_.last_committed();

@@ -118,6 +118,9 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
   out.set_job(job_.name());
   out.set_rule(v1::UpdateRule_Name(job_.rule()));
   out.set_epoch(feed_.epoch);
+  static constexpr const char* kPhases[] = {"configuring", "training", "evaluating", "recovering",
+                                            "finishing"};
+  out.set_phase(kPhases[feed_.phase.load()]);
   out.set_epochs(job_.epochs());
   out.set_progress(total_steps_ > 0 ? static_cast<double>(feed_.fed_steps) / total_steps_ : 0.0);
   out.set_uptime_seconds(uptime);

@@ -34,8 +34,10 @@ class EpochStatsStore {
 
 // The feeder's position, read by the monitor.
 struct FeedProgress {
+  enum Phase { kConfiguring, kTraining, kEvaluating, kRecovering, kFinishing };
   std::atomic<int64_t> fed_steps{0};
   std::atomic<int> epoch{0};
+  std::atomic<Phase> phase{kConfiguring};
 };
 
 class RunMonitor {

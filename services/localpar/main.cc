@@ -51,7 +51,7 @@ void Usage(std::ostream& out) {
   out << "\n`localpar COMMAND --help` lists a command's flags. Job files are text-format\n"
          "localpar.v1.Job messages; examples live in deploy/jobs/.\n"
          "Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data set missing or invalid,\n"
-         "5 a worker was lost, 6 training failed (the loss went non-finite, or an epoch\n"
+         "5 a worker was lost, 6 training failed (the loss went non-finite, or the run\n"
          "trained on nothing), 130 interrupted.\n";
 }
 

@@ -6,7 +6,9 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/report.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/exit_codes.h"
@@ -31,23 +33,32 @@ int Probe(const std::string& address, int timeout_ms, const SecurityOptions& sec
   return serving ? 0 : 1;
 }
 
-int Status(const std::string& address, int sample_ms, const SecurityOptions& security) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(address, security));
-  auto fetch = [&](v1::JobStatus* out) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    AddToken(ctx, security);
-    grpc::Status st = stub->Status(&ctx, v1::StatusRequest(), out);
-    if (!st.ok()) std::cerr << "localpar status: " << address << ": " << st.error_message() << "\n";
-    return st.ok();
-  };
-  v1::JobStatus a, b;
-  if (!fetch(&a)) return 1;
-  std::this_thread::sleep_for(std::chrono::milliseconds(sample_ms));
-  if (!fetch(&b)) return 1;
-  double dt = b.uptime_seconds() - a.uptime_seconds();
-  std::cout << absl::StrFormat("%s (%s): epoch %d/%d, %.1f%% fed, up %.0f s\n", b.job(), b.rule(),
-                               b.epoch(), b.epochs(), 100 * b.progress(), b.uptime_seconds());
+namespace {
+
+// What a failed Status call means, for a person: the wrong kind of process is the usual one.
+std::string StatusError(const std::string& address, const grpc::Status& st) {
+  if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    return absl::StrCat(address,
+                        " is not a coordinator: it does not serve localpar.v1.Coordinator (a "
+                        "worker? `localpar probe` checks workers; `localpar run` prints the "
+                        "coordinator's status address)");
+  }
+  const std::string& m = st.error_message();
+  if (m.find("http1") != std::string::npos || m.find("HTTP/1") != std::string::npos ||
+      m.find("Socket closed") != std::string::npos) {
+    return absl::StrCat(address, ": ", m,
+                        " (is this a gRPC port? a /metrics endpoint speaks HTTP/1, not gRPC)");
+  }
+  return absl::StrCat(address, ": ", m);
+}
+
+void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
+  const double dt = b.uptime_seconds() - a.uptime_seconds();
+  const int64_t step = b.stages_size() > 0 ? b.stages(b.stages_size() - 1).steps() : 0;
+  std::cout << absl::StrFormat(
+      "%s (%s): epoch %d/%d, %s, step %d/%d (the last stage; %d fed), up %.0f s\n", b.job(),
+      b.rule(), b.epoch(), b.epochs(), b.phase().empty() ? "running" : b.phase(), step,
+      b.total_steps(), b.fed_steps(), b.uptime_seconds());
   if (!b.checkpoints()) {
     std::cout << "checkpoints: off (no --checkpoint_dir)\n";
   } else if (b.last_checkpoint().empty()) {
@@ -65,7 +76,48 @@ int Status(const std::string& address, int sample_ms, const SecurityOptions& sec
                                  s.address(), rate, s.loss(), s.queue_depth(), s.queue_capacity(),
                                  s.rejected(), s.reachable() ? "" : "  UNREACHABLE");
   }
-  return 0;
+}
+
+}  // namespace
+
+int Status(const std::string& address, const StatusOptions& o, const SecurityOptions& security) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address, security));
+  auto fetch = [&](v1::JobStatus* out) -> grpc::Status {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(o.timeout_ms));
+    AddToken(ctx, security);
+    return stub->Status(&ctx, v1::StatusRequest(), out);
+  };
+  for (int round = 0;; ++round) {
+    v1::JobStatus a, b;
+    grpc::Status st = fetch(&a);
+    if (st.ok() && !o.json) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.sample_ms));
+      st = fetch(&b);
+    } else {
+      b = a;
+    }
+    if (!st.ok()) {
+      // Watching, a coordinator that goes away after answering has finished (or died: its
+      // own exit code says which).
+      if (round > 0 && st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        std::cerr << "localpar status: " << address
+                  << " stopped answering (the job ended, or its coordinator stopped)\n";
+        return 0;
+      }
+      std::cerr << "localpar status: " << StatusError(address, st) << "\n";
+      return 1;
+    }
+    if (o.json) {
+      std::cout << ToJson(b, true);
+    } else {
+      if (round > 0) std::cout << "\n";
+      PrintStatus(a, b);
+    }
+    std::cout.flush();
+    if (o.watch_s <= 0) return 0;
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.watch_s));
+  }
 }
 
 int RequestCheckpoint(const std::string& address, const SecurityOptions& security) {
@@ -114,14 +166,28 @@ int ProbeCommandMain(const Args& args) {
 }
 
 int StatusCommandMain(const Args& args) {
-  return ClientMain("status",
+  v1::StatusCommand c;
+  *c.mutable_client() = ClientDefaults();
+  std::string address;
+  int rc = 0;
+  if (!ParseCommand("status",
                     "localpar status HOST:PORT [flags]\n"
-                    "A running job's stages, from its coordinator: throughput (sampled over a "
-                    "second), loss,\nqueues and refusals.",
-                    args,
-                    [](const std::string& a, const v1::ClientCommand&, const SecurityOptions& s) {
-                      return Status(a, 1000, s);
-                    });
+                    "A running job, from its coordinator: the phase, the step, the last "
+                    "checkpoint, and each stage's\nthroughput (sampled over a second), loss, "
+                    "queue and refusals.",
+                    args, &c, {}, &address, &rc)) {
+    return rc;
+  }
+  if (c.watch_s() < 0) return Fail(kExitUsage, "--watch_s must be >= 0");
+  SecurityOptions security;
+  if (absl::Status s = LoadSecurity(c.client().security(), &security); !s.ok()) {
+    return Fail(kExitUsage, std::string(s.message()));
+  }
+  StatusOptions o;
+  o.timeout_ms = c.client().timeout_ms();
+  o.json = c.json();
+  o.watch_s = c.watch_s();
+  return Status(address, o, security);
 }
 
 int CheckpointCommandMain(const Args& args) {

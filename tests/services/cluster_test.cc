@@ -17,6 +17,7 @@
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/localpar.pb.h"
 #include "proto/report.pb.h"
 #include "tests/services/cluster_util.h"
 
@@ -726,11 +727,43 @@ TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
     }
   }
   EXPECT_NE(r.output.find("pipe (GREEDY): epoch"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(", (training|evaluating), step [0-9]+/500 "
+                                                     "\\(the last stage; [0-9]+ fed\\)")))
+      << r.output;
   EXPECT_NE(r.output.find("checkpoints: off"), std::string::npos) << r.output;
   EXPECT_EQ(rows, 4) << r.output;
   EXPECT_EQ(moving, 4) << r.output;
+  // --json: the JobStatus message, every stage in it.
+  auto json = RunProcess({testing::BinDir() + "/localpar", "status", m[1].str(), "--json"}, 30);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  v1::JobStatus parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
+      << json.output;
+  EXPECT_EQ(parsed.stages_size(), 4);
+  EXPECT_EQ(parsed.total_steps(), 500);
+  // Pointed at a worker, it says what is wrong.
+  std::smatch worker;
+  std::string first_row = r.output.substr(r.output.find("\n    0 "));
+  ASSERT_TRUE(std::regex_search(first_row, worker, std::regex("127\\.0\\.0\\.1:[0-9]+")));
+  auto wrong = RunProcess({testing::BinDir() + "/localpar", "status", worker[0].str()}, 30);
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
+  EXPECT_NE(wrong.output.find(worker[0].str() + " is not a coordinator"), std::string::npos)
+      << wrong.output;
+  // --watch_s: it prints until the coordinator goes away, then exits 0.
+  pid_t watch = testing::StartProcess(
+      {testing::BinDir() + "/localpar", "status", m[1].str(), "--watch_s=0.2"},
+      run.dir.path() + "/watch.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // each round samples 1 s
   kill(run.launcher, SIGINT);
   testing::WaitProcess(run.launcher, 30);
+  EXPECT_EQ(testing::WaitProcess(watch, 30), 0) << ReadFile(run.dir.path() + "/watch.log");
+  std::string watched = ReadFile(run.dir.path() + "/watch.log");
+  EXPECT_NE(watched.find("stopped answering"), std::string::npos) << watched;
+  size_t rounds = 0;
+  for (size_t at = 0; (at = watched.find("pipe (GREEDY): epoch", at)) != std::string::npos; ++at) {
+    ++rounds;
+  }
+  EXPECT_GE(rounds, 2u) << watched;
 }
 
 std::string StatusAddress(const LongRun& run) {

@@ -371,10 +371,17 @@ TEST(RunReport, ARunThatTrainedNothingOrDivergedIsRefused) {
     *e->add_test() = *f;
   }
   EXPECT_TRUE(CheckRunTrained(r).ok()) << CheckRunTrained(r);
+  // A resumed run's epoch whose training came before the restart: fine, as long as the run
+  // trained somewhere.
+  v1::RunReport resumed = r;
+  *resumed.add_epochs() = r.epochs(0);
+  resumed.mutable_epochs(1)->set_epoch(2);
+  resumed.mutable_epochs(1)->mutable_train(1)->set_examples(0);
+  EXPECT_TRUE(CheckRunTrained(resumed).ok()) << CheckRunTrained(resumed);
   v1::RunReport nothing = r;
   nothing.mutable_epochs(0)->mutable_train(1)->set_examples(0);
   EXPECT_EQ(CheckRunTrained(nothing).message(),
-            "epoch 1 trained on nothing: no stage's head scored a single training example, so "
+            "the run trained on nothing: no stage's head scored a single training example, so "
             "every batch was refused or lost (see the errors above); the weights are untrained");
   v1::RunReport diverged = r;
   diverged.mutable_epochs(0)->mutable_test(1)->set_loss(std::nan(""));
