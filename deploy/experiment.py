@@ -32,13 +32,8 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 RULES = ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP")
-# A progress line: "... 5142 ex/s 11s ETA 4s loss s0 0.451 s1 - ..." (piped, so every
-# stage's loss is shown; the elapsed time and the ETA may be missing).
-PROGRESS = re.compile(
-    r" (\d+) ex/s (?:[0-9hms]+ (?:ETA [0-9hms]+ )?)?loss((?: s\d+ (?:[-+0-9.eEnaif]+|-))+)")
 
 
 def fail(message):
@@ -134,33 +129,28 @@ def run_one(args, spec, model, arm, seed, run_dir):
     for key in ("epochs", "max_steps"):
         if key in model:
             cmd.append(f"--{key}={model[key]}")
-    start = time.monotonic()
-    curve = []
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(metrics_path):
+        os.remove(metrics_path)  # a run appends to it: start this one afresh
     with open(os.path.join(run_dir, "run.log"), "w") as log:
         log.write(" ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
-            m = PROGRESS.search(line)
-            if m:
-                fields = m.group(2).split()
-                losses = {int(fields[i][1:]): float(fields[i + 1])
-                          for i in range(0, len(fields), 2) if fields[i + 1] != "-"}
-                # All zeros: no training batch since the last snapshot (evaluation, or the
-                # end of the run), not a loss.
-                if any(v != 0 for v in losses.values()):
-                    curve.append((time.monotonic() - start, losses))
             if args.verbose or line.startswith("epoch") and "test" in line:
                 print(f"    {line.rstrip()}", file=sys.stderr)
         code = proc.wait()
     if code != 0:
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
+    # The training curve: every stage's loss over the epoch so far, from metrics.jsonl.
     with open(curve_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["seconds", "stage", "train_loss"])
-        for t, losses in curve:
-            for k in sorted(losses):
-                w.writerow([f"{t:.2f}", k, losses[k]])
+        with open(metrics_path) as m:
+            for line in m:
+                point = json.loads(line)
+                if point["kind"] in ("train", "epoch") and point["loss"] is not None:
+                    w.writerow([f"{point['wall_seconds']:.2f}", point["stage"], point["loss"]])
 
 
 def read_run(run_dir):

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/metrics_log.h"
 #include "common/job/progress.h"
 #include "common/job/report.h"
 #include "common/job/tensor_codec.h"
@@ -15,6 +17,9 @@ namespace localpar {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// metrics.jsonl gets the training figures every this many steps (and each epoch's at its end).
+constexpr int64_t kMetricsEvery = 10;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -123,6 +128,26 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
                          data.train.size(), data.test.size(), report.backend());
 
   ProgressPrinter progress(log, isatty(STDERR_FILENO), options.progress);
+  Clock::time_point start_of_run = Clock::now();
+  double examples_so_far = 0;
+  std::unique_ptr<MetricsLog> metrics;
+  if (!options.out_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsLog>> opened = MetricsLog::Open(options.out_dir);
+    if (!opened.ok()) return opened.status();
+    metrics = *std::move(opened);
+  }
+  const ScheduleConfig schedule = ToTrainerOptions(job, plan.total_steps()).schedule;
+  auto point = [&](const char* kind, int epoch, int64_t step) {
+    MetricsPoint p;
+    p.kind = kind;
+    p.step = step;
+    p.epoch = epoch;
+    p.wall_seconds = Seconds(start_of_run, Clock::now());
+    p.lr = LearningRate(schedule, step, plan.total_steps());
+    p.examples_per_second =
+        std::string_view(kind) == "train" ? examples_so_far / std::max(p.wall_seconds, 1e-9) : 0;
+    return p;
+  };
   BatchAssembler train(data.train, job.batch_size()), test(data.test, job.eval_batch_size());
   Tensor x, y;
   std::vector<HeadStats> train_stats(stages), test_stats(stages);
@@ -130,6 +155,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   auto epoch_start = start;
   double train_seconds = 0;
   int64_t examples = 0;
+  start_of_run = start;
   for (PlanItem item; plan.Next(&item);) {
     if (item.kind == PlanItem::kTrain) {
       train.Gather(plan.order(), item.begin, item.rows);
@@ -146,6 +172,11 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
                         train_stats,
                         elapsed};
       progress.Update(line);
+      examples_so_far = static_cast<double>(examples);
+      // Every kMetricsEvery steps: the epoch so far.
+      if (metrics && (item.step + 1) % kMetricsEvery == 0) {
+        metrics->Write(point("train", item.epoch, item.step + 1), train_stats);
+      }
     } else if (item.kind == PlanItem::kEndOfEpoch) {
       train_seconds += Seconds(epoch_start, Clock::now());
     } else if (item.kind == PlanItem::kEval) {
@@ -160,6 +191,10 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
       AddHeadFigures(train_stats, e->mutable_train());
       AddHeadFigures(test_stats, e->mutable_test());
       progress.EpochResult(item.epoch, test_stats, e->seconds());
+      if (metrics) {
+        metrics->Write(point("epoch", item.epoch, trainer.step()), train_stats);
+        metrics->Write(point("test", item.epoch, trainer.step()), test_stats);
+      }
       train_stats.assign(stages, HeadStats());
       test_stats.assign(stages, HeadStats());
       epoch_start = Clock::now();

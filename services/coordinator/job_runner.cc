@@ -53,6 +53,14 @@ v1::RunReport JobRunner::History() {
 }
 
 int JobRunner::Run() {
+  if (!config_.out().empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsLog>> log = MetricsLog::Open(config_.out());
+    if (!log.ok()) {
+      std::cerr << "localpar: --out: " << log.status().message() << "\n";
+      return kExitUsage;
+    }
+    monitor_.LogTo(*std::move(log));
+  }
   monitor_.Start();
   std::unique_ptr<PipelineLink> link;
   int rc = kExitOk;

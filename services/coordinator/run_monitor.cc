@@ -3,7 +3,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+
+#include "common/job/job.h"
 
 namespace localpar {
 namespace {
@@ -42,7 +45,8 @@ RunMonitor::RunMonitor(const v1::Job& job, int64_t total_steps, int64_t steps_pe
       metrics_(metrics),
       feed_(feed),
       epochs_(epochs),
-      progress_(std::cerr, isatty(STDERR_FILENO), !quiet) {}
+      progress_(std::cerr, isatty(STDERR_FILENO), !quiet),
+      schedule_(ToTrainerOptions(job, total_steps).schedule) {}
 
 RunMonitor::~RunMonitor() { Stop(); }
 
@@ -95,20 +99,50 @@ void RunMonitor::Tick() {
       (std::max<int64_t>(line.step, 1) - 1) / std::max<int64_t>(steps_per_epoch_, 1) + 1));
   for (const auto& s : stats) line.recent.push_back(s ? FromProto(s->recent()) : HeadStats());
   progress_.Update(line);
+  // metrics.jsonl: the epoch so far, at most once a second, when the last stage has moved.
+  if (log_ && line.step != logged_step_ && uptime - logged_at_ >= 1.0) {
+    logged_step_ = line.step;
+    logged_at_ = uptime;
+    log_->Write(Point("train", line.epoch, line.step, uptime, line.examples_per_second),
+                line.recent);
+  }
+}
+
+MetricsPoint RunMonitor::Point(const char* kind, int epoch, int64_t step, double uptime,
+                               double examples_per_second) const {
+  MetricsPoint p;
+  p.kind = kind;
+  p.step = step;
+  p.epoch = epoch;
+  p.wall_seconds = uptime;
+  p.lr = LearningRate(schedule_, step, total_steps_);
+  p.examples_per_second = examples_per_second;
+  return p;
 }
 
 void RunMonitor::PrintFinishedEpochs() {
   while (std::optional<std::vector<v1::StatsResponse>> s = epochs_.Get(printed_epochs_ + 1)) {
     ++printed_epochs_;
-    std::vector<HeadStats> test;
+    std::vector<HeadStats> train, test;
     for (const v1::StatsResponse& st : *s) {
-      HeadStats h;
+      HeadStats t, h;
       for (const auto& e : st.epochs()) {
-        if (e.epoch() == printed_epochs_) h = FromProto(e.eval());
+        if (e.epoch() != printed_epochs_) continue;
+        t = FromProto(e.train());
+        h = FromProto(e.eval());
       }
+      train.push_back(t);
       test.push_back(h);
     }
     progress_.EpochResult(printed_epochs_, test, -1);
+    if (log_) {
+      const double uptime =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+      // The steps done when this epoch's evaluation began: every step of the epochs so far.
+      const int64_t step = std::min<int64_t>(total_steps_, printed_epochs_ * steps_per_epoch_);
+      log_->Write(Point("epoch", printed_epochs_, step, uptime, 0), train);
+      log_->Write(Point("test", printed_epochs_, step, uptime, 0), test);
+    }
   }
 }
 

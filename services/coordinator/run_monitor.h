@@ -11,7 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/job/metrics_log.h"
 #include "common/job/progress.h"
+#include "common/nn/optimizer.h"
 #include "services/coordinator/checkpointer.h"
 #include "services/coordinator/status_service.h"
 #include "services/coordinator/worker_pool.h"
@@ -49,11 +51,15 @@ class RunMonitor {
   void Start();
   // Stops polling, clears the progress line and prints the epochs not printed yet.
   void Stop();
+  // Appends the run's figures to metrics.jsonl as it goes (before Start).
+  void LogTo(std::unique_ptr<MetricsLog> log) { log_ = std::move(log); }
 
  private:
   void Loop();
   void Tick();
   void PrintFinishedEpochs();
+  MetricsPoint Point(const char* kind, int epoch, int64_t step, double uptime,
+                     double examples_per_second) const;
   void Publish(const std::vector<std::optional<v1::StatsResponse>>& stats, double uptime);
 
   const v1::Job& job_;
@@ -65,6 +71,10 @@ class RunMonitor {
   const FeedProgress& feed_;
   const EpochStatsStore& epochs_;
   ProgressPrinter progress_;
+  std::unique_ptr<MetricsLog> log_;
+  ScheduleConfig schedule_;
+  int64_t logged_step_ = -1;
+  double logged_at_ = 0;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int printed_epochs_ = 0;
   std::thread thread_;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/localpar.pb.h"
 #include "proto/report.pb.h"
@@ -612,6 +613,38 @@ stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: 
   auto info = RunProcess({bin, "data", job}, 60);
   EXPECT_EQ(info.exit_code, 0) << info.output;
   EXPECT_NE(info.output.find("\"classes\": 3"), std::string::npos) << info.output;
+}
+
+// metrics.jsonl: the cluster and the reference trainer log the same figures for every
+// epoch (training and test, per stage), and the cluster's lines parse as JSON.
+TEST(Launcher, MetricsJsonlOfRunAndTrainAgreeAtEveryEpoch) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", testing::SmallJob("GREEDY", 1));
+  const std::string bin = testing::BinDir() + "/localpar";
+  for (const char* command : {"train", "run"}) {
+    auto r = RunProcess({bin, command, job, "--quiet", "--out=" + dir.path() + "/" + command}, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  // Every field but the wall time and the throughput, of the lines logged at epoch ends.
+  auto epoch_lines = [&](const std::string& command) {
+    std::vector<std::string> out;
+    std::istringstream in(ReadFile(dir.path() + "/" + command + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      google::protobuf::Struct parsed;
+      EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(line, &parsed).ok()) << line;
+      const auto& f = parsed.fields();
+      if (f.at("kind").string_value() != "train") {
+        out.push_back(line.substr(0, line.find(",\"examples_per_second\"")));
+      }
+    }
+    return out;
+  };
+  std::vector<std::string> train = epoch_lines("train"), run = epoch_lines("run");
+  EXPECT_EQ(run, train);
+  EXPECT_GE(train.size(), 2u * 2 * 2) << "2 epochs x training and test x at least 2 heads";
+  EXPECT_NE(train[0].find("{\"kind\":\"epoch\",\"step\":7,\"epoch\":1,\"stage\":0,"),
+            std::string::npos)
+      << train[0];  // 200 examples in batches of 30: 7 steps an epoch
 }
 
 // A run whose loss goes non-finite has failed: run and train both exit 6 and say why.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
+#include "common/job/metrics_log.h"
 #include "common/job/plan.h"
 #include "common/job/progress.h"
 #include "common/job/report.h"
@@ -356,6 +357,21 @@ TEST(JobFiles, AnIdxDataSetsShapeAndClassesComeFromItsFiles) {
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(IsDataError(missing.status())) << missing.status();
   EXPECT_FALSE(IsDataError(LoadJobWithOverrides("/nonexistent.textproto", {}).status()));
+}
+
+TEST(MetricsLog, OneJsonObjectALineWithNullForANonFiniteLoss) {
+  MetricsPoint p;
+  p.kind = "test";
+  p.step = 14;
+  p.epoch = 2;
+  p.wall_seconds = 3.5;
+  p.lr = 0.001;
+  EXPECT_EQ(MetricsLog::Line(p, 1, HeadStats{2.0, 3.0, 4}),
+            "{\"kind\":\"test\",\"step\":14,\"epoch\":2,\"stage\":1,\"loss\":0.5,"
+            "\"accuracy\":0.75,\"examples\":4,\"lr\":0.001,\"examples_per_second\":0,"
+            "\"wall_seconds\":3.5}");
+  EXPECT_NE(MetricsLog::Line(p, 0, HeadStats{std::nan(""), 0, 1}).find("\"loss\":null"),
+            std::string::npos);
 }
 
 // A run that trained nothing, or diverged, is a failed run.
