@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/atomic_file.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace localpar {
@@ -69,6 +70,14 @@ absl::Status CheckRunTrained(const v1::RunReport& r) {
     }
   }
   return absl::OkStatus();
+}
+
+void DescribeRun(const v1::Job& job, const std::string& version, v1::RunReport* report) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(job, &text);
+  report->set_job_text(text);
+  report->set_seed(static_cast<double>(job.seed()));
+  report->set_version(version);
 }
 
 std::string ReportTable(const v1::RunReport& r) {

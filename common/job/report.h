@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/nn/stage.h"
+#include "proto/job.pb.h"
 #include "proto/report.pb.h"
 
 namespace localpar {
@@ -28,6 +29,9 @@ void AddHeadFigures(const std::vector<HeadStats>& stats,
 // loss is NaN or infinite. Otherwise FAILED_PRECONDITION saying which epoch and stage;
 // `localpar run` and `localpar train` then exit kExitTrainingFailed.
 absl::Status CheckRunTrained(const v1::RunReport& report);
+
+// Records what ran: the normalised job (text format), its seed, and `version`.
+void DescribeRun(const v1::Job& job, const std::string& version, v1::RunReport* report);
 
 std::string ReportTable(const v1::RunReport& report);
 

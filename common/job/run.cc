@@ -118,6 +118,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   const int stages = model->num_stages();
 
   v1::RunReport report;
+  DescribeRun(job, options.version, &report);
   report.set_job(job.name());
   report.set_rule(v1::UpdateRule_Name(job.rule()));
   report.set_backend(be.Describe());

@@ -42,6 +42,7 @@ struct RunOptions {
   int threads = 1;             // CPU GEMM threads
   bool progress = true;        // a progress line on stderr
   std::string out_dir;         // where report.json and weights.pb go ("" = nowhere)
+  std::string version;         // recorded in the report
 };
 
 absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job);

@@ -8,6 +8,7 @@
 #include "common/job/tensor_codec.h"
 #include "common/nn/rule.h"
 #include "services/common/exit_codes.h"
+#include "services/common/program_config.h"
 #include "services/coordinator/cluster_report.h"
 
 namespace localpar {
@@ -376,6 +377,7 @@ int JobRunner::Collect() {
   // before the table.
   monitor_.Stop();
   v1::RunReport report;
+  DescribeRun(job_, VersionString(), &report);
   report.set_job(job_.name());
   report.set_rule(v1::UpdateRule_Name(job_.rule()));
   report.set_backend(backend_);

@@ -6,6 +6,7 @@
 #include "common/job/run.h"
 #include "google/protobuf/struct.pb.h"
 #include "services/common/exit_codes.h"
+#include "services/common/program_config.h"
 #include "services/localpar/command_flags.h"
 
 namespace localpar {
@@ -69,6 +70,7 @@ int TrainCommandMain(const Args& args) {
   options.threads = t.threads();
   options.out_dir = t.out();
   options.progress = !t.quiet();
+  options.version = VersionString();
   absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);
   if (!report.ok()) {
     const bool usage = report.status().code() == absl::StatusCode::kInvalidArgument &&

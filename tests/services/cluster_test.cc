@@ -17,6 +17,7 @@
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
 #include "google/protobuf/struct.pb.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/localpar.pb.h"
 #include "proto/report.pb.h"
@@ -616,7 +617,8 @@ stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: 
 }
 
 // metrics.jsonl: the cluster and the reference trainer log the same figures for every
-// epoch (training and test, per stage), and the cluster's lines parse as JSON.
+// epoch (training and test, per stage), and the lines parse as JSON; report.json says what
+// ran.
 TEST(Launcher, MetricsJsonlOfRunAndTrainAgreeAtEveryEpoch) {
   TempDir dir;
   std::string job = dir.Write("job.textproto", testing::SmallJob("GREEDY", 1));
@@ -645,6 +647,23 @@ TEST(Launcher, MetricsJsonlOfRunAndTrainAgreeAtEveryEpoch) {
   EXPECT_NE(train[0].find("{\"kind\":\"epoch\",\"step\":7,\"epoch\":1,\"stage\":0,"),
             std::string::npos)
       << train[0];  // 200 examples in batches of 30: 7 steps an epoch
+  // report.json records what ran: the same normalised job, the seed and the version.
+  v1::RunReport from_train, from_run;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  ReadFile(dir.path() + "/train/report.json"), &from_train)
+                  .ok());
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ReadFile(dir.path() + "/run/report.json"),
+                                                          &from_run)
+                  .ok());
+  EXPECT_EQ(from_run.job_text(), from_train.job_text());
+  v1::Job ran;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(from_run.job_text(), &ran))
+      << from_run.job_text();
+  EXPECT_EQ(ran.name(), "small4");
+  EXPECT_EQ(ran.batch_size(), 30);
+  EXPECT_EQ(from_run.seed(), 5);
+  EXPECT_EQ(from_run.version().rfind("localpar ", 0), 0u) << from_run.version();
+  EXPECT_NE(from_run.version().find("(git "), std::string::npos) << from_run.version();
 }
 
 // A run whose loss goes non-finite has failed: run and train both exit 6 and say why.
