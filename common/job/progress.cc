@@ -80,8 +80,9 @@ std::string ProgressPrinter::Format(const ProgressLine& l) {
               : 0;
       bar_text = absl::StrCat(" [", std::string(filled, '#'), std::string(bar - filled, ' '), "]");
     }
-    return absl::StrFormat("epoch %d/%d%s step %d/%d %.0f ex/s%s loss%s", l.epoch, l.epochs,
-                           bar_text, l.step, l.total_steps, l.examples_per_second, times, losses);
+    return absl::StrFormat("epoch %d/%d%s step %d/%d %.0f ex/s%s %s%s", l.epoch, l.epochs, bar_text,
+                           l.step, l.total_steps, l.examples_per_second, times,
+                           l.evaluating ? "evaluating; loss" : "loss", losses);
   };
   // Narrower and narrower until it fits: every stage's loss, then the lowest and highest,
   // then a shorter bar, then none; a line that still does not fit is cut.

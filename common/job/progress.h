@@ -20,6 +20,7 @@ struct ProgressLine {
   // yet (count 0) shows "-".
   std::vector<HeadStats> recent;
   double elapsed_seconds = -1;  // since the run started (< 0: not shown, nor the ETA)
+  bool evaluating = false;      // the last stage is scoring the epoch's test split
 };
 
 // "42s", "3m07s", "2h05m".

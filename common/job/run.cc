@@ -181,6 +181,18 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     } else if (item.kind == PlanItem::kEndOfEpoch) {
       train_seconds += Seconds(epoch_start, Clock::now());
     } else if (item.kind == PlanItem::kEval) {
+      if (item.begin == 0) {  // the epoch's first test batch: say so while it is scored
+        const double elapsed = Seconds(start, Clock::now());
+        ProgressLine line{item.epoch,
+                          job.epochs(),
+                          trainer.step(),
+                          plan.total_steps(),
+                          examples / std::max(elapsed, 1e-9),
+                          train_stats,
+                          elapsed,
+                          /*evaluating=*/true};
+        progress.Update(line, /*force=*/true);
+      }
       test.Gather(plan.test_order(), item.begin, item.rows);
       Upload(test, be, &x, &y);
       std::vector<HeadStats> s = trainer.EvalBatch(x, y);

@@ -98,6 +98,9 @@ void RunMonitor::Tick() {
       job_.epochs(),
       (std::max<int64_t>(line.step, 1) - 1) / std::max<int64_t>(steps_per_epoch_, 1) + 1));
   for (const auto& s : stats) line.recent.push_back(s ? FromProto(s->recent()) : HeadStats());
+  // Done with an epoch's training steps and its result not in yet: scoring its test split.
+  line.evaluating = line.step > 0 && line.step % std::max<int64_t>(steps_per_epoch_, 1) == 0 &&
+                    printed_epochs_ < line.epoch;
   progress_.Update(line);
   // metrics.jsonl: the epoch so far, at most once a second, when the last stage has moved.
   if (log_ && line.step != logged_step_ && uptime - logged_at_ >= 1.0) {

@@ -444,6 +444,10 @@ TEST(ProgressPrinter, ShowsElapsedTimeAndAnEtaFromTheStepsSinceTheFirstLine) {
             "epoch 1/2 [####                ] step 200/1000 512 ex/s 40s ETA 1m20s loss s0 0.500 "
             "s1 -");
   EXPECT_EQ(FormatDuration(7384), "2h03m");
+  line.evaluating = true;
+  EXPECT_NE(printer.Format(line).find(" ETA 1m20s evaluating; loss s0 0.500 s1 -"),
+            std::string::npos)
+      << printer.Format(line);
 }
 
 TEST(ProgressPrinter, ALineWiderThanTheTerminalNarrowsUntilItFits) {
