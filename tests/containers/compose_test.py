@@ -110,6 +110,16 @@ def start_dockerd(workdir):
                       "Debian's docker.io (deploy/install-deps.sh does)")
     if os.geteuid() != 0:
         raise Failure("no Docker engine answers, and starting dockerd needs root")
+    # Without systemd nothing may have mounted the cgroup hierarchies dockerd needs; Debian's
+    # cgroupfs-mount (which docker.io recommends) does.
+    if not (os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+            or os.path.ismount("/sys/fs/cgroup/memory")):
+        tool = shutil.which("cgroupfs-mount")
+        if tool is None:
+            raise Failure("no cgroup hierarchy is mounted and cgroupfs-mount is missing: "
+                          "apt-get install cgroupfs-mount")
+        run([tool], check=False)
+        log("mounted the cgroup hierarchies (cgroupfs-mount)")
     logpath = os.path.join(workdir, "dockerd.log")
     proc = subprocess.Popen([dockerd], stdout=open(logpath, "w"), stderr=subprocess.STDOUT)
     for _ in range(120):
