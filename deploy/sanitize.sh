@@ -16,7 +16,7 @@ export LOCALPAR_HOSTILE_RSS_MIB=2000  # ASan's shadow memory and quarantine
 # and the benchmarks run in the normal build only.
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -L "core|data|services|cluster" \
   -E "FashionMlp|QueuesStayBounded|bench"
-for target in tensor job idx checkpoint item; do
+for target in tensor job idx checkpoint item npy; do
   work=$(mktemp -d)
   extra=()
   [ "$target" = job ] && extra=(deploy/jobs)

@@ -5,6 +5,9 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 bash deploy/check-format.sh
 npm ci --prefix deploy/validate --no-audit --no-fund --silent  # offline manifest validation
+# ONNX Runtime for the export test; --ignore-scripts: its CPU library ships in the package
+# (the install script would only fetch optional GPU parts).
+npm ci --prefix tests/onnx --ignore-scripts --no-audit --no-fund --silent
 build_dir="${BUILD_DIR:-build/ci}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCALPAR_WERROR=ON
 cmake --build "$build_dir" -j "$(nproc)"

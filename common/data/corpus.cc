@@ -94,6 +94,7 @@ absl::Status CorpusFiles(const std::string& path, std::vector<std::string>* file
 absl::StatusOr<DataSplit> LoadCifar10(const std::string& dir, int64_t train_limit,
                                       int64_t test_limit) {
   DataSplit s;
+  s.normalization.scale = 1.0f / 255.0f;
   for (Dataset* d : {&s.train, &s.test}) {
     d->example_shape = {32, 32, 3};
     d->classes = 10;
@@ -134,6 +135,7 @@ absl::StatusOr<DataSplit> LoadTextCorpus(const TextCorpusOptions& o, int64_t tra
   const int64_t period = std::max<int64_t>(2, std::llround(1.0 / o.holdout_fraction));
   constexpr int64_t kBlock = 16;
   DataSplit s;
+  s.normalization.tokens = true;
   for (Dataset* d : {&s.train, &s.test}) {
     d->example_shape = {t};
     d->classes = 256;

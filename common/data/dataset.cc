@@ -117,6 +117,7 @@ absl::StatusOr<DataSplit> LoadFashionMnist(const std::string& dir, int64_t train
                      ": every label is 0; a classifier needs at least 2 classes"));
   }
   DataSplit s;
+  s.normalization.scale = 1.0f / 255.0f;
   s.train = ToDataset(*train, classes, train_limit);
   s.test = ToDataset(*test, classes, test_limit);
   return s;
@@ -189,6 +190,14 @@ void Standardize(DataSplit& split) {
   for (Dataset* d : {&split.train, &split.test}) {
     for (float& v : d->x) v = (v - m) * inv;
   }
+  split.normalization.mean = m;
+  split.normalization.inv_std = inv;
+}
+
+void ApplyNormalization(const InputNormalization& norm, float* values, int64_t count) {
+  if (norm.tokens) return;
+  for (int64_t i = 0; i < count; ++i)
+    values[i] = (values[i] * norm.scale - norm.mean) * norm.inv_std;
 }
 
 std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch) {

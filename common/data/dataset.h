@@ -23,8 +23,18 @@ struct Dataset {
   int64_t example_size() const { return NumElements(example_shape); }
 };
 
+// How raw values became the examples in x: x = (raw * scale - mean) * inv_std, in float32,
+// one operation at a time (so predict and export can repeat it bit for bit).
+struct InputNormalization {
+  float scale = 1.0f;  // 1/255 for pixel bytes
+  float mean = 0.0f;
+  float inv_std = 1.0f;
+  bool tokens = false;  // token ids: never transformed
+};
+
 struct DataSplit {
   Dataset train, test;
+  InputNormalization normalization;
 };
 
 // Reads the four IDX files of the Fashion-MNIST layout from `dir` (train- and t10k-,
@@ -77,8 +87,12 @@ struct SyntheticOptions {
 // Gaussian clusters around per-class centres: learnable, deterministic, no files.
 DataSplit MakeSynthetic(const SyntheticOptions& options);
 
-// Standardises both splits with the training split's mean and standard deviation.
+// Standardises both splits with the training split's mean and standard deviation, and
+// records them in split.normalization.
 void Standardize(DataSplit& split);
+
+// Applies `norm` to raw values in place (what loading and Standardize did to the data).
+void ApplyNormalization(const InputNormalization& norm, float* values, int64_t count);
 
 // The order of examples in an epoch: a Fisher-Yates shuffle driven by (seed, epoch).
 std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);

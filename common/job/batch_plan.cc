@@ -22,7 +22,7 @@ BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_ex
     : batch_(job.batch_size()),
       eval_batch_(job.eval_batch_size()),
       train_n_(train_examples),
-      test_n_(test_examples),
+      test_n_(job.eval_limit() > 0 ? std::min(job.eval_limit(), test_examples) : test_examples),
       total_steps_(TotalSteps(job, train_examples)),
       epochs_(job.epochs()),
       seed_(job.seed()),

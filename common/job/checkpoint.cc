@@ -113,11 +113,16 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
   // half restored.
   using List = google::protobuf::RepeatedPtrField<v1::NamedTensor>;
   auto check = [&](const List& list) -> absl::Status {
+    std::vector<bool> seen(params.size(), false);
     for (const v1::NamedTensor& nt : list) {
       size_t i = std::strtoul(nt.name().c_str(), nullptr, 10);
       if (i >= params.size() || nt.name() != absl::StrCat(i, ".", params[i]->name)) {
         return absl::InvalidArgumentError(absl::StrCat(source, ": unknown tensor ", nt.name()));
       }
+      if (seen[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", nt.name(), " appears twice"));
+      }
+      seen[i] = true;
       if (absl::Status s = CheckWireTensor(nt.tensor(), nt.name()); !s.ok()) {
         return absl::DataLossError(absl::StrCat(source, ": ", s.message()));
       }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/data/dataset.h"
+#include "common/data/user_data.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -420,6 +421,7 @@ absl::Status ValidateRun(const v1::Job& job) {
   if (job.batch_size() <= 0) return Invalid("batch_size", "must be > 0");
   if (job.epochs() <= 0) return Invalid("epochs", "must be > 0");
   if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
+  if (job.eval_limit() < 0) return Invalid("eval_limit", "must be >= 0 (0: every example)");
   if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
   if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
   if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {
@@ -453,6 +455,32 @@ absl::Status ValidateData(const v1::Data& d) {
     if (!(s.noise() >= 0.0f) || !Finite(s.noise())) {
       return Invalid("data.synthetic.noise", "must be a finite number >= 0");
     }
+  }
+  if (!(d.holdout_fraction() >= 0.0f && d.holdout_fraction() < 1.0f)) {
+    return Invalid("data.holdout_fraction", "must be in [0, 1)");
+  }
+  if (d.has_text() && d.holdout_fraction() > 0.0f) {
+    return Invalid("data.holdout_fraction", "use data.text.holdout_fraction for a text corpus");
+  }
+  if (d.has_numpy()) {
+    const v1::Numpy& n = d.numpy();
+    if (n.npz().empty() && (n.x_train().empty() || n.y_train().empty())) {
+      return Invalid("data.numpy", "set npz, or x_train and y_train");
+    }
+    if (!n.npz().empty() &&
+        !(n.x_train().empty() && n.y_train().empty() && n.x_test().empty() && n.y_test().empty())) {
+      return Invalid("data.numpy", "set npz or the .npy files, not both");
+    }
+    if (n.x_test().empty() != n.y_test().empty()) {
+      return Invalid("data.numpy", "x_test and y_test come together");
+    }
+  }
+  if (d.has_image_folder() && d.image_folder().train_dir().empty()) {
+    return Invalid("data.image_folder.train_dir", "required: one subfolder of PNGs per class");
+  }
+  if (d.has_image_folder() && d.image_folder().test_dir().empty() && d.holdout_fraction() == 0) {
+    return Invalid("data.image_folder.test_dir",
+                   "required unless data.holdout_fraction holds some training images out");
   }
   if (d.has_cifar10() && d.cifar10().dir().empty()) {
     return Invalid("data.cifar10.dir", "required: the directory holding data_batch_1.bin etc.");
@@ -551,6 +579,10 @@ Shape JobInputShape(const v1::Job& job) {
     const auto& s = d.fashion_mnist().shape();
     return Shape(s.begin(), s.end());
   }
+  if (d.has_numpy()) return Shape(d.numpy().shape().begin(), d.numpy().shape().end());
+  if (d.has_image_folder()) {
+    return Shape(d.image_folder().shape().begin(), d.image_folder().shape().end());
+  }
   return {28, 28, 1};  // Fashion-MNIST's, until the files have been read
 }
 
@@ -560,10 +592,62 @@ int32_t JobClasses(const v1::Job& job) {
   if (job.data().has_fashion_mnist() && job.data().fashion_mnist().classes() > 0) {
     return job.data().fashion_mnist().classes();
   }
+  if (job.data().has_numpy()) return job.data().numpy().classes();
+  if (job.data().has_image_folder()) return job.data().image_folder().classes();
   return 10;
 }
 
+namespace {
+
+// Fills a user data source's shape and classes from `split`, or checks the ones set.
+template <typename Source>
+absl::Status ResolveFrom(const DataSplit& split, const std::string& field, const std::string& what,
+                         Source* src) {
+  const Shape& got = split.train.example_shape;
+  if (!src->shape().empty() &&
+      !std::equal(src->shape().begin(), src->shape().end(), got.begin(), got.end())) {
+    return MarkDataError(absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape: [", absl::StrJoin(src->shape(), ","), "], but ", what,
+                     " hold examples of shape ", ShapeString(got))));
+  }
+  if (src->classes() > 0 && src->classes() != split.train.classes) {
+    return MarkDataError(
+        absl::InvalidArgumentError(absl::StrCat(field, ".classes: ", src->classes(), ", but ", what,
+                                                " have labels 0..", split.train.classes - 1)));
+  }
+  src->clear_shape();
+  for (int64_t d : got) src->add_shape(d);
+  src->set_classes(split.train.classes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+NumpySource ToNumpySource(const v1::Numpy& n) {
+  NumpySource s;
+  s.npz = n.npz();
+  s.x_train = n.x_train();
+  s.y_train = n.y_train();
+  s.x_test = n.x_test();
+  s.y_test = n.y_test();
+  return s;
+}
+
 absl::Status ResolveDataShape(v1::Job* job) {
+  v1::Data* d = job->mutable_data();
+  if (d->has_numpy()) {
+    absl::StatusOr<DataSplit> s = LoadNumpy(ToNumpySource(d->numpy()), 0, 0);
+    if (!s.ok()) return MarkDataError(s.status());
+    const std::string what = d->numpy().npz().empty() ? d->numpy().x_train() : d->numpy().npz();
+    return ResolveFrom(*s, "data.numpy", what, d->mutable_numpy());
+  }
+  if (d->has_image_folder()) {
+    absl::StatusOr<DataSplit> s =
+        LoadImageFolders(d->image_folder().train_dir(), d->image_folder().test_dir(), 0, 0);
+    if (!s.ok()) return MarkDataError(s.status());
+    return ResolveFrom(*s, "data.image_folder", d->image_folder().train_dir(),
+                       d->mutable_image_folder());
+  }
   if (!job->data().has_fashion_mnist()) return absl::OkStatus();
   v1::FashionMnist* f = job->mutable_data()->mutable_fashion_mnist();
   absl::StatusOr<IdxDataShape> read = ReadFashionMnistShape(f->dir());

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/data/user_data.h"
 #include "common/nn/model.h"
 #include "common/nn/trainer.h"
 #include "proto/job.pb.h"
@@ -34,6 +35,7 @@ absl::Status ValidateJob(const v1::Job& job);
 // checks them where the job file set them). Errors name the file or the field and are
 // marked as data errors. Other sources need nothing read.
 absl::Status ResolveDataShape(v1::Job* job);
+NumpySource ToNumpySource(const v1::Numpy& numpy);
 // A data error (a missing or unreadable data set) rather than a wrong job: callers exit 4,
 // not 3.
 absl::Status MarkDataError(absl::Status s);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/report.h"
 
 namespace localpar {
 namespace {
@@ -33,18 +34,21 @@ absl::StatusOr<std::unique_ptr<MetricsLog>> MetricsLog::Open(const std::string& 
 
 MetricsLog::~MetricsLog() { std::fclose(f_); }
 
-std::string MetricsLog::Line(const MetricsPoint& p, int stage, const HeadStats& s) {
+std::string MetricsLog::Line(const MetricsPoint& p, int stage, const HeadStats& s, bool bytes) {
+  const std::string bits =
+      bytes ? absl::StrCat(",\"bits_per_byte\":", Number(BitsPerByte(s.mean_loss()))) : "";
   return absl::StrFormat(
-      "{\"kind\":\"%s\",\"step\":%d,\"epoch\":%d,\"stage\":%d,\"loss\":%s,\"accuracy\":%s,"
+      "{\"kind\":\"%s\",\"step\":%d,\"epoch\":%d,\"stage\":%d,\"loss\":%s%s,\"accuracy\":%s,"
       "\"examples\":%d,\"lr\":%s,\"examples_per_second\":%s,\"wall_seconds\":%s}",
-      p.kind, p.step, p.epoch, stage, Number(s.mean_loss()), Number(s.accuracy()), s.count,
+      p.kind, p.step, p.epoch, stage, Number(s.mean_loss()), bits, Number(s.accuracy()), s.count,
       Number(p.lr), Number(p.examples_per_second), Number(p.wall_seconds));
 }
 
 void MetricsLog::Write(const MetricsPoint& p, const std::vector<HeadStats>& stages) {
   std::string lines;
   for (size_t k = 0; k < stages.size(); ++k) {
-    if (stages[k].count > 0) absl::StrAppend(&lines, Line(p, static_cast<int>(k), stages[k]), "\n");
+    if (stages[k].count > 0)
+      absl::StrAppend(&lines, Line(p, static_cast<int>(k), stages[k], bytes_), "\n");
   }
   if (lines.empty()) return;
   std::fwrite(lines.data(), 1, lines.size(), f_);

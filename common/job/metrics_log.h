@@ -32,12 +32,16 @@ class MetricsLog {
   // One line per stage with figures (count > 0): stage, loss (null when not finite),
   // accuracy and examples beside the point's fields; flushed at once.
   void Write(const MetricsPoint& point, const std::vector<HeadStats>& stages);
-  // The line Write produces for one stage (no newline).
-  static std::string Line(const MetricsPoint& point, int stage, const HeadStats& s);
+  // The line Write produces for one stage (no newline); `bytes` adds bits_per_byte.
+  static std::string Line(const MetricsPoint& point, int stage, const HeadStats& s,
+                          bool bytes = false);
+  // Byte-level language models: every line also has bits_per_byte.
+  void set_bytes(bool bytes) { bytes_ = bytes; }
 
  private:
   explicit MetricsLog(std::FILE* f) : f_(f) {}
   std::FILE* f_;
+  bool bytes_ = false;
 };
 
 }  // namespace localpar

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/core/rng.h"
 #include "common/job/job.h"
 
@@ -19,13 +20,26 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Where each top-level layer came from: (stage, layer) in the job.
-std::vector<std::pair<int, int>> UnitOrigins(const v1::Job& job) {
-  std::vector<std::pair<int, int>> out;
+// Layers that belong with the layer before them: a cut between a linear and its ReLU would
+// hand the next stage's head pre-activation values.
+bool FollowsItsLayer(const v1::Layer& l) { return l.has_relu() || l.has_gelu() || l.has_dropout(); }
+
+// The units a cut may fall between: each top-level layer of the job with the activations
+// (and dropout) that follow it, as (stage, layer) pairs in job order.
+using Unit = std::vector<std::pair<int, int>>;
+std::vector<Unit> Units(const v1::Job& job) {
+  std::vector<Unit> out;
   for (int k = 0; k < job.stages_size(); ++k) {
-    for (int i = 0; i < job.stages(k).layers_size(); ++i) out.emplace_back(k, i);
+    for (int i = 0; i < job.stages(k).layers_size(); ++i) {
+      if (out.empty() || !FollowsItsLayer(job.stages(k).layers(i))) out.emplace_back();
+      out.back().emplace_back(k, i);
+    }
   }
   return out;
+}
+
+std::string StageLabel(const v1::Job& job, int k) {
+  return job.stages(k).name().empty() ? absl::StrCat("stage", k) : job.stages(k).name();
 }
 
 }  // namespace
@@ -37,16 +51,17 @@ double Partition::bottleneck() const {
 
 absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backend& backend,
                                                       int64_t batch, int repeats) {
-  // One single-layer stage per unit, each with the head of the stage it came from.
-  std::vector<std::pair<int, int>> origins = UnitOrigins(job);
-  if (origins.empty()) return absl::InvalidArgumentError("the job has no layers to partition");
+  // One stage per unit, each with the head of the job stage its last layer came from.
+  std::vector<Unit> units = Units(job);
+  if (units.empty()) return absl::InvalidArgumentError("the job has no layers to partition");
   v1::Job exploded = job;
   exploded.clear_stages();
-  for (auto [k, i] : origins) {
+  for (const Unit& unit : units) {
     v1::Stage* s = exploded.add_stages();
-    *s->add_layers() = job.stages(k).layers(i);
-    if (job.stages(k).has_head()) *s->mutable_head() = job.stages(k).head();
-    s->set_name(job.stages(k).name());
+    for (auto [k, i] : unit) *s->add_layers() = job.stages(k).layers(i);
+    const int last = unit.back().first;
+    if (job.stages(last).has_head()) *s->mutable_head() = job.stages(last).head();
+    s->set_name(job.stages(last).name());
   }
   ModelConfig mc = ToModelConfig(exploded);
   const int64_t lpe = JobLabelsPerExample(job);
@@ -54,51 +69,68 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
   std::vector<int32_t> y(static_cast<size_t>(batch * lpe));
   for (int32_t& v : y) v = static_cast<int32_t>(rng.NextBelow(static_cast<uint64_t>(mc.classes)));
   Tensor labels = Tensor::FromHostI32(backend, lpe == 1 ? Shape{batch} : Shape{batch, lpe}, y);
-  std::vector<UnitProfile> out;
+  struct Timed {
+    std::unique_ptr<Stage> stage;
+    Tensor x;
+    bool head_fits = true;
+    std::vector<double> layer_t, head_t;
+  };
+  std::vector<Timed> timed(units.size());
+  std::vector<UnitProfile> out(units.size());
   Shape in = mc.input_shape;
-  for (size_t u = 0; u < mc.stages.size(); ++u) {
-    UnitProfile p;
-    const auto [k, i] = origins[u];
-    p.label = absl::StrCat(
-        "stages[", k, "].layers[", i, "] ",
-        mc.stages[u].layers.empty() ? "?" : LayerKindName(mc.stages[u].layers[0].kind));
+  for (size_t u = 0; u < units.size(); ++u) {
+    UnitProfile& p = out[u];
+    const auto [k, i] = units[u].front();
+    std::string kinds;
+    for (size_t j = 0; j < mc.stages[u].layers.size(); ++j) {
+      absl::StrAppend(&kinds, j ? "+" : "", LayerKindName(mc.stages[u].layers[j].kind));
+    }
+    p.label = absl::StrCat(StageLabel(job, k), ".layers[", i, "] ", kinds.empty() ? "?" : kinds);
     std::string error;
-    auto stage = Stage::Create(backend, mc.stages[u], in, mc.classes, mc.optimizer, 1, &error);
-    bool head_fits = stage != nullptr;
-    if (!stage) {  // its job stage's head does not fit here: time the layer, forbid a cut
+    Timed& t = timed[u];
+    t.stage = Stage::Create(backend, mc.stages[u], in, mc.classes, mc.optimizer, 1, &error);
+    if (!t.stage) {  // its job stage's head does not fit here: time the layer, forbid a cut
+      t.head_fits = false;
       StageConfig plain = mc.stages[u];
       plain.head = HeadConfig();
-      stage = Stage::Create(backend, plain, in, mc.classes, mc.optimizer, 1, &error);
+      t.stage = Stage::Create(backend, plain, in, mc.classes, mc.optimizer, 1, &error);
     }
-    if (!stage) return absl::InvalidArgumentError(absl::StrCat(p.label, ": ", error));
+    if (!t.stage) return absl::InvalidArgumentError(absl::StrCat(p.label, ": ", error));
     Shape xs{batch};
     xs.insert(xs.end(), in.begin(), in.end());
     std::vector<float> xv(static_cast<size_t>(NumElements(xs)));
     // Small integers are valid token ids for an embedding and ordinary inputs otherwise.
     for (float& v : xv) v = static_cast<float>(rng.NextBelow(8));
-    Tensor x = Tensor::FromHost(backend, xs, xv);
-    std::vector<double> layer_t, head_t;
-    ForwardContext ctx{true, 1};
-    for (int r = 0; r <= repeats; ++r) {
+    t.x = Tensor::FromHost(backend, xs, xv);
+    in = t.stage->output_shape();
+  }
+  // Round-robin over the units, `repeats` rounds after a warm-up one, and the median of
+  // each: a slow moment of the machine touches every unit once instead of one unit
+  // `repeats` times, so the proposed split stays put from run to run.
+  ForwardContext ctx{true, 1};
+  for (int r = 0; r <= repeats; ++r) {
+    for (Timed& t : timed) {
+      Stage& stage = *t.stage;
       auto t0 = Clock::now();
-      stage->Forward(x, 0, ctx);
+      stage.Forward(t.x, 0, ctx);
       backend.Synchronize();
       auto t1 = Clock::now();
-      stage->Head(0, labels, HeadMode::kLocal, 1.0f / batch, ctx);
+      stage.Head(0, labels, HeadMode::kLocal, 1.0f / batch, ctx);
       backend.Synchronize();
       auto t2 = Clock::now();
-      stage->Backward(0, stage->head_grad(0), nullptr);
-      stage->Step(1e-6f);  // the update is part of every stage's batch
+      stage.Backward(0, stage.head_grad(0), nullptr);
+      stage.Step(1e-6f);  // the update is part of every stage's batch
       backend.Synchronize();
       auto t3 = Clock::now();
       if (r == 0) continue;  // warm-up: first-touch allocation
-      layer_t.push_back(std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count());
-      head_t.push_back(std::chrono::duration<double>(t2 - t1).count());
+      t.layer_t.push_back(std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count());
+      t.head_t.push_back(std::chrono::duration<double>(t2 - t1).count());
     }
-    p.seconds = Median(layer_t);
-    p.head_seconds = head_fits ? Median(head_t) : -1.0;
-    in = stage->output_shape();
-    out.push_back(p);
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    out[u].seconds = Median(timed[u].layer_t);
+    out[u].head_seconds = timed[u].head_fits ? Median(timed[u].head_t) : -1.0;
+    out[u].layers = static_cast<int>(units[u].size());
   }
   return out;
 }
@@ -107,9 +139,9 @@ namespace {
 
 absl::Status CheckStages(const std::vector<UnitProfile>& units, int stages) {
   if (stages < 1 || stages > static_cast<int>(units.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("stages=", stages, ": the job has ",
-                                                   units.size(), " layers, so 1..", units.size(),
-                                                   " stages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages=", stages, ": the job has ", units.size(),
+                     " layers with their activations, so 1..", units.size(), " stages"));
   }
   return absl::OkStatus();
 }
@@ -205,22 +237,26 @@ std::vector<double> HopBytes(const v1::Job& job, const Partition& p, int64_t bat
 }
 
 v1::Job ApplyPartition(const v1::Job& job, const Partition& p) {
-  std::vector<std::pair<int, int>> origins = UnitOrigins(job);
+  std::vector<Unit> units = Units(job);
   v1::Job out = job;
   out.clear_stages();
   size_t u = 0;
   for (size_t s = 0; s < p.sizes.size(); ++s) {
     v1::Stage* st = out.add_stages();
-    st->set_name(absl::StrCat("planned", s));
+    std::vector<std::string> names;  // the job stages it draws on, in order
     for (int i = 0; i < p.sizes[s]; ++i, ++u) {
-      const auto [k, l] = origins[u];
-      *st->add_layers() = job.stages(k).layers(l);
-      if (job.stages(k).has_head()) {
-        *st->mutable_head() = job.stages(k).head();
-      } else {
-        st->clear_head();
+      for (auto [k, l] : units[u]) {
+        *st->add_layers() = job.stages(k).layers(l);
+        if (names.empty() || names.back() != StageLabel(job, k))
+          names.push_back(StageLabel(job, k));
+        if (job.stages(k).has_head()) {
+          *st->mutable_head() = job.stages(k).head();
+        } else {
+          st->clear_head();
+        }
       }
     }
+    st->set_name(absl::StrJoin(names, "+"));
   }
   return out;
 }

@@ -11,16 +11,18 @@
 
 namespace localpar {
 
-// One top-level layer of the job (a "unit" that a cut may not split).
+// One top-level layer of the job with the activations (relu, gelu) and dropout that follow
+// it: a "unit" that a cut may not split.
 struct UnitProfile {
-  std::string label;         // "stages[1].layers[2] conv2d"
+  std::string label;         // "block2.layers[0] linear+relu"
   double seconds = 0;        // forward, backward and update of the layer, per batch
   double head_seconds = -1;  // the head, if a stage ended here; < 0: a head cannot go here
+  int layers = 1;            // job layers in the unit
 };
 
-// Times each unit of `job` on `backend` with batches of `batch` examples (the median of
-// `repeats` timed passes after one warm-up). A unit's head is the head of the job stage it
-// came from.
+// Times each unit of `job` on `backend` with batches of `batch` examples: the median of
+// `repeats` rounds over all units after one warm-up round. A unit's head is the head of the
+// job stage its last layer came from.
 absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backend& backend,
                                                       int64_t batch, int repeats = 5);
 
@@ -53,7 +55,7 @@ double PredictExamplesPerSecond(const std::vector<double>& stage_seconds,
 std::vector<double> HopBytes(const v1::Job& job, const Partition& p, int64_t batch);
 
 // The job with its layers regrouped by `p`; each new stage takes the head of the job stage
-// its last unit came from.
+// its last unit came from, and the names of the job stages it draws on ("block1+block2").
 v1::Job ApplyPartition(const v1::Job& job, const Partition& p);
 
 }  // namespace localpar

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/report.h"
 
 namespace localpar {
 
@@ -70,6 +71,12 @@ std::string ProgressPrinter::Format(const ProgressLine& l) {
   }
   if (lo >= 0) {
     range = absl::StrFormat(" %.3f-%.3f", l.recent[lo].mean_loss(), l.recent[hi].mean_loss());
+    if (bytes_) {  // nats, and the best stage's in bits per byte
+      const std::string bits =
+          absl::StrFormat(" nats, best %.3f bits/byte", BitsPerByte(l.recent[lo].mean_loss()));
+      every += bits;
+      range += bits;
+    }
   }
   auto compose = [&](int bar, const std::string& losses) {
     std::string bar_text;
@@ -113,6 +120,16 @@ void ProgressPrinter::EpochResult(int epoch, const std::vector<HeadStats>& test,
       absl::StrAppendFormat(&accs, " s%d %.2f%%", k, 100 * test[k].accuracy());
     } else {
       absl::StrAppendFormat(&accs, " s%d -", k);  // no figures: the stage did not answer
+    }
+  }
+  if (bytes_) {
+    absl::StrAppend(&accs, "; bits/byte");
+    for (size_t k = 0; k < test.size(); ++k) {
+      if (test[k].count > 0) {
+        absl::StrAppendFormat(&accs, " s%d %.3f", k, BitsPerByte(test[k].mean_loss()));
+      } else {
+        absl::StrAppendFormat(&accs, " s%d -", k);
+      }
     }
   }
   out_ << (pending_ ? "\r\033[K" : "") << absl::StrFormat("epoch %d: test accuracy%s", epoch, accs);

@@ -38,6 +38,8 @@ class ProgressPrinter {
   // The line Update would print, without the terminal controls.
   std::string Format(const ProgressLine& line);
   void EpochResult(int epoch, const std::vector<HeadStats>& test, double seconds);
+  // Byte-level language models: losses also in bits per byte.
+  void set_bytes(bool bytes) { bytes_ = bytes; }
   void Done();  // clears a live line
 
  private:
@@ -47,6 +49,7 @@ class ProgressPrinter {
   int64_t first_step_ = -1;  // the step and time of the first line: the ETA's base
   double first_elapsed_ = 0;
   bool pending_ = false;  // a live line is on screen
+  bool bytes_ = false;
   std::chrono::steady_clock::time_point last_{};
 };
 

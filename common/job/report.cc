@@ -44,6 +44,17 @@ void AddHeadFigures(const std::vector<HeadStats>& stats,
   }
 }
 
+void AddBitsPerByte(const v1::Job& job, v1::RunReport* report) {
+  if (!job.data().has_text()) return;
+  for (v1::EpochFigures& e : *report->mutable_epochs()) {
+    for (auto* list : {e.mutable_train(), e.mutable_test()}) {
+      for (v1::HeadFigures& f : *list) {
+        if (f.examples() > 0) f.set_bits_per_byte(BitsPerByte(f.loss()));
+      }
+    }
+  }
+}
+
 absl::Status CheckRunTrained(const v1::RunReport& r) {
   // Over the whole run, not epoch by epoch: after a resume, an epoch whose training was done
   // before the restart rightly shows none in this process.
@@ -85,11 +96,15 @@ std::string ReportTable(const v1::RunReport& r) {
                                     r.rule(), r.steps(), r.wall_seconds(), r.examples_per_second());
   if (r.epochs().empty()) return out;
   const v1::EpochFigures& last = *r.epochs().rbegin();
-  out += "stage  train loss  train acc  test loss  test acc\n";
+  bool bytes = false;  // a byte-level language model: bits per byte beside the nats
+  for (const v1::HeadFigures& f : last.test()) bytes = bytes || f.bits_per_byte() > 0;
+  out += bytes ? "stage  train loss  train acc  test loss  test bits/byte  test acc\n"
+               : "stage  train loss  train acc  test loss  test acc\n";
   for (int k = 0; k < r.stages() && k < last.train_size() && k < last.test_size(); ++k) {
-    absl::StrAppendFormat(&out, "%5d  %10.4f  %8.2f%%  %9.4f  %7.2f%%", k, last.train(k).loss(),
-                          100 * last.train(k).accuracy(), last.test(k).loss(),
-                          100 * last.test(k).accuracy());
+    absl::StrAppendFormat(&out, "%5d  %10.4f  %8.2f%%  %9.4f", k, last.train(k).loss(),
+                          100 * last.train(k).accuracy(), last.test(k).loss());
+    if (bytes) absl::StrAppendFormat(&out, "  %14.3f", last.test(k).bits_per_byte());
+    absl::StrAppendFormat(&out, "  %7.2f%%", 100 * last.test(k).accuracy());
     if (k < r.stage_reports_size()) {
       absl::StrAppendFormat(&out, "  %8.0f ex/s", r.stage_reports(k).examples_per_second());
     }

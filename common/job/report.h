@@ -21,9 +21,15 @@ absl::Status WriteJsonFile(const google::protobuf::Message& message, const std::
 // Writes report.json into `dir` (created if missing).
 absl::Status WriteReport(const v1::RunReport& report, const std::string& dir);
 
+// A loss in nats per byte as bits per byte (byte-level language models).
+inline double BitsPerByte(double nats) { return nats / 0.69314718055994531; }
+
 // Each stage's head figures, numbered from stage 0.
 void AddHeadFigures(const std::vector<HeadStats>& stats,
                     google::protobuf::RepeatedPtrField<v1::HeadFigures>* out);
+// For a byte-level language model (`job` reads a text corpus): every figure that scored
+// something gets its loss in bits per byte too.
+void AddBitsPerByte(const v1::Job& job, v1::RunReport* report);
 
 // OK when the run trained: some stage's head scored some training example, and no head's
 // loss is NaN or infinite. Otherwise FAILED_PRECONDITION saying which epoch and stage;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job/metrics_log.h"
+#include "common/job/model_file.h"
 #include "common/job/progress.h"
 #include "common/job/report.h"
 #include "common/job/tensor_codec.h"
@@ -92,6 +93,18 @@ absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
     absl::StatusOr<DataSplit> t = LoadTextCorpus(o, d.train_limit(), d.test_limit());
     if (!t.ok()) return t.status();
     return *std::move(t);  // token ids: never standardised
+  } else if (d.has_numpy() || d.has_image_folder()) {
+    absl::StatusOr<DataSplit> u =
+        d.has_numpy() ? LoadNumpy(ToNumpySource(d.numpy()), d.train_limit(), d.test_limit())
+                      : LoadImageFolders(d.image_folder().train_dir(), d.image_folder().test_dir(),
+                                         d.train_limit(), d.test_limit());
+    if (!u.ok()) return u.status();
+    split = *std::move(u);
+    if (split.test.y.empty() && d.holdout_fraction() == 0) {
+      return absl::InvalidArgumentError(
+          "data.numpy: there are no x_test/y_test arrays; set data.holdout_fraction to score "
+          "epochs on held-out training examples");
+    }
   } else {
     absl::StatusOr<DataSplit> f =
         d.has_cifar10()
@@ -100,6 +113,7 @@ absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
     if (!f.ok()) return f.status();
     split = *std::move(f);
   }
+  if (d.holdout_fraction() > 0) HoldOut(split, d.holdout_fraction());
   Standardize(split);
   return split;
 }
@@ -111,8 +125,14 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   Backend& be = **be_or;
   ApplyJobToBackend(job, be);
   std::string error;
-  std::unique_ptr<Model> model = Model::Create(be, ToModelConfig(job), &error);
+  const ModelConfig config = ToModelConfig(job);
+  std::unique_ptr<Model> model = Model::Create(be, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
+  if (!options.init_from.empty()) {
+    absl::StatusOr<v1::ModelWeights> init = ReadAnyWeightsFile(options.init_from, config, be);
+    if (!init.ok()) return init.status();
+    if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
+  }
   BatchPlan plan(job, data.train.size(), data.test.size());
   ReferenceTrainer trainer(*model, ToTrainerOptions(job, plan.total_steps()));
   const int stages = model->num_stages();
@@ -128,7 +148,9 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
                          report.job(), report.rule(), stages, model->num_parameters(),
                          data.train.size(), data.test.size(), report.backend());
 
+  const bool bytes = job.data().has_text();  // byte-level: bits per byte beside the nats
   ProgressPrinter progress(log, isatty(STDERR_FILENO), options.progress);
+  progress.set_bytes(bytes);
   Clock::time_point start_of_run = Clock::now();
   double examples_so_far = 0;
   std::unique_ptr<MetricsLog> metrics;
@@ -136,6 +158,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     absl::StatusOr<std::unique_ptr<MetricsLog>> opened = MetricsLog::Open(options.out_dir);
     if (!opened.ok()) return opened.status();
     metrics = *std::move(opened);
+    metrics->set_bytes(bytes);
   }
   const ScheduleConfig schedule = ToTrainerOptions(job, plan.total_steps()).schedule;
   auto point = [&](const char* kind, int epoch, int64_t step) {
@@ -214,13 +237,16 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     }
   }
   progress.Done();
+  AddBitsPerByte(job, &report);
   report.set_steps(static_cast<int32_t>(trainer.step()));
   report.set_train_examples(static_cast<double>(examples));
   report.set_wall_seconds(Seconds(start, Clock::now()));
   report.set_examples_per_second(examples / std::max(train_seconds, 1e-9));
   if (!options.out_dir.empty()) {
+    v1::ModelWeights weights = SnapshotModel(*model);
+    DescribeWeights(job, data.normalization, &weights);
     absl::Status st = WriteReport(report, options.out_dir);
-    if (st.ok()) st = WriteWeightsFile(SnapshotModel(*model), options.out_dir + "/weights.pb");
+    if (st.ok()) st = WriteWeightsFile(weights, options.out_dir + "/weights.pb");
     if (!st.ok()) return st;
   }
   return report;

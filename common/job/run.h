@@ -43,6 +43,7 @@ struct RunOptions {
   bool progress = true;        // a progress line on stderr
   std::string out_dir;         // where report.json and weights.pb go ("" = nowhere)
   std::string version;         // recorded in the report
+  std::string init_from;       // start from these weights (weights.pb or safetensors); "" = none
 };
 
 absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job);

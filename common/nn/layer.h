@@ -72,6 +72,10 @@ struct LayerConfig {
 
 const char* LayerKindName(LayerConfig::Kind kind);
 
+// The positional_encoding layer's fixed sinusoids, [positions, dim] row-major:
+// PE[t, 2i] = sin(t / 10000^(2i/dim)), PE[t, 2i+1] = cos(same).
+std::vector<float> PositionalEncodingTable(int64_t positions, int64_t dim);
+
 class Layer {
  public:
   virtual ~Layer() = default;

@@ -196,16 +196,7 @@ class PositionalEncoding final : public Layer {
  public:
   PositionalEncoding(Backend& b, const Shape& in) : backend_(b) {
     out_shape_ = in;
-    int64_t t = in[0], d = in[1];
-    std::vector<float> pe(static_cast<size_t>(t * d));
-    for (int64_t p = 0; p < t; ++p) {
-      for (int64_t i = 0; i < d; ++i) {
-        double freq = std::pow(10000.0, -static_cast<double>(i - i % 2) / static_cast<double>(d));
-        double a = static_cast<double>(p) * freq;
-        pe[p * d + i] = static_cast<float>(i % 2 == 0 ? std::sin(a) : std::cos(a));
-      }
-    }
-    table_ = Tensor::FromHost(b, {t * d}, pe);
+    table_ = Tensor::FromHost(b, {in[0] * in[1]}, PositionalEncodingTable(in[0], in[1]));
   }
   const char* kind() const override { return "positional_encoding"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
@@ -610,6 +601,18 @@ class Residual final : public Layer {
 };
 
 }  // namespace
+
+std::vector<float> PositionalEncodingTable(int64_t positions, int64_t dim) {
+  std::vector<float> pe(static_cast<size_t>(positions * dim));
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int64_t i = 0; i < dim; ++i) {
+      double freq = std::pow(10000.0, -static_cast<double>(i - i % 2) / static_cast<double>(dim));
+      double a = static_cast<double>(p) * freq;
+      pe[p * dim + i] = static_cast<float>(i % 2 == 0 ? std::sin(a) : std::cos(a));
+    }
+  }
+  return pe;
+}
 
 const char* LayerKindName(LayerConfig::Kind kind) {
   using K = LayerConfig::Kind;

@@ -81,6 +81,17 @@ const Tensor& Stage::Forward(const Tensor& x, int slot_index, const ForwardConte
   return *in;
 }
 
+const Tensor& Stage::HeadLogits(int slot_index, const ForwardContext& ctx) {
+  Slot& s = slot(slot_index);
+  s.head_caches.resize(head_.size());
+  const Tensor* in = &output(s);
+  for (size_t i = 0; i < head_.size(); ++i) {
+    head_[i]->Forward(*in, s.head_caches[i], ctx);
+    in = &s.head_caches[i].out;
+  }
+  return *in;
+}
+
 HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float grad_scale,
                       const ForwardContext& ctx) {
   Slot& s = slot(slot_index);

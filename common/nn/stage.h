@@ -28,7 +28,7 @@ struct HeadStats {
     correct += o.correct;
     count += o.count;
   }
-  double mean_loss() const { return count ? loss_sum / count : 0.0; }
+  double mean_loss() const { return count ? loss_sum / count : 0.0; }  // nats per prediction
   double accuracy() const { return count ? correct / count : 0.0; }
 };
 
@@ -57,6 +57,9 @@ class Stage {
   // for a mean loss) and accumulate into the head's parameters unless mode is kEval.
   HeadStats Head(int slot, const Tensor& labels, HeadMode mode, float grad_scale,
                  const ForwardContext& ctx);
+  // Runs the head forward only on the slot's output (after Forward) and returns its logits,
+  // [N, classes] or [N, positions, classes]: what predict and export reproduce.
+  const Tensor& HeadLogits(int slot, const ForwardContext& ctx);
   // d(head loss)/d(stage output) from the last kLocal Head call on this slot.
   const Tensor& head_grad(int slot) const { return slots_[slot].head_dx; }
   // Backpropagates dy (w.r.t. the slot's output) through the layers, accumulating

@@ -8,9 +8,7 @@
 #ifndef LOCALPAR_VERSION
 #define LOCALPAR_VERSION "0.0"
 #endif
-#ifndef LOCALPAR_GIT_REVISION
-#define LOCALPAR_GIT_REVISION "unknown"
-#endif
+#include "git_revision.h"  // generated at build time: LOCALPAR_GIT_REVISION
 
 namespace localpar {
 

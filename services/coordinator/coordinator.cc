@@ -1,11 +1,17 @@
 // The coordinator program.
 #include "services/coordinator/coordinator.h"
 
+#include <zlib.h>
+
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/cpu_backend.h"
 #include "common/io/atomic_file.h"
+#include "common/job/model_file.h"
 #include "common/job/run.h"
+#include "common/job/tensor_codec.h"
 #include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
@@ -65,8 +71,30 @@ bool DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner) {
 }
 
 // What besides the job changes a run's arithmetic.
-std::string RunSettings(const v1::CoordinatorConfig& c) {
-  return absl::StrCat("non_finite=", c.non_finite(), ";overlap_max_delay=", c.overlap_max_delay());
+std::string RunSettings(const v1::CoordinatorConfig& c, const v1::ModelWeights* initial) {
+  std::string s =
+      absl::StrCat("non_finite=", c.non_finite(), ";overlap_max_delay=", c.overlap_max_delay());
+  if (initial) {  // another starting point is another run
+    const std::string bytes = initial->SerializeAsString();
+    absl::StrAppend(
+        &s, ";init=", bytes.size(), ":",
+        crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  }
+  return s;
+}
+
+// The parameters --init_from names, checked against the job's network (on the CPU: only
+// the values travel to the workers).
+absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, const v1::Job& job) {
+  CpuBackend cpu{CpuOptions{}};
+  const ModelConfig config = ToModelConfig(job);
+  std::string error;
+  std::unique_ptr<Model> model = Model::Create(cpu, config, &error);
+  if (!model) return absl::InvalidArgumentError(error);
+  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, cpu);
+  if (!w.ok()) return w.status();
+  if (absl::Status s = LoadWeights(*w, path, config, *model); !s.ok()) return s;
+  return SnapshotModel(*model);  // the names workers expect, whatever the file's format
 }
 
 }  // namespace
@@ -133,7 +161,16 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
       }
     }
   }
-  std::string fingerprint = JobFingerprint(*job, RunSettings(c));
+  std::optional<v1::ModelWeights> initial;
+  if (!c.init_from().empty()) {
+    absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job);
+    if (!w.ok()) {
+      std::cerr << "localpar: --init_from: " << w.status().message() << "\n";
+      return w.status().code() == absl::StatusCode::kNotFound ? kExitUsage : kExitBadJob;
+    }
+    initial = *std::move(w);
+  }
+  std::string fingerprint = JobFingerprint(*job, RunSettings(c, initial ? &*initial : nullptr));
   JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint),
                    metrics.get());
   StatusService status(runner.status_board(), runner.checkpointer(), security);
@@ -141,6 +178,7 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
   if (!c.status_listen().empty() && !(status_server = ServeStatus(c, security, &status))) {
     return kExitUsage;
   }
+  if (initial) runner.InitFrom(*std::move(initial));
   if (!DecideResume(c, runner)) return kExitFailure;
   return runner.Run();
 }

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/job/model_file.h"
 #include "common/job/report.h"
 #include "common/job/tensor_codec.h"
 #include "common/nn/rule.h"
@@ -284,6 +285,7 @@ int JobRunner::Configure() {
     s.overlap_max_delay = config_.overlap_max_delay();
     s.fingerprint = checkpointer_.fingerprint();
     if (resume_) s.restore = &resume_->manifest;
+    if (initial_) s.initial = &*initial_;
     ConfigureOutcome out = pool_.ConfigureAll(job_, s, config_.configure_timeout_s());
     backend_ = out.backend;
     parameters_ = out.parameters;
@@ -373,6 +375,7 @@ int JobRunner::Collect() {
     }
     *weights.add_stages() = *std::move(w);
   }
+  DescribeWeights(job_, data_.normalization, &weights);
   // Nothing is lost from here on: end the progress line and print the last epoch's figures
   // before the table.
   monitor_.Stop();
@@ -388,6 +391,7 @@ int JobRunner::Collect() {
   report.set_wall_seconds(history_.wall_seconds() + SecondsSince(started_));
   report.set_examples_per_second(train_examples_ / std::max(report.wall_seconds(), 1e-9));
   AddClusterFigures(stats, epoch_stats_.All(), history_, epochs_sent_, &report);
+  AddBitsPerByte(job_, &report);
   std::cout << ReportTable(report);
   int rc = kExitOk;
   if (absl::Status trained = CheckRunTrained(report); !trained.ok()) {

@@ -34,6 +34,8 @@ class JobRunner {
   const StatusBoard& status_board() const { return board_; }
   // Start from this checkpoint instead of step 0 (--resume), with its report history.
   void ResumeFrom(FoundCheckpoint found);
+  // Start step 0 from these parameters (--init_from) rather than the job's initialisation.
+  void InitFrom(v1::ModelWeights weights) { initial_ = std::move(weights); }
   // Returns the exit code (ExitCode).
   int Run();
 
@@ -68,6 +70,7 @@ class JobRunner {
   Checkpointer checkpointer_;
   StatusBoard board_;
   std::optional<FoundCheckpoint> resume_;
+  std::optional<v1::ModelWeights> initial_;
   v1::RunReport history_;  // of the run before a resume: its epochs, examples and time
   const int64_t total_steps_;
   std::atomic<uint64_t> seq_{0};

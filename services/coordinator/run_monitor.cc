@@ -46,7 +46,9 @@ RunMonitor::RunMonitor(const v1::Job& job, int64_t total_steps, int64_t steps_pe
       feed_(feed),
       epochs_(epochs),
       progress_(std::cerr, isatty(STDERR_FILENO), !quiet),
-      schedule_(ToTrainerOptions(job, total_steps).schedule) {}
+      schedule_(ToTrainerOptions(job, total_steps).schedule) {
+  progress_.set_bytes(job.data().has_text());
+}
 
 RunMonitor::~RunMonitor() { Stop(); }
 
@@ -154,6 +156,7 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
   v1::JobStatus out;
   out.set_job(job_.name());
   out.set_rule(v1::UpdateRule_Name(job_.rule()));
+  out.set_byte_tokens(job_.data().has_text());
   out.set_epoch(feed_.epoch);
   static constexpr const char* kPhases[] = {"configuring", "training", "evaluating", "recovering",
                                             "finishing"};

@@ -52,7 +52,10 @@ class RunMonitor {
   // Stops polling, clears the progress line and prints the epochs not printed yet.
   void Stop();
   // Appends the run's figures to metrics.jsonl as it goes (before Start).
-  void LogTo(std::unique_ptr<MetricsLog> log) { log_ = std::move(log); }
+  void LogTo(std::unique_ptr<MetricsLog> log) {
+    log_ = std::move(log);
+    log_->set_bytes(job_.data().has_text());
+  }
 
  private:
   void Loop();

@@ -48,7 +48,11 @@ ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSetting
     req.set_non_finite(s.non_finite);
     req.set_overlap_max_delay(s.overlap_max_delay);
     req.set_fingerprint(s.fingerprint);
-    if (s.restore && k < s.restore->stages_size()) *req.mutable_restore() = s.restore->stages(k);
+    if (s.restore && k < s.restore->stages_size()) {
+      *req.mutable_restore() = s.restore->stages(k);
+    } else if (s.initial && k < s.initial->stages_size()) {
+      *req.mutable_initial() = s.initial->stages(k);
+    }
     v1::ConfigureResponse resp;
     grpc::Status st;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);

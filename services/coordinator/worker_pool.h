@@ -23,6 +23,9 @@ struct StageSettings {
   std::string fingerprint;  // the run's (JobFingerprint)
   // Restore every stage from this checkpoint's snapshots (null: start fresh).
   const v1::CheckpointManifest* restore = nullptr;
+  // Otherwise, start every stage from these parameters (--init_from; null: the job's
+  // initialisation).
+  const v1::ModelWeights* initial = nullptr;
 };
 
 struct ConfigureOutcome {

@@ -3,9 +3,28 @@
 
 #include <iostream>
 
+#include "absl/strings/str_join.h"
 #include "services/common/exit_codes.h"
 
 namespace localpar {
+
+bool ParseCommandArgs(const std::string& command, const std::string& usage, const Args& args,
+                      google::protobuf::Message* message, const FlagOptions& options,
+                      const std::vector<std::string>& names, std::vector<std::string>* values,
+                      int* exit_code) {
+  const std::string program = "localpar " + command;
+  if (!ParseProgramFlags(program, usage, args, message, options, values, exit_code)) {
+    return false;
+  }
+  if (values->size() != names.size()) {
+    std::cerr << program << ": expected " << absl::StrJoin(names, " and ") << ", got "
+              << values->size() << " argument" << (values->size() == 1 ? "" : "s") << "; see "
+              << program << " --help\n";
+    *exit_code = kExitUsage;
+    return false;
+  }
+  return true;
+}
 
 bool ParseCommand(const std::string& command, const std::string& usage, const Args& args,
                   google::protobuf::Message* message, const FlagOptions& options,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "services/common/program_config.h"
 #include "services/localpar/commands.h"
@@ -13,6 +14,12 @@ namespace localpar {
 bool ParseCommand(const std::string& command, const std::string& usage, const Args& args,
                   google::protobuf::Message* message, const FlagOptions& options,
                   std::string* argument, int* exit_code);
+
+// The same for a command that takes several arguments, named in `names` ("JOB_FILE").
+bool ParseCommandArgs(const std::string& command, const std::string& usage, const Args& args,
+                      google::protobuf::Message* message, const FlagOptions& options,
+                      const std::vector<std::string>& names, std::vector<std::string>* values,
+                      int* exit_code);
 
 // Prints "localpar: MESSAGE" and returns `code`.
 int Fail(int code, const std::string& message);

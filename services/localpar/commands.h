@@ -18,5 +18,7 @@ int ProjectCommandMain(const Args& args);     // project: predicted pipeline thr
 int ProbeCommandMain(const Args& args);       // probe: a gRPC health check
 int StatusCommandMain(const Args& args);      // status: a running job's stages
 int CheckpointCommandMain(const Args& args);  // checkpoint: ask for one now
+int ExportCommandMain(const Args& args);      // export: safetensors or ONNX
+int PredictCommandMain(const Args& args);     // predict: class probabilities for examples
 
 }  // namespace localpar

@@ -1,6 +1,7 @@
 // `localpar train`, `localpar validate` and `localpar data`.
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/io/atomic_file.h"
 #include "common/job/report.h"
 #include "common/job/run.h"
@@ -71,8 +72,15 @@ int TrainCommandMain(const Args& args) {
   options.out_dir = t.out();
   options.progress = !t.quiet();
   options.version = VersionString();
+  options.init_from = t.init_from();
   absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);
   if (!report.ok()) {
+    if (!t.init_from().empty() && report.status().message().rfind(t.init_from(), 0) == 0) {
+      // The weights do not fit the job (3), or there are none to read (2).
+      const bool missing = report.status().code() == absl::StatusCode::kNotFound;
+      return Fail(missing ? kExitUsage : kExitBadJob,
+                  absl::StrCat("--init_from: ", report.status().message()));
+    }
     const bool usage = report.status().code() == absl::StatusCode::kInvalidArgument &&
                        report.status().message().rfind("--device", 0) == 0;
     return Fail(usage ? kExitUsage : kExitFailure, std::string(report.status().message()));

@@ -11,42 +11,49 @@ namespace {
 
 struct Command {
   const char* name;
+  const char* args;
   const char* summary;
   int (*main)(const localpar::Args& args);
 };
 
 constexpr Command kCommands[] = {
-    {"run",
+    {"run", "JOB_FILE",
      "train on a local cluster: one worker process per stage and a coordinator, over "
      "gRPC on loopback",
      localpar::RunCommandMain},
-    {"train", "train with the in-process reference trainer", localpar::TrainCommandMain},
-    {"validate",
+    {"train", "JOB_FILE", "train with the in-process reference trainer",
+     localpar::TrainCommandMain},
+    {"validate", "JOB_FILE",
      "check a job file and print its effective settings (--explain: each stage's "
      "program)",
      localpar::ValidateCommandMain},
-    {"plan", "profile every layer and print the job cut into --stages=K balanced stages",
+    {"plan", "JOB_FILE",
+     "profile every layer and print the job cut into --stages=K balanced stages",
      localpar::PlanCommandMain},
-    {"project", "predict pipeline throughput for several stage counts from measured layer times",
+    {"project", "JOB_FILE",
+     "predict pipeline throughput for several stage counts from measured layer times",
      localpar::ProjectCommandMain},
-    {"data", "load the job's data and print its figures as JSON", localpar::DataCommandMain},
-    {"probe", "gRPC health check of a worker or coordinator (exit 0 when serving)",
+    {"data", "JOB_FILE", "load the job's data and print its figures as JSON",
+     localpar::DataCommandMain},
+    {"probe", "HOST:PORT", "gRPC health check of a worker or coordinator (exit 0 when serving)",
      localpar::ProbeCommandMain},
-    {"status",
+    {"status", "HOST:PORT",
      "a running job's stages: throughput, loss, queues (`localpar run` prints the "
      "address)",
      localpar::StatusCommandMain},
-    {"checkpoint", "checkpoint a running job after its next step", localpar::CheckpointCommandMain},
+    {"checkpoint", "HOST:PORT", "checkpoint a running job after its next step",
+     localpar::CheckpointCommandMain},
+    {"export", "JOB_FILE WEIGHTS", "write trained weights as safetensors, or the network as ONNX",
+     localpar::ExportCommandMain},
+    {"predict", "JOB_FILE WEIGHTS",
+     "class probabilities (and accuracy) of a trained model on your examples",
+     localpar::PredictCommandMain},
 };
 
 void Usage(std::ostream& out) {
   out << "localpar: parallel training of deep networks with local updates.\n\nUsage:\n";
   for (const Command& c : kCommands) {
-    std::string arg = std::string(c.name) == "probe" || std::string(c.name) == "status" ||
-                              std::string(c.name) == "checkpoint"
-                          ? "HOST:PORT"
-                          : "JOB_FILE";
-    out << "  localpar " << c.name << " " << arg << "\n      " << c.summary << "\n";
+    out << "  localpar " << c.name << " " << c.args << "\n      " << c.summary << "\n";
   }
   out << "\n`localpar COMMAND --help` lists a command's flags. Job files are text-format\n"
          "localpar.v1.Job messages; examples live in deploy/jobs/.\n"

@@ -67,14 +67,18 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
     std::cout << absl::StrFormat("last checkpoint: %s (%.0f s ago)\n", b.last_checkpoint(),
                                  b.checkpoint_age_seconds());
   }
-  std::cout << "stage  address                 examples/s   loss     queue   refused\n";
+  const bool bytes = b.byte_tokens();  // losses in nats, and in bits per byte beside them
+  std::cout << "stage  address                 examples/s   loss   " << (bytes ? " bits/byte" : "")
+            << "  queue   refused\n";
   for (int k = 0; k < b.stages_size(); ++k) {
     const v1::StageStatus& s = b.stages(k);
     int64_t before = k < a.stages_size() ? a.stages(k).examples() : s.examples();
     double rate = dt > 0 ? (s.examples() - before) / dt : 0;
-    std::cout << absl::StrFormat("%5d  %-22s  %10.0f  %7.4f  %3d/%-3d  %7d%s\n", s.stage(),
-                                 s.address(), rate, s.loss(), s.queue_depth(), s.queue_capacity(),
-                                 s.rejected(), s.reachable() ? "" : "  UNREACHABLE");
+    const std::string bits = bytes ? absl::StrFormat("  %8.3f", BitsPerByte(s.loss())) : "";
+    std::cout << absl::StrFormat("%5d  %-22s  %10.0f  %7.4f%s  %3d/%-3d  %7d%s\n", s.stage(),
+                                 s.address(), rate, s.loss(), bits, s.queue_depth(),
+                                 s.queue_capacity(), s.rejected(),
+                                 s.reachable() ? "" : "  UNREACHABLE");
   }
 }
 

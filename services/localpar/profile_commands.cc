@@ -56,10 +56,13 @@ int Profile(const char* command, const char* usage, const Args& args, v1::Profil
   return -1;  // go on
 }
 
-void Describe(const char* what, const Partition& p) {
+void Describe(const char* what, const Partition& p, const std::vector<UnitProfile>& units) {
   std::string s;
+  size_t u = 0;
   for (size_t k = 0; k < p.sizes.size(); ++k) {
-    absl::StrAppendFormat(&s, "%s%d layers %.3f ms", k ? ", " : "", p.sizes[k],
+    int layers = 0;  // job layers: a unit is a layer with the activations after it
+    for (int i = 0; i < p.sizes[k]; ++i, ++u) layers += units[u].layers;
+    absl::StrAppendFormat(&s, "%s%d layers %.3f ms", k ? ", " : "", layers,
                           1e3 * p.stage_seconds[k]);
   }
   std::cerr << absl::StrFormat("  %-9s slowest stage %.3f ms: %s\n", what, 1e3 * p.bottleneck(), s);
@@ -86,8 +89,8 @@ int PlanCommandMain(const Args& args) {
                                      ? std::string("does not fit")
                                      : absl::StrFormat("%.3f ms", 1e3 * u.head_seconds));
   }
-  Describe("balanced", *best);
-  Describe("equal", *equal);
+  Describe("balanced", *best, profile);
+  Describe("equal", *equal, profile);
   std::cerr << absl::StrFormat(
       "plan: predicted pipeline throughput, balanced / equal split: %.2f\n",
       equal->bottleneck() / best->bottleneck());

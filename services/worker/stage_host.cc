@@ -88,6 +88,22 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
         !r.ok()) {
       return r;
     }
+  } else if (req.has_initial()) {
+    // --init_from: parameters only; the optimizer starts fresh, as at step 0.
+    v1::StageCheckpoint init;
+    init.set_stage(req.stage());
+    *init.mutable_params() = req.initial().params();
+    if (req.initial().stage() != req.stage()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ConfigureRequest.initial.stage: ", req.initial().stage(),
+                       ", but this is stage ", req.stage()));
+    }
+    if (absl::Status r =
+            RestoreStageState(*s->stage_model, init,
+                              absl::StrCat("ConfigureRequest.initial (stage ", req.stage(), ")"));
+        !r.ok()) {
+      return r;
+    }
   }
   s->request = req;
   *s->request.mutable_job() = job;

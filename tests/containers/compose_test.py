@@ -43,7 +43,7 @@ MAX_STEPS = 1400          # about three quarters of a minute of training on 2 co
 CHECKPOINT_EVERY = 200    # 7 checkpoints; the kill lands after the second
 WORKERS = ["worker-0", "worker-1", "worker-2", "worker-3"]
 # What deploy/Dockerfile copies in (less what .dockerignore leaves out): the image's hash.
-IMAGE_INPUTS = ["CMakeLists.txt", "common", "proto", "services", "tests", "deploy/jobs",
+IMAGE_INPUTS = ["CMakeLists.txt", "cmake", "common", "proto", "services", "tests", "deploy/jobs",
                 ".dockerignore", ":(exclude)tests/containers",
                 ":(exclude)tests/bench/project_containers.py"]
 
@@ -325,9 +325,47 @@ def reference_weights(image, workdir):
     return dest
 
 
+def weight_stages(path):
+    """The serialised `stages` fields of a weights file (field 1 of localpar.v1.ModelWeights),
+    leaving out what describes the run (input transform, job text), which may word the same
+    job differently."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, i = [], 0
+
+    def varint():
+        nonlocal i
+        value, shift = 0, 0
+        while True:
+            b = data[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value
+
+    while i < len(data):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            n = varint()
+            if field == 1:
+                out.append(data[i:i + n])
+            i += n
+        elif wire == 0:
+            varint()
+        elif wire == 5:
+            i += 4
+        elif wire == 1:
+            i += 8
+        else:
+            raise Failure(f"{path}: not a weights file (wire type {wire})")
+    return out
+
+
 def same_bytes(a, b):
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return fa.read() == fb.read()
+    """Whether two weights files hold bitwise the same parameters."""
+    return weight_stages(a) == weight_stages(b)
 
 
 # ---- Prometheus -------------------------------------------------------------------------------

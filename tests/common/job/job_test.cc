@@ -258,21 +258,57 @@ stages { name: "b" layers { linear { out_features: 8 } } layers { relu {} } }
   auto cpu = MakeCpuBackend();
   absl::StatusOr<std::vector<UnitProfile>> units = ProfileUnits(*j, *cpu, 16, 3);
   ASSERT_TRUE(units.ok()) << units.status();
-  ASSERT_EQ(units->size(), 4u);
-  EXPECT_NE((*units)[0].label.find("stages[0].layers[0] linear"), std::string::npos);
+  ASSERT_EQ(units->size(), 2u);  // each linear keeps its relu
+  EXPECT_NE((*units)[0].label.find("a.layers[0] linear+relu"), std::string::npos)
+      << (*units)[0].label;
   for (const UnitProfile& u : *units) {
     EXPECT_GT(u.seconds, 0);
     EXPECT_GT(u.head_seconds, 0);
+    EXPECT_EQ(u.layers, 2);
   }
   Partition p;
-  p.sizes = {1, 3};
+  p.sizes = {1, 1};
   v1::Job out = ApplyPartition(*j, p);
   ASSERT_EQ(out.stages_size(), 2);
-  EXPECT_EQ(out.stages(0).layers_size(), 1);
+  EXPECT_EQ(out.stages(0).layers_size(), 2);
   EXPECT_EQ(out.stages(0).head().kind(), v1::Head::MLP);  // from job stage 0
-  EXPECT_EQ(out.stages(1).layers_size(), 3);
+  EXPECT_EQ(out.stages(0).name(), "a");
+  EXPECT_EQ(out.stages(1).layers_size(), 2);
   EXPECT_FALSE(out.stages(1).has_head());  // job stage 1 has the default head
+  EXPECT_EQ(out.stages(1).name(), "b");
   EXPECT_TRUE(ValidateJob(out).ok());
+}
+
+TEST(Plan, NeverCutsAnActivationFromTheLayerItFollows) {
+  // The job itself puts b's relu after a's linear: the plan keeps them together, and the
+  // stage that holds them is named after both.
+  absl::StatusOr<v1::Job> j = ParseJob(R"(
+rule: GREEDY
+batch_size: 8
+data { synthetic { shape: [16] classes: 3 } }
+stages { name: "a" layers { linear { out_features: 16 } } }
+stages { name: "b" layers { relu {} } layers { dropout { rate: 0.1 } } layers { linear { out_features: 8 } } layers { gelu {} } }
+)",
+                                       "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  auto cpu = MakeCpuBackend();
+  absl::StatusOr<std::vector<UnitProfile>> units = ProfileUnits(*j, *cpu, 8, 3);
+  ASSERT_TRUE(units.ok()) << units.status();
+  ASSERT_EQ(units->size(), 2u);
+  EXPECT_EQ((*units)[0].layers, 3);  // linear, relu, dropout
+  EXPECT_EQ((*units)[1].layers, 2);  // linear, gelu
+  for (int stages : {1, 2}) {
+    absl::StatusOr<Partition> best = BestPartition(*units, stages);
+    ASSERT_TRUE(best.ok()) << best.status();
+    v1::Job out = ApplyPartition(*j, *best);
+    for (const v1::Stage& st : out.stages()) {
+      EXPECT_FALSE(st.layers(0).has_relu() || st.layers(0).has_gelu() || st.layers(0).has_dropout())
+          << "a stage starts with an activation: " << st.ShortDebugString();
+    }
+  }
+  Partition two;
+  two.sizes = {1, 1};
+  EXPECT_EQ(ApplyPartition(*j, two).stages(0).name(), "a+b");
 }
 
 TEST(JobFiles, MissingFileIsNotFound) {

@@ -1,0 +1,105 @@
+// PNG folders through libpng's simplified API.
+#include "common/data/image_folder.h"
+
+#include <png.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace localpar {
+
+absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
+                                             int64_t* width) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&image, path.c_str())) {
+    std::string why = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a readable PNG (", why, ")"));
+  }
+  if (channels == 0) channels = (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
+  image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+  std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(image));
+  // Transparent pixels are composed over black, so alpha adds nothing the network sees.
+  png_color black{0, 0, 0};
+  if (!png_image_finish_read(&image, &black, pixels.data(), 0, nullptr)) {
+    std::string why = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot decode the PNG (", why, ")"));
+  }
+  *height = image.height;
+  *width = image.width;
+  return pixels;
+}
+
+absl::Status WritePng(const std::string& path, const uint8_t* pixels, int64_t height, int64_t width,
+                      int channels) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(width);
+  image.height = static_cast<png_uint_32>(height);
+  image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+  if (!png_image_write_to_file(&image, path.c_str(), 0, pixels, 0, nullptr)) {
+    return absl::InternalError(absl::StrCat(path, ": cannot write the PNG (", image.message, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
+                                            const std::vector<std::string>& classes) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no such directory"));
+  }
+  ImageFolder f;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory()) f.classes.push_back(e.path().filename().string());
+  }
+  std::sort(f.classes.begin(), f.classes.end());
+  if (f.classes.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": needs one subfolder per class (at least 2), found ", f.classes.size()));
+  }
+  if (!classes.empty() && classes != f.classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": classes [", absl::StrJoin(f.classes, ","),
+                     "] differ from the training folder's [", absl::StrJoin(classes, ","), "]"));
+  }
+  for (size_t c = 0; c < f.classes.size(); ++c) {
+    std::vector<std::string> files;
+    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(dir) / f.classes[c], ec)) {
+      if (e.is_regular_file() && absl::EndsWithIgnoreCase(e.path().string(), ".png")) {
+        files.push_back(e.path().string());
+      }
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& path : files) {
+      int64_t h = 0, w = 0;
+      absl::StatusOr<std::vector<uint8_t>> px = ReadPng(path, static_cast<int>(f.channels), &h, &w);
+      if (!px.ok()) return px.status();
+      if (f.channels == 0) {
+        f.height = h;
+        f.width = w;
+        f.channels = static_cast<int64_t>(px->size()) / (h * w);
+      } else if (h != f.height || w != f.width) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w, ", but ",
+                                                       f.files[0], " is ", f.height, "x", f.width,
+                                                       "; every image must have the same size"));
+      }
+      f.pixels.insert(f.pixels.end(), px->begin(), px->end());
+      f.labels.push_back(static_cast<int32_t>(c));
+      f.files.push_back(path);
+    }
+  }
+  if (f.labels.empty())
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": holds no .png files"));
+  return f;
+}
+
+}  // namespace localpar

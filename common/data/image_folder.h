@@ -1,0 +1,36 @@
+// Image folders in torchvision's ImageFolder layout: one subfolder per class, named after
+// it, holding PNG files. Classes are numbered in the sorted order of their folder names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace localpar {
+
+struct ImageFolder {
+  std::vector<std::string> classes;  // folder names, sorted: label i is classes[i]
+  int64_t height = 0, width = 0, channels = 0;
+  std::vector<uint8_t> pixels;  // count * height * width * channels, NHWC
+  std::vector<int32_t> labels;  // one per image
+  std::vector<std::string> files;
+  int64_t count() const { return static_cast<int64_t>(labels.size()); }
+};
+
+// Reads every *.png under dir/<class>/ (files in name order). The first image fixes the
+// size and the channels (1 for grey, 3 for colour; alpha is dropped); every other image must
+// match. `classes`, when given, must be exactly the folder names found (a test folder must
+// have the training folder's classes). Errors name the file.
+absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
+                                            const std::vector<std::string>& classes = {});
+
+// Decodes one PNG to `channels` channels (1 or 3).
+absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
+                                             int64_t* width);
+// Writes 8-bit pixels [height, width, channels] (1 or 3) as a PNG (tests, examples).
+absl::Status WritePng(const std::string& path, const uint8_t* pixels, int64_t height, int64_t width,
+                      int channels);
+
+}  // namespace localpar

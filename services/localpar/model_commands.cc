@@ -1,0 +1,171 @@
+// `localpar export` and `localpar predict`: using a trained model.
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/data/npy.h"
+#include "common/io/atomic_file.h"
+#include "common/job/onnx_export.h"
+#include "common/job/predict.h"
+#include "common/job/run.h"
+#include "services/common/exit_codes.h"
+#include "services/localpar/command_flags.h"
+
+namespace localpar {
+namespace {
+
+// Loads the job and its weights on `device`; -1 to go on, else the exit code.
+int OpenModel(const std::string& job_path, const std::string& weights_path,
+              const std::string& device, std::unique_ptr<Backend>* backend, TrainedModel* model) {
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(job_path, v1::JobOverrides());
+  if (!job.ok()) {
+    return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
+                std::string(job.status().message()));
+  }
+  RunOptions o;
+  o.device = device;
+  absl::StatusOr<std::unique_ptr<Backend>> be = PickBackend(o);
+  if (!be.ok()) return Fail(kExitUsage, std::string(be.status().message()));
+  *backend = *std::move(be);
+  absl::StatusOr<TrainedModel> m = OpenTrainedModel(*job, weights_path, **backend);
+  if (!m.ok()) {
+    const bool missing = m.status().code() == absl::StatusCode::kNotFound;
+    return Fail(missing ? kExitUsage : kExitBadJob, std::string(m.status().message()));
+  }
+  *model = *std::move(m);
+  return -1;
+}
+
+int LastStage(const TrainedModel& m) { return static_cast<int>(m.config.stages.size()) - 1; }
+
+}  // namespace
+
+int ExportCommandMain(const Args& args) {
+  v1::ExportCommand c;
+  std::vector<std::string> pos;
+  int rc = 0;
+  if (!ParseCommandArgs("export",
+                        "localpar export JOB_FILE WEIGHTS --out=FILE [flags]\n"
+                        "Writes the weights that JOB_FILE trained (weights.pb from --out of run or "
+                        "train) as a safetensors file, or the network with its input normalisation "
+                        "as an ONNX model (opset 17) that ONNX Runtime runs.",
+                        args, &c, {}, {"JOB_FILE", "WEIGHTS"}, &pos, &rc)) {
+    return rc;
+  }
+  if (c.out().empty()) return Fail(kExitUsage, "--out: name the file to write");
+  std::string format = c.format();
+  if (format.empty()) {
+    if (absl::EndsWith(c.out(), ".onnx")) format = "onnx";
+    if (absl::EndsWith(c.out(), ".safetensors")) format = "safetensors";
+  }
+  if (format != "onnx" && format != "safetensors") {
+    return Fail(kExitUsage, absl::StrCat("--format=", c.format(),
+                                         ": expected safetensors or onnx (or an --out ending in "
+                                         ".safetensors or .onnx)"));
+  }
+  if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
+  std::unique_ptr<Backend> backend;
+  TrainedModel model;
+  if (int r = OpenModel(pos[0], pos[1], "cpu", &backend, &model); r >= 0) return r;
+  const int stage = c.has_stage() ? c.stage() : LastStage(model);
+  if (stage > LastStage(model)) {
+    return Fail(kExitUsage,
+                absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
+  }
+  absl::Status written;
+  if (format == "onnx") {
+    absl::StatusOr<std::string> bytes =
+        ExportOnnx(model, stage, model.config.stages.empty() ? "" : pos[0]);
+    if (!bytes.ok()) return Fail(kExitFailure, std::string(bytes.status().message()));
+    written = WriteFileAtomically(c.out(), *bytes);
+  } else {
+    written =
+        WriteSafetensors(DescribeParams(model.config, *model.model, stage), model.weights, c.out());
+  }
+  if (!written.ok()) return Fail(kExitFailure, std::string(written.message()));
+  std::cout << c.out() << ": " << format << ", stages 0.." << stage << "\n";
+  return kExitOk;
+}
+
+int PredictCommandMain(const Args& args) {
+  v1::PredictCommand c;
+  c.set_batch_size(256);
+  c.set_device("cpu");
+  std::vector<std::string> pos;
+  int rc = 0;
+  if (!ParseCommandArgs("predict",
+                        "localpar predict JOB_FILE WEIGHTS --input=PATH [flags]\n"
+                        "Runs the trained network on your examples, with the input normalisation "
+                        "of training, and prints accuracy when labels are known.",
+                        args, &c, {}, {"JOB_FILE", "WEIGHTS"}, &pos, &rc)) {
+    return rc;
+  }
+  if (c.input().empty())
+    return Fail(kExitUsage, "--input: name an .npy file, an IDX file or an image folder");
+  if (c.batch_size() < 1) return Fail(kExitUsage, "--batch_size must be >= 1");
+  if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
+  if (!c.out().empty() && !absl::EndsWith(c.out(), ".csv") && !absl::EndsWith(c.out(), ".npy")) {
+    return Fail(kExitUsage, absl::StrCat("--out=", c.out(), ": expected a .csv or .npy file name"));
+  }
+  std::unique_ptr<Backend> backend;
+  TrainedModel model;
+  if (int r = OpenModel(pos[0], pos[1], c.device(), &backend, &model); r >= 0) return r;
+  const int stage = c.has_stage() ? c.stage() : LastStage(model);
+  if (stage > LastStage(model)) {
+    return Fail(kExitUsage,
+                absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
+  }
+  absl::StatusOr<Examples> ex = ReadExamples(c.input(), c.labels());
+  if (!ex.ok()) return Fail(kExitBadData, std::string(ex.status().message()));
+  absl::StatusOr<std::vector<float>> inputs = PrepareInputs(model, *ex);
+  if (!inputs.ok()) {
+    return Fail(kExitBadData, absl::StrCat(c.input(), ": ", inputs.status().message()));
+  }
+  Shape shape;
+  std::vector<float> probs =
+      PredictLogits(model, stage, *inputs, ex->count, c.batch_size(), &shape);
+  const int64_t classes = shape.back();
+  std::vector<float> logits = probs;
+  SoftmaxRows(&probs, classes);
+  const int64_t rows = static_cast<int64_t>(probs.size()) / classes;
+  if (!ex->labels.empty() && static_cast<int64_t>(ex->labels.size()) == rows) {
+    int64_t correct = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = probs.data() + r * classes;
+      int64_t best = std::max_element(p, p + classes) - p;
+      correct += best == ex->labels[r];
+    }
+    std::cout << absl::StrFormat("accuracy: %.2f%% (%d of %d, stage %d's head)\n",
+                                 100.0 * correct / rows, correct, rows, stage);
+  } else {
+    std::cout << absl::StrFormat("%d examples, stage %d's head\n", ex->count, stage);
+  }
+  if (!c.out().empty()) {
+    if (c.logits()) probs = logits;
+    absl::Status s;
+    if (absl::EndsWith(c.out(), ".npy")) {
+      s = WriteNpyFile(c.out(), std::vector<int64_t>(shape.begin(), shape.end()), probs);
+    } else {
+      std::string csv = "example";
+      if (shape.size() > 2) csv += ",position";
+      for (int64_t k = 0; k < classes; ++k) absl::StrAppend(&csv, ",p", k);
+      csv += "\n";
+      const int64_t positions = rows / std::max<int64_t>(1, ex->count);
+      for (int64_t r = 0; r < rows; ++r) {
+        absl::StrAppend(&csv, r / positions);
+        if (shape.size() > 2) absl::StrAppend(&csv, ",", r % positions);
+        for (int64_t k = 0; k < classes; ++k)
+          absl::StrAppend(&csv, absl::StrFormat(",%.6g", probs[r * classes + k]));
+        csv += "\n";
+      }
+      s = WriteFileAtomically(c.out(), csv);
+    }
+    if (!s.ok()) return Fail(kExitFailure, std::string(s.message()));
+    std::cout << (c.logits() ? "logits: " : "probabilities: ") << c.out() << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace localpar

@@ -1,0 +1,213 @@
+"""`localpar export` and `localpar predict` against outside references.
+
+  export_test.py BUILD_DIR SOURCE_DIR
+
+For fashion_mlp, fashion_resnet, fortunes_charlm and tests/onnx/every_layer.textproto (every
+image layer and head kind), a short training run's weights are exported to ONNX, run in ONNX
+Runtime (npm's onnxruntime-node, tests/onnx/node_modules) and compared with `localpar predict
+--logits` on the same raw examples: max |difference| <= 1e-4, the same argmax on >= 99.9%.
+For every stage of the ResNet too. The MLP's safetensors file is read with NumPy alone (its
+JSON header and raw bytes) and its logits reproduced from the readable names and PyTorch
+layouts. Then --init_from (weights.pb and safetensors, `train` and `run` bitwise equal) and the
+errors: a job that does not match its weights, a corrupt .npy, labels out of range.
+"""
+import glob
+import gzip
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+BUILD, SOURCE = sys.argv[1], sys.argv[2]
+LOCALPAR = os.path.join(BUILD, "localpar")
+FASHION = "/usr/share/datasets/fashion-mnist"
+ORT = os.path.join(SOURCE, "tests", "onnx", "node_modules", "onnxruntime-node")
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+
+
+class Failure(Exception):
+    pass
+
+
+def lp(*args, expect=0, timeout=600):
+    p = subprocess.run([LOCALPAR, *args], capture_output=True, text=True, env=ENV, timeout=timeout)
+    if p.returncode != expect:
+        raise Failure(f"localpar {' '.join(args)}: exit {p.returncode}, wanted {expect}\n"
+                      f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return p.stdout + p.stderr
+
+
+def job(name):
+    if name == "every_layer":
+        return os.path.join(SOURCE, "tests", "onnx", "every_layer.textproto")
+    return os.path.join(SOURCE, "deploy", "jobs", f"{name}.textproto")
+
+
+def fashion_test_images(n):
+    raw = gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")).read()
+    return np.frombuffer(raw, np.uint8, offset=16).reshape(-1, 28, 28, 1)[:n].astype(np.float32)
+
+
+def fortunes_windows(n, t=64):
+    files = [f for f in sorted(glob.glob("/usr/share/games/fortunes/*"))
+             if os.path.isfile(f) and not os.path.islink(f) and not f.endswith(".dat")]
+    text = np.frombuffer(b"".join(open(f, "rb").read() for f in files), np.uint8)
+    # The last tenth: windows the job's held-out split draws from, and the rest.
+    starts = len(text) * 9 // 10 + np.arange(n) * ((len(text) // 10 - t) // n)
+    return np.stack([text[s:s + t] for s in starts]).astype(np.int64)
+
+
+def run_ort(model, inputs, expected):
+    p = subprocess.run(["node", os.path.join(SOURCE, "tests", "onnx", "run_onnx.js"), model,
+                        inputs, expected], capture_output=True, text=True, timeout=600,
+                       env=dict(ENV, NODE_PATH=os.path.dirname(ORT)))
+    if p.returncode != 0:
+        raise Failure(f"ONNX Runtime on {model}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    figures = json.loads(p.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def check_onnx(work, name, steps, inputs, stages=None):
+    out = os.path.join(work, name)
+    lp("train", job(name), f"--max_steps={steps}", f"--out={out}", "--quiet")
+    weights = os.path.join(out, "weights.pb")
+    x = os.path.join(work, f"{name}.input.npy")
+    np.save(x, inputs)
+    for stage in stages or [None]:
+        flag = [] if stage is None else [f"--stage={stage}"]
+        model = os.path.join(work, f"{name}{'' if stage is None else stage}.onnx")
+        logits = os.path.join(work, f"{name}{'' if stage is None else stage}.logits.npy")
+        lp("export", job(name), weights, f"--out={model}", *flag)
+        lp("predict", job(name), weights, f"--input={x}", "--logits", f"--out={logits}", *flag)
+        f = run_ort(model, x, logits)
+        print(f"export_test: {name} stage {'last' if stage is None else stage}: {f['rows']} rows, "
+              f"max |diff| {f['max_abs_diff']:.2e}, argmax agreement {f['argmax_agreement']:.4f}")
+    return weights
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", info
+        b, e = info["data_offsets"]
+        tensors[name] = np.frombuffer(body[b:e], np.float32).reshape(info["shape"])
+    return header["__metadata__"], tensors
+
+
+def check_safetensors(work, weights):
+    st = os.path.join(work, "mlp.safetensors")
+    lp("export", job("fashion_mlp"), weights, f"--out={st}")
+    meta, t = read_safetensors(st)
+    if "fashion_mlp" not in meta["job"] or meta["classes"] != "10":
+        raise Failure(f"safetensors metadata: {meta}")
+    raw = fashion_test_images(2000)
+    x = ((raw * np.float32(meta["input_scale"]) - np.float32(meta["input_mean"])) *
+         np.float32(meta["input_inv_std"])).reshape(len(raw), -1)
+    for block in ["block1", "block2", "block3", "block4"]:  # linear + relu, PyTorch [out, in]
+        x = np.maximum(x @ t[f"{block}.layers.0.linear.weight"].T +
+                       t[f"{block}.layers.0.linear.bias"], 0)
+    logits = x @ t["block4.head.0.linear.weight"].T + t["block4.head.0.linear.bias"]
+    xin = os.path.join(work, "mlp_st.input.npy")
+    ref = os.path.join(work, "mlp_st.logits.npy")
+    np.save(xin, raw)
+    lp("predict", job("fashion_mlp"), weights, f"--input={xin}", "--logits", f"--out={ref}")
+    want = np.load(ref)
+    diff = float(np.abs(logits - want).max())
+    agree = float((logits.argmax(1) == want.argmax(1)).mean())
+    print(f"export_test: safetensors read by NumPy: {len(t)} tensors, MLP logits max |diff| "
+          f"{diff:.2e}, argmax agreement {agree:.4f}")
+    if diff > 1e-4 or agree < 0.999:
+        raise Failure("NumPy's MLP from the safetensors file disagrees with localpar")
+    return st
+
+
+def same_params(a, b):
+    sys.path.insert(0, os.path.join(SOURCE, "tests", "containers"))
+    from compose_test import weight_stages  # noqa: E402 (a protobuf field walk, no protoc)
+    return weight_stages(a) == weight_stages(b)
+
+
+def check_init_from(work, weights, st):
+    j = job("fashion_mlp")
+    a, b, c = (os.path.join(work, d) for d in ("init_train", "init_run", "init_st"))
+    lp("train", j, "--max_steps=20", f"--init_from={weights}", f"--out={a}", "--quiet")
+    lp("run", j, "--max_steps=20", f"--init_from={weights}", f"--out={b}", "--quiet")
+    lp("train", j, "--max_steps=20", f"--init_from={st}", f"--out={c}", "--quiet")
+    if not same_params(f"{a}/weights.pb", f"{b}/weights.pb"):
+        raise Failure("--init_from: run and train differ")
+    if not same_params(f"{a}/weights.pb", f"{c}/weights.pb"):
+        raise Failure("--init_from: weights.pb and its safetensors export start differently")
+    fresh = os.path.join(work, "fresh")
+    lp("train", j, "--max_steps=20", f"--out={fresh}", "--quiet")
+    if same_params(f"{a}/weights.pb", f"{fresh}/weights.pb"):
+        raise Failure("--init_from changed nothing")
+    print("export_test: --init_from: train and run bitwise equal, from weights.pb and safetensors")
+
+
+def check_errors(work, weights):
+    cnn = job("fashion_cnn")
+    out = lp("export", cnn, weights, f"--out={work}/x.onnx", expect=3)
+    if "conv1.layers.0.conv2d.weight" not in out:
+        raise Failure(f"a mismatched export does not name the parameter:\n{out}")
+    out = lp("train", cnn, "--max_steps=1", f"--init_from={weights}", "--quiet", expect=3)
+    if "--init_from" not in out or "conv2d.weight" not in out:
+        raise Failure(f"a mismatched --init_from does not name the parameter:\n{out}")
+    bad = os.path.join(work, "bad.npy")
+    with open(bad, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'}          ")
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={bad}", expect=4)
+    if "bad.npy" not in out:
+        raise Failure(f"a corrupt .npy is not named:\n{out}")
+    x = os.path.join(work, "few.npy")
+    y = os.path.join(work, "few_labels.npy")
+    np.save(x, fashion_test_images(5).astype(np.uint8))
+    np.save(y, np.array([1, 2, 3, 4, 12], np.int64))
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
+    if "label 4 is 12" not in out:
+        raise Failure(f"a label out of range is not named by index:\n{out}")
+    np.save(y, np.array([1, 2, 3], np.int64))
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
+    if "3 labels for 5 examples" not in out:
+        raise Failure(f"labels of another length are not refused:\n{out}")
+    print("export_test: mismatched weights, corrupt .npy and bad labels refused, naming them")
+
+
+def main():
+    if not os.path.isdir(ORT):
+        print(f"export_test: {ORT} is missing: run `npm ci --ignore-scripts --prefix tests/onnx`")
+        return 1
+    work = tempfile.mkdtemp(prefix="localpar-export-")
+    try:
+        images = fashion_test_images(10000)
+        mlp = check_onnx(work, "fashion_mlp", 200, images)
+        check_onnx(work, "fashion_resnet", 20, images[:3000], stages=[0, 1, 2, None])
+        check_onnx(work, "fortunes_charlm", 20, fortunes_windows(1000))
+        rng = np.random.default_rng(7)
+        check_onnx(work, "every_layer", 0, rng.normal(0, 1, (500, 8, 8, 2)).astype(np.float32),
+                   stages=[0, 1, 2, None])
+        st = check_safetensors(work, mlp)
+        check_init_from(work, mlp, st)
+        check_errors(work, mlp)
+    except Failure as e:
+        print(f"export_test: FAILED: {e}")
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("export_test: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
