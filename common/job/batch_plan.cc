@@ -24,6 +24,7 @@ BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_ex
       train_n_(train_examples),
       test_n_(job.eval_limit() > 0 ? std::min(job.eval_limit(), test_examples) : test_examples),
       total_steps_(TotalSteps(job, train_examples)),
+      eval_every_(job.eval_every_steps()),
       epochs_(job.epochs()),
       seed_(job.seed()),
       epoch_(start.epoch),
@@ -53,6 +54,12 @@ bool BatchPlan::Next(PlanItem* item) {
         // A checkpoint after an epoch's last batch resumes at the start of the next one.
         item->after = row_ < train_n_ ? DataCursor{step_, epoch_, row_ / batch_}
                                       : DataCursor{step_, epoch_ + 1, 0};
+        // An interim evaluation, unless the epoch's (or the run's) own follows at once.
+        if (eval_every_ > 0 && step_ % eval_every_ == 0 && row_ < train_n_ &&
+            step_ < total_steps_) {
+          state_ = kInterimEval;
+          eval_row_ = 0;
+        }
         return true;
       }
       item->kind = PlanItem::kEndOfEpoch;
@@ -71,6 +78,18 @@ bool BatchPlan::Next(PlanItem* item) {
       state_ = kStartEpoch;
       ++epoch_;
       row_ = 0;
+      return true;
+    case kInterimEval:
+      item->interim = true;
+      if (eval_row_ < test_n_) {
+        item->kind = PlanItem::kEval;
+        item->begin = eval_row_;
+        item->rows = std::min(eval_batch_, test_n_ - eval_row_);
+        eval_row_ += eval_batch_;
+        return true;
+      }
+      item->kind = PlanItem::kEndOfEval;
+      state_ = kTraining;
       return true;
   }
   return false;

@@ -1,6 +1,7 @@
 // The order in which a run feeds its data: training batches of each epoch (shuffled by
-// EpochOrder(seed, epoch)), then the epoch's evaluation batches. The reference trainer and
-// the coordinator walk the same plan, so they feed the same examples in the same order.
+// EpochOrder(seed, epoch)), then the epoch's evaluation batches; with eval_every_steps, an
+// evaluation also follows every N-th step that does not end an epoch or the run. The reference
+// trainer and the coordinator walk the same plan, so they feed the same examples in the same order.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,8 @@ struct PlanItem {
   int64_t begin = 0;  // first row, into order() (kTrain) or test_order() (kEval)
   int64_t rows = 0;
   DataCursor after;  // kTrain: where the run stands once this step is done
+  // kEval, kEndOfEval: an evaluation within the epoch (Job.eval_every_steps), not its end's.
+  bool interim = false;
 };
 
 // Training steps in one epoch of `train_examples` (the last batch may be short).
@@ -43,8 +46,8 @@ class BatchPlan {
   int64_t total_steps() const { return total_steps_; }
 
  private:
-  enum State { kStartEpoch, kTraining, kEvaluating };
-  const int64_t batch_, eval_batch_, train_n_, test_n_, total_steps_;
+  enum State { kStartEpoch, kTraining, kEvaluating, kInterimEval };
+  const int64_t batch_, eval_batch_, train_n_, test_n_, total_steps_, eval_every_;
   const int epochs_;
   const uint64_t seed_;
   State state_ = kStartEpoch;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/cord.h"
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/data/dataset.h"
 #include "common/data/user_data.h"
+#include "common/job/suggest.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -20,13 +22,73 @@
 namespace localpar {
 namespace {
 
+// The text between the first two double quotes after `after` in `message` ("" if none).
+std::string Quoted(const std::string& message, const std::string& after) {
+  size_t at = message.find(after);
+  if (at == std::string::npos) return "";
+  size_t begin = message.find('"', at + after.size());
+  if (begin == std::string::npos) return "";
+  size_t end = message.find('"', begin + 1);
+  return end == std::string::npos ? "" : message.substr(begin + 1, end - begin - 1);
+}
+
+// Every enum type of the job format with a field named `field`, and its value names.
+std::vector<std::string> EnumValuesOfField(const std::string& field) {
+  std::vector<std::string> values;
+  const google::protobuf::FileDescriptor* file = v1::Job::descriptor()->file();
+  std::function<void(const google::protobuf::Descriptor*)> visit =
+      [&](const google::protobuf::Descriptor* d) {
+        for (int i = 0; i < d->field_count(); ++i) {
+          const google::protobuf::FieldDescriptor* f = d->field(i);
+          if (f->name() != field || !f->enum_type()) continue;
+          for (int v = 0; v < f->enum_type()->value_count(); ++v) {
+            const std::string& name = f->enum_type()->value(v)->name();
+            if (name.find("UNSPECIFIED") == std::string::npos &&
+                std::find(values.begin(), values.end(), name) == values.end()) {
+              values.push_back(name);
+            }
+          }
+        }
+        for (int i = 0; i < d->nested_type_count(); ++i) visit(d->nested_type(i));
+      };
+  for (int i = 0; i < file->message_type_count(); ++i) visit(file->message_type(i));
+  return values;
+}
+
+// What the parser says, with a suggestion for a misspelt field or enum value, and every
+// valid value of an enum.
+std::string WithSuggestion(const std::string& message) {
+  if (message.find("has no field named") != std::string::npos) {
+    const std::string type = Quoted(message, "Message type");
+    const std::string name = Quoted(message, "has no field named");
+    const google::protobuf::Descriptor* d =
+        google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(type);
+    if (!d) return message;
+    std::vector<std::string> fields;
+    for (int i = 0; i < d->field_count(); ++i) fields.push_back(d->field(i)->name());
+    const std::string best = Closest(name, fields);
+    return best.empty() ? absl::StrCat(message, " Its fields: ", absl::StrJoin(fields, ", "), ".")
+                        : absl::StrCat(message, " Did you mean \"", best, "\"?");
+  }
+  if (message.find("Unknown enumeration value") != std::string::npos) {
+    const std::string value = Quoted(message, "enumeration value of");
+    const std::vector<std::string> values = EnumValuesOfField(Quoted(message, "for field"));
+    if (values.empty()) return message;
+    const std::string best = Closest(value, values);
+    return absl::StrCat(message, best.empty() ? "" : absl::StrCat(" Did you mean ", best, "?"),
+                        " Valid values: ", absl::StrJoin(values, ", "), ".");
+  }
+  return message;
+}
+
 class CollectErrors : public google::protobuf::io::ErrorCollector {
  public:
   explicit CollectErrors(std::string source) : source_(std::move(source)) {}
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
     // The parser counts from 0; editors count from 1.
-    errors_.push_back(absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message));
+    errors_.push_back(
+        absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", WithSuggestion(message)));
   }
   void AddWarning(int line, google::protobuf::io::ColumnNumber column,
                   const std::string& message) override {
@@ -422,6 +484,9 @@ absl::Status ValidateRun(const v1::Job& job) {
   if (job.epochs() <= 0) return Invalid("epochs", "must be > 0");
   if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
   if (job.eval_limit() < 0) return Invalid("eval_limit", "must be >= 0 (0: every example)");
+  if (job.eval_every_steps() < 0) {
+    return Invalid("eval_every_steps", "must be >= 0 (0: only at the end of each epoch)");
+  }
   if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
   if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
   if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {

@@ -114,6 +114,15 @@ void ProgressPrinter::Update(const ProgressLine& l, bool force) {
 }
 
 void ProgressPrinter::EpochResult(int epoch, const std::vector<HeadStats>& test, double seconds) {
+  Result(absl::StrFormat("epoch %d", epoch), test, seconds);
+}
+
+void ProgressPrinter::InterimResult(int64_t step, int epoch, const std::vector<HeadStats>& test) {
+  Result(absl::StrFormat("step %d (epoch %d)", step, epoch), test, -1);
+}
+
+void ProgressPrinter::Result(const std::string& what, const std::vector<HeadStats>& test,
+                             double seconds) {
   std::string accs;
   for (size_t k = 0; k < test.size(); ++k) {
     if (test[k].count > 0) {
@@ -132,7 +141,7 @@ void ProgressPrinter::EpochResult(int epoch, const std::vector<HeadStats>& test,
       }
     }
   }
-  out_ << (pending_ ? "\r\033[K" : "") << absl::StrFormat("epoch %d: test accuracy%s", epoch, accs);
+  out_ << (pending_ ? "\r\033[K" : "") << what << ": test accuracy" << accs;
   if (seconds >= 0) out_ << absl::StrFormat(" (%.1fs)", seconds);
   out_ << "\n";
   out_.flush();

@@ -38,11 +38,14 @@ class ProgressPrinter {
   // The line Update would print, without the terminal controls.
   std::string Format(const ProgressLine& line);
   void EpochResult(int epoch, const std::vector<HeadStats>& test, double seconds);
+  // An evaluation within an epoch: "step 300 (epoch 1): test accuracy ...".
+  void InterimResult(int64_t step, int epoch, const std::vector<HeadStats>& test);
   // Byte-level language models: losses also in bits per byte.
   void set_bytes(bool bytes) { bytes_ = bytes; }
   void Done();  // clears a live line
 
  private:
+  void Result(const std::string& what, const std::vector<HeadStats>& test, double seconds);
   std::ostream& out_;
   const bool live_, enabled_;
   const int width_;

@@ -46,13 +46,16 @@ void AddHeadFigures(const std::vector<HeadStats>& stats,
 
 void AddBitsPerByte(const v1::Job& job, v1::RunReport* report) {
   if (!job.data().has_text()) return;
-  for (v1::EpochFigures& e : *report->mutable_epochs()) {
-    for (auto* list : {e.mutable_train(), e.mutable_test()}) {
-      for (v1::HeadFigures& f : *list) {
-        if (f.examples() > 0) f.set_bits_per_byte(BitsPerByte(f.loss()));
-      }
+  auto add = [](google::protobuf::RepeatedPtrField<v1::HeadFigures>* list) {
+    for (v1::HeadFigures& f : *list) {
+      if (f.examples() > 0) f.set_bits_per_byte(BitsPerByte(f.loss()));
     }
+  };
+  for (v1::EpochFigures& e : *report->mutable_epochs()) {
+    add(e.mutable_train());
+    add(e.mutable_test());
   }
+  for (v1::Evaluation& e : *report->mutable_evaluations()) add(e.mutable_test());
 }
 
 absl::Status CheckRunTrained(const v1::RunReport& r) {

@@ -204,7 +204,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     } else if (item.kind == PlanItem::kEndOfEpoch) {
       train_seconds += Seconds(epoch_start, Clock::now());
     } else if (item.kind == PlanItem::kEval) {
-      if (item.begin == 0) {  // the epoch's first test batch: say so while it is scored
+      if (item.begin == 0) {  // an evaluation's first test batch: say so while it is scored
         const double elapsed = Seconds(start, Clock::now());
         ProgressLine line{item.epoch,
                           job.epochs(),
@@ -220,6 +220,14 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
       Upload(test, be, &x, &y);
       std::vector<HeadStats> s = trainer.EvalBatch(x, y);
       for (int k = 0; k < stages; ++k) test_stats[k].Add(s[k]);
+    } else if (item.interim) {  // an evaluation within the epoch (eval_every_steps)
+      v1::Evaluation* e = report.add_evaluations();
+      e->set_step(trainer.step());
+      e->set_epoch(item.epoch);
+      AddHeadFigures(test_stats, e->mutable_test());
+      progress.InterimResult(trainer.step(), item.epoch, test_stats);
+      if (metrics) metrics->Write(point("eval", item.epoch, trainer.step()), test_stats);
+      test_stats.assign(stages, HeadStats());
     } else {
       v1::EpochFigures* e = report.add_epochs();
       e->set_epoch(item.epoch);

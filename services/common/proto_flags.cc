@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/job/suggest.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "proto/options.pb.h"
@@ -79,31 +80,10 @@ const Message& ConstHolder(const Message& top, const Flag& flag) {
   return *m;
 }
 
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string Suggest(const std::string& name, const std::map<std::string, Flag>& flags) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
-  for (const auto& [candidate, flag] : flags) {
-    size_t d = EditDistance(name, candidate);
-    if (d < best_d) {
-      best_d = d;
-      best = candidate;
-    }
-  }
+  std::vector<std::string> names;
+  for (const auto& [candidate, flag] : flags) names.push_back(candidate);
+  const std::string best = Closest(name, names);
   return best.empty() ? "" : absl::StrCat("; did you mean --", best, "?");
 }
 

@@ -49,9 +49,18 @@ v1::RunReport JobRunner::History() {
   v1::RunReport r;
   std::vector<v1::StatsResponse> none(static_cast<size_t>(pool_.size()));
   AddClusterFigures(none, epoch_stats_.All(), history_, epochs_sent_, &r);
+  AddEvaluations(&r);
   r.clear_stage_reports();
   r.set_wall_seconds(history_.wall_seconds() + SecondsSince(started_));
   return r;
+}
+
+void JobRunner::AddEvaluations(v1::RunReport* report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const v1::Evaluation& e : history_.evaluations()) {
+    if (!evaluations_.count(e.step())) *report->add_evaluations() = e;
+  }
+  for (const auto& [step, e] : evaluations_) *report->add_evaluations() = e;
 }
 
 int JobRunner::Run() {
@@ -142,7 +151,38 @@ void JobRunner::EventLoop(PipelineLink& link) {
   while (std::optional<v1::UpItem> up = link.Next()) {
     if (up->has_ack()) {
       const v1::Ack& a = up->ack();
-      if (a.kind() == v1::Control::END_OF_EVAL) {
+      std::optional<std::pair<int64_t, int>> interim;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = interim_seqs_.find(a.seq());
+        if (it != interim_seqs_.end()) interim = it->second;
+      }
+      if (a.kind() == v1::Control::END_OF_EVAL && interim) {
+        // An evaluation within the epoch: every worker keeps its figures by this marker (the
+        // first stages may have run on to the next one by now).
+        std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(false, 5);
+        std::vector<HeadStats> test;
+        for (const auto& s : polled) {
+          HeadStats h;
+          if (s) {
+            for (const v1::MarkedEvaluation& e : s->recent_evaluations()) {
+              if (e.seq() == a.seq()) {
+                h = HeadStats{e.eval().loss_sum(), e.eval().correct(), e.eval().count()};
+              }
+            }
+          }
+          test.push_back(h);
+        }
+        v1::Evaluation ev;
+        ev.set_step(interim->first);
+        ev.set_epoch(interim->second);
+        AddHeadFigures(test, ev.mutable_test());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          evaluations_[interim->first] = ev;
+        }
+        monitor_.AddInterim(interim->first, interim->second, std::move(test));
+      } else if (a.kind() == v1::Control::END_OF_EVAL) {
         // Every stage has scored this epoch: keep the figures (a later recovery configures
         // the workers again, which forgets them).
         std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(false, 5);
@@ -254,6 +294,13 @@ bool JobRunner::Feed(PipelineLink& link) {
       meta.set_batch_rows(item.rows);
       meta.set_micro_batches(1);
       if (!SendRows(link, test, 0, item.rows, meta)) return false;
+    } else if (item.interim) {  // the end of an evaluation within the epoch
+      const uint64_t seq = NextSeq();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        interim_seqs_[seq] = {item.step, item.epoch};
+      }
+      if (!SendControl(link, v1::Control::END_OF_EVAL, item.epoch, seq)) return false;
     } else {
       const bool end_of_epoch = item.kind == PlanItem::kEndOfEpoch;
       if (!SendControl(link, end_of_epoch ? v1::Control::END_OF_EPOCH : v1::Control::END_OF_EVAL,
@@ -391,6 +438,7 @@ int JobRunner::Collect() {
   report.set_wall_seconds(history_.wall_seconds() + SecondsSince(started_));
   report.set_examples_per_second(train_examples_ / std::max(report.wall_seconds(), 1e-9));
   AddClusterFigures(stats, epoch_stats_.All(), history_, epochs_sent_, &report);
+  AddEvaluations(&report);
   AddBitsPerByte(job_, &report);
   std::cout << ReportTable(report);
   int rc = kExitOk;

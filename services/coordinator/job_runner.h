@@ -83,6 +83,13 @@ class JobRunner {
   std::set<uint64_t> acked_;
   bool link_ended_ = false;
   EpochStatsStore epoch_stats_;
+  // Evaluations within epochs (Job.eval_every_steps): the control markers that end one, by
+  // sequence number, with their (step, epoch); and their figures by step (a replay after a
+  // recovery scores the same step again and replaces them).
+  std::map<uint64_t, std::pair<int64_t, int>> interim_seqs_;
+  std::map<int64_t, v1::Evaluation> evaluations_;
+  // The report's evaluations: the resumed run's before its checkpoint, then this process's.
+  void AddEvaluations(v1::RunReport* report);
 
   FeedProgress feed_;
   int epochs_sent_ = 0;

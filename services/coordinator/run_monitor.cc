@@ -65,7 +65,29 @@ void RunMonitor::Stop() {
   cv_.notify_all();
   thread_.join();
   progress_.Done();
+  PrintInterim();
   PrintFinishedEpochs();
+}
+
+void RunMonitor::AddInterim(int64_t step, int epoch, std::vector<HeadStats> test) {
+  std::lock_guard<std::mutex> lock(interim_mu_);
+  interim_.push_back({step, epoch, std::move(test)});
+}
+
+void RunMonitor::PrintInterim() {
+  std::vector<Interim> pending;
+  {
+    std::lock_guard<std::mutex> lock(interim_mu_);
+    pending.swap(interim_);
+  }
+  for (const Interim& e : pending) {
+    progress_.InterimResult(e.step, e.epoch, e.test);
+    if (log_) {
+      const double uptime =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+      log_->Write(Point("eval", e.epoch, e.step, uptime, 0), e.test);
+    }
+  }
 }
 
 void RunMonitor::Loop() {
@@ -84,6 +106,7 @@ void RunMonitor::Tick() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   std::vector<std::optional<v1::StatsResponse>> stats = pool_.PollStats(false, 1);
   Publish(stats, uptime);
+  PrintInterim();
   PrintFinishedEpochs();
   if (metrics_) metrics_->SetCheckpointAge(checkpointer_.seconds_since_commit());
   ProgressLine line;

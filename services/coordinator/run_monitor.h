@@ -51,6 +51,9 @@ class RunMonitor {
   void Start();
   // Stops polling, clears the progress line and prints the epochs not printed yet.
   void Stop();
+  // An evaluation within an epoch, from the event loop: printed and logged by the monitor's
+  // thread, before any later epoch's result.
+  void AddInterim(int64_t step, int epoch, std::vector<HeadStats> test);
   // Appends the run's figures to metrics.jsonl as it goes (before Start).
   void LogTo(std::unique_ptr<MetricsLog> log) {
     log_ = std::move(log);
@@ -61,6 +64,7 @@ class RunMonitor {
   void Loop();
   void Tick();
   void PrintFinishedEpochs();
+  void PrintInterim();
   MetricsPoint Point(const char* kind, int epoch, int64_t step, double uptime,
                      double examples_per_second) const;
   void Publish(const std::vector<std::optional<v1::StatsResponse>>& stats, double uptime);
@@ -73,6 +77,13 @@ class RunMonitor {
   CoordinatorMetrics* const metrics_;
   const FeedProgress& feed_;
   const EpochStatsStore& epochs_;
+  struct Interim {
+    int64_t step;
+    int epoch;
+    std::vector<HeadStats> test;
+  };
+  std::mutex interim_mu_;
+  std::vector<Interim> interim_;  // not printed yet
   ProgressPrinter progress_;
   std::unique_ptr<MetricsLog> log_;
   ScheduleConfig schedule_;

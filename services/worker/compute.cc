@@ -329,7 +329,7 @@ void StageCompute::Control(ComputeLinks& links, const v1::DownItem& item) {
     if (c.kind() == v1::Control::CHECKPOINT && !SaveCheckpoint(links, c)) return;
   }
   if (c.kind() == v1::Control::END_OF_EPOCH) stats_.EndOfEpoch(c.epoch());
-  if (c.kind() == v1::Control::END_OF_EVAL) stats_.EndOfEval(c.epoch());
+  if (c.kind() == v1::Control::END_OF_EVAL) stats_.EndOfEval(c.epoch(), c.seq());
   if (c.kind() == v1::Control::SHUTDOWN) shutdown_ = true;
   if (!setup_.last()) {
     links.SendDown(FrameItem(item), nullptr);

@@ -47,7 +47,8 @@ class WorkerStats {
   void SetQueueMaxDepth(int64_t depth);
   // Control items: the epoch's training figures, then its evaluation figures, are kept.
   void EndOfEpoch(int epoch);
-  void EndOfEval(int epoch);
+  // Also kept by the marker's sequence number, for the newest kMarkedKept evaluations.
+  void EndOfEval(int epoch, uint64_t seq);
 
   // The compute thread's liveness: Working() when it starts work of its own, Waiting() when
   // it waits on a peer or for input. StuckSeconds() is how long the current stretch of its
@@ -72,6 +73,8 @@ class WorkerStats {
   HeadStats recent_, eval_;
   double train_seconds_ = 0;
   std::map<int, v1::EpochStatistics> epochs_;
+  static constexpr size_t kMarkedKept = 32;  // evaluations kept by marker (the newest)
+  std::map<uint64_t, v1::MarkedEvaluation> marked_;
   std::deque<v1::Interval> intervals_;
   DelayStats delays_;
   int64_t batches_ = 0;

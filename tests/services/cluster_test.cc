@@ -668,6 +668,51 @@ TEST(Launcher, MetricsJsonlOfRunAndTrainAgreeAtEveryEpoch) {
   EXPECT_NE(from_run.version().find("(git "), std::string::npos) << from_run.version();
 }
 
+// eval_every_steps: evaluations within epochs give the same figures in run and train, land in
+// metrics.jsonl (kind "eval") and report.json, and leave the weights untouched.
+TEST(Launcher, EvaluationsWithinEpochsAgreeBetweenRunAndTrainAndChangeNoWeight) {
+  TempDir dir;
+  const std::string plain = dir.Write("plain.textproto", testing::SmallJob("GREEDY", 1));
+  const std::string job = dir.Write(
+      "job.textproto", testing::SmallJob("GREEDY", 1) + "eval_every_steps: 3\neval_limit: 20\n");
+  const std::string bin = testing::BinDir() + "/localpar";
+  for (const char* command : {"train", "run"}) {
+    auto r = RunProcess({bin, command, job, "--out=" + dir.path() + "/" + command}, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // 7 steps an epoch: within epoch 1 at steps 3 and 6, within epoch 2 at 9 and 12.
+    EXPECT_NE(r.output.find("step 3 (epoch 1): test accuracy"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 12 (epoch 2): test accuracy"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 7 (epoch"), std::string::npos) << r.output;
+  }
+  auto r = RunProcess({bin, "train", plain, "--quiet", "--out=" + dir.path() + "/plain"}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto eval_lines = [&](const std::string& command) {
+    std::vector<std::string> out;
+    std::istringstream in(ReadFile(dir.path() + "/" + command + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("{\"kind\":\"eval\"") == 0) {
+        out.push_back(line.substr(0, line.find(",\"examples_per_second\"")));
+      }
+    }
+    return out;
+  };
+  std::vector<std::string> train = eval_lines("train"), run = eval_lines("run");
+  EXPECT_EQ(run, train);
+  ASSERT_EQ(train.size(), 4u * 4) << "4 evaluations x 4 heads";
+  EXPECT_NE(train[0].find("\"step\":3,\"epoch\":1,\"stage\":0,"), std::string::npos) << train[0];
+  EXPECT_NE(train[0].find("\"examples\":20"), std::string::npos) << train[0];
+  v1::RunReport report;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(ReadFile(dir.path() + "/run/report.json"),
+                                                          &report)
+                  .ok());
+  ASSERT_EQ(report.evaluations_size(), 4);
+  EXPECT_EQ(report.evaluations(3).step(), 12);
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/plain/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  testing::ExpectWeightsFileEquals(dir.path() + "/run/weights.pb", *want);
+  testing::ExpectWeightsFileEquals(dir.path() + "/train/weights.pb", *want);
+}
+
 // A run whose loss goes non-finite has failed: run and train both exit 6 and say why.
 TEST(Launcher, ARunThatDivergesExitsSixSayingWhy) {
   TempDir dir;

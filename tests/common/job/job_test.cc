@@ -15,6 +15,7 @@
 #include "common/job/plan.h"
 #include "common/job/progress.h"
 #include "common/job/report.h"
+#include "common/job/suggest.h"
 
 namespace localpar {
 namespace {
@@ -515,6 +516,39 @@ TEST(ProgressPrinter, EpochResultShowsADashForAStageWithoutFigures) {
   HeadStats answered{/*loss_sum=*/1.0, /*correct=*/3.0, /*count=*/4};
   printer.EpochResult(2, {answered, HeadStats{}}, 1.5);
   EXPECT_EQ(out.str(), "epoch 2: test accuracy s0 75.00% s1 - (1.5s)\n");
+}
+
+}  // namespace
+}  // namespace localpar
+
+namespace localpar {
+namespace {
+
+TEST(JobFiles, MisspeltFieldsAndEnumValuesGetSuggestions) {
+  absl::StatusOr<v1::Job> field = ParseJob("rule: GREEDY\nbatchsize: 3\n", "t");
+  ASSERT_FALSE(field.ok());
+  EXPECT_NE(field.status().message().find("Did you mean \"batch_size\"?"), std::string::npos)
+      << field.status();
+  absl::StatusOr<v1::Job> nested = ParseJob("rule: GREEDY\nstages { layers { linaer {} } }\n", "t");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("Did you mean \"linear\"?"), std::string::npos)
+      << nested.status();
+  absl::StatusOr<v1::Job> value = ParseJob("rule: GREDY\n", "t");
+  ASSERT_FALSE(value.ok());
+  EXPECT_NE(value.status().message().find("Did you mean GREEDY? Valid values: BACKPROP, GREEDY, "
+                                          "CHUNKED, OVERLAP."),
+            std::string::npos)
+      << value.status();
+  absl::StatusOr<v1::Job> far = ParseJob("rule: GREEDY\nwhatever_this_is: 3\n", "t");
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.status().message().find("Its fields: name, data,"), std::string::npos)
+      << far.status();
+}
+
+TEST(Suggest, ClosestWithinAThirdOfTheLength) {
+  EXPECT_EQ(Closest("stage", {"stages", "seed"}), "stages");
+  EXPECT_EQ(Closest("xyzzy", {"stages", "seed"}), "");
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);
 }
 
 }  // namespace
