@@ -67,31 +67,28 @@ bool BatchPlan::Next(PlanItem* item) {
       eval_row_ = 0;
       return true;
     case kEvaluating:
-      if (eval_row_ < test_n_) {
-        item->kind = PlanItem::kEval;
-        item->begin = eval_row_;
-        item->rows = std::min(eval_batch_, test_n_ - eval_row_);
-        eval_row_ += eval_batch_;
-        return true;
-      }
-      item->kind = PlanItem::kEndOfEval;
+      if (NextEval(item)) return true;
       state_ = kStartEpoch;
       ++epoch_;
       row_ = 0;
       return true;
     case kInterimEval:
       item->interim = true;
-      if (eval_row_ < test_n_) {
-        item->kind = PlanItem::kEval;
-        item->begin = eval_row_;
-        item->rows = std::min(eval_batch_, test_n_ - eval_row_);
-        eval_row_ += eval_batch_;
-        return true;
-      }
-      item->kind = PlanItem::kEndOfEval;
-      state_ = kTraining;
+      if (!NextEval(item)) state_ = kTraining;
       return true;
   }
+  return false;
+}
+
+bool BatchPlan::NextEval(PlanItem* item) {
+  if (eval_row_ < test_n_) {
+    item->kind = PlanItem::kEval;
+    item->begin = eval_row_;
+    item->rows = std::min(eval_batch_, test_n_ - eval_row_);
+    eval_row_ += eval_batch_;
+    return true;
+  }
+  item->kind = PlanItem::kEndOfEval;
   return false;
 }
 

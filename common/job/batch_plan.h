@@ -47,6 +47,8 @@ class BatchPlan {
 
  private:
   enum State { kStartEpoch, kTraining, kEvaluating, kInterimEval };
+  // The evaluation's next batch (true), or its end (false, item set to kEndOfEval).
+  bool NextEval(PlanItem* item);
   const int64_t batch_, eval_batch_, train_n_, test_n_, total_steps_, eval_every_;
   const int epochs_;
   const uint64_t seed_;

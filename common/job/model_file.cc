@@ -326,8 +326,9 @@ std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, i
 absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& source,
                          const ModelConfig& config, Model& model) {
   if (weights.stages_size() != model.num_stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": holds ", weights.stages_size(),
-                                                   " stages, the job has ", model.num_stages()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": holds ", weights.stages_size(), " stages, the job has ", model.num_stages(),
+        " (if it was trained with --stages=", weights.stages_size(), ", pass that here too)"));
   }
   std::vector<ParamInfo> params = DescribeParams(config, model, model.num_stages() - 1);
   // Check everything before copying anything.

@@ -17,9 +17,10 @@ namespace localpar {
 namespace {
 
 // Loads the job and its weights on `device`; -1 to go on, else the exit code.
-int OpenModel(const std::string& job_path, const std::string& weights_path,
-              const std::string& device, std::unique_ptr<Backend>* backend, TrainedModel* model) {
-  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(job_path, v1::JobOverrides());
+int OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
+              const std::string& weights_path, const std::string& device,
+              std::unique_ptr<Backend>* backend, TrainedModel* model) {
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(job_path, overrides);
   if (!job.ok()) {
     return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
                 std::string(job.status().message()));
@@ -61,14 +62,16 @@ int ExportCommandMain(const Args& args) {
     if (absl::EndsWith(c.out(), ".safetensors")) format = "safetensors";
   }
   if (format != "onnx" && format != "safetensors") {
-    return Fail(kExitUsage, absl::StrCat("--format=", c.format(),
-                                         ": expected safetensors or onnx (or an --out ending in "
-                                         ".safetensors or .onnx)"));
+    return Fail(kExitUsage,
+                c.format().empty()
+                    ? absl::StrCat("--out=", c.out(),
+                                   ": name a .safetensors or .onnx file, or set --format")
+                    : absl::StrCat("--format=", c.format(), ": expected safetensors or onnx"));
   }
   if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
   std::unique_ptr<Backend> backend;
   TrainedModel model;
-  if (int r = OpenModel(pos[0], pos[1], "cpu", &backend, &model); r >= 0) return r;
+  if (int r = OpenModel(pos[0], c.overrides(), pos[1], "cpu", &backend, &model); r >= 0) return r;
   const int stage = c.has_stage() ? c.stage() : LastStage(model);
   if (stage > LastStage(model)) {
     return Fail(kExitUsage,
@@ -111,7 +114,8 @@ int PredictCommandMain(const Args& args) {
   }
   std::unique_ptr<Backend> backend;
   TrainedModel model;
-  if (int r = OpenModel(pos[0], pos[1], c.device(), &backend, &model); r >= 0) return r;
+  if (int r = OpenModel(pos[0], c.overrides(), pos[1], c.device(), &backend, &model); r >= 0)
+    return r;
   const int stage = c.has_stage() ? c.stage() : LastStage(model);
   if (stage > LastStage(model)) {
     return Fail(kExitUsage,
