@@ -83,9 +83,13 @@ std::string WithSuggestion(const std::string& message) {
 
 class CollectErrors : public google::protobuf::io::ErrorCollector {
  public:
-  explicit CollectErrors(std::string source) : source_(std::move(source)) {}
+  CollectErrors(std::string source, const std::string& text)
+      : source_(std::move(source)), text_(text) {}
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
+    // The parser reports a bad enum value at the token after it: point at the value.
+    const std::string value = Quoted(message, "enumeration value of");
+    if (!value.empty()) FindBefore(value, &line, &column);
     // The parser counts from 0; editors count from 1.
     errors_.push_back(
         absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", WithSuggestion(message)));
@@ -97,7 +101,24 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
   std::string str() const { return absl::StrJoin(errors_, "\n"); }
 
  private:
+  // Moves (line, column) back to the last occurrence of `token` at or before it, if any.
+  void FindBefore(const std::string& token, int* line, google::protobuf::io::ColumnNumber* column) {
+    size_t at = 0;
+    for (int l = 0; l < *line && at != std::string::npos; ++l) {
+      at = text_.find('\n', at);
+      if (at != std::string::npos) ++at;
+    }
+    if (at == std::string::npos) return;
+    const size_t limit = std::min(text_.size(), at + static_cast<size_t>(*column));
+    const size_t found = text_.rfind(token, limit);
+    if (found == std::string::npos) return;
+    const size_t line_start = text_.rfind('\n', found);
+    *line = static_cast<int>(std::count(text_.begin(), text_.begin() + found, '\n'));
+    *column = static_cast<int>(found - (line_start == std::string::npos ? 0 : line_start + 1));
+  }
+
   std::string source_;
+  const std::string& text_;
   std::vector<std::string> errors_;
 };
 
@@ -307,7 +328,7 @@ namespace {
 absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string& source) {
   v1::Job job;
   google::protobuf::TextFormat::Parser parser;
-  CollectErrors errors(source);
+  CollectErrors errors(source, text);
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &job)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", errors.str()));

@@ -533,8 +533,11 @@ TEST(JobFiles, MisspeltFieldsAndEnumValuesGetSuggestions) {
   ASSERT_FALSE(nested.ok());
   EXPECT_NE(nested.status().message().find("Did you mean \"linear\"?"), std::string::npos)
       << nested.status();
-  absl::StatusOr<v1::Job> value = ParseJob("rule: GREDY\n", "t");
+  absl::StatusOr<v1::Job> value = ParseJob("name: \"x\"\nrule: GREDY\n", "t");
   ASSERT_FALSE(value.ok());
+  // At the bad value itself (the parser notices it at the next token).
+  EXPECT_NE(value.status().message().find("t:2:7: Unknown enumeration value"), std::string::npos)
+      << value.status();
   EXPECT_NE(value.status().message().find("Did you mean GREEDY? Valid values: BACKPROP, GREEDY, "
                                           "CHUNKED, OVERLAP."),
             std::string::npos)
