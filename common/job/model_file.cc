@@ -3,7 +3,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,17 +43,22 @@ int ParamCount(const LayerConfig& c) {
   }
 }
 
-// The readable prefix ("<where>.<kind>") of each parameter `c` owns, in order.
-void LayerPrefixes(const LayerConfig& c, const std::string& where,
-                   std::vector<std::pair<std::string, std::string>>* out) {
+// Where each parameter `c` owns comes from: its readable prefix ("<where>.<kind>"), its
+// layer's kind and kernel, in order.
+struct Origin {
+  std::string prefix;
+  const char* kind;
+  int64_t kernel;
+};
+void LayerOrigins(const LayerConfig& c, const std::string& where, std::vector<Origin>* out) {
   const std::string here = absl::StrCat(where, ".", LayerKindName(c.kind));
   if (c.kind == K::kResidual) {
     for (size_t j = 0; j < c.body.size(); ++j) {
-      LayerPrefixes(c.body[j], absl::StrCat(here, ".", j), out);
+      LayerOrigins(c.body[j], absl::StrCat(here, ".", j), out);
     }
     return;
   }
-  for (int i = 0; i < ParamCount(c); ++i) out->push_back({here, LayerKindName(c.kind)});
+  for (int i = 0; i < ParamCount(c); ++i) out->push_back({here, LayerKindName(c.kind), c.kernel});
 }
 
 std::string StageLabel(const ModelConfig& config, int k) {
@@ -88,12 +92,10 @@ Layout TorchLayout(const ParamInfo& p) {
     transpose(s[0], s[1]);
   } else if (p.layer_kind == "conv2d" && p.param == "weight") {
     // Ours: [(ky * kw + kx) * cin + ci, co]; PyTorch's: [co, ci, ky, kx]. kh = kw = k.
-    const int64_t fan_in = s[0], cout = s[1];
-    int64_t cin = 0, k = 0;
-    for (int64_t kk = 1; kk * kk <= fan_in; ++kk) {
-      if (fan_in % (kk * kk) == 0 && p.kernel == kk) k = kk, cin = fan_in / (kk * kk);
-    }
-    LP_CHECK_MSG(k > 0, "conv weight [%lld, %lld] does not match kernel %lld",
+    const int64_t fan_in = s[0], cout = s[1], k = p.kernel;
+    const int64_t cin = k > 0 ? fan_in / (k * k) : 0;
+    LP_CHECK_MSG(k > 0 && cin * k * k == fan_in,
+                 "conv weight [%lld, %lld] does not match kernel %lld",
                  static_cast<long long>(fan_in), static_cast<long long>(cout),
                  static_cast<long long>(p.kernel));
     l.shape = {cout, cin, k, k};
@@ -150,7 +152,7 @@ const v1::NamedTensor* FindParam(const v1::ModelWeights& w, int stage, const std
 }
 
 absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const std::string& bytes,
-                                                 const ModelConfig& config, Backend& backend) {
+                                                 const ModelConfig& config, Model& model) {
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes.data(), 8);
   if (header_len > bytes.size() - 8) {
@@ -163,12 +165,9 @@ absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const 
     return absl::DataLossError(absl::StrCat(path, ": the safetensors header is not JSON"));
   }
   const size_t data_at = 8 + header_len, data_len = bytes.size() - data_at;
-  std::string error;
-  std::unique_ptr<Model> model = Model::Create(backend, config, &error);
-  if (!model) return absl::InvalidArgumentError(error);
-  std::vector<ParamInfo> params = DescribeParams(config, *model, model->num_stages() - 1);
+  std::vector<ParamInfo> params = DescribeParams(config, model, model.num_stages() - 1);
   v1::ModelWeights w;
-  for (int k = 0; k < model->num_stages(); ++k) w.add_stages()->set_stage(k);
+  for (int k = 0; k < model.num_stages(); ++k) w.add_stages()->set_stage(k);
   for (const ParamInfo& p : params) {
     auto it = header.fields().find(p.readable);
     if (it == header.fields().end()) {
@@ -248,6 +247,16 @@ absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const 
 
 }  // namespace
 
+std::vector<float> TorchOrder(const ParamInfo& p, std::vector<int64_t>* shape) {
+  Layout layout = TorchLayout(p);
+  std::vector<float> ours = p.value->value.ToHost();
+  if (shape) *shape = layout.shape;
+  if (layout.to_ours.empty()) return ours;
+  std::vector<float> torch(ours.size());
+  for (size_t i = 0; i < torch.size(); ++i) torch[i] = ours[layout.to_ours[i]];
+  return torch;
+}
+
 void DescribeWeights(const v1::Job& job, const InputNormalization& norm,
                      v1::ModelWeights* weights) {
   v1::InputTransform* in = weights->mutable_input();
@@ -276,45 +285,30 @@ std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, i
   for (int k = 0; k <= last_stage && k < model.num_stages(); ++k) {
     Stage& stage = model.stage(k);
     const std::string label = StageLabel(config, k);
-    std::vector<std::pair<std::string, std::string>> prefixes;
-    std::vector<int64_t> kernels;  // per parameter: its layer's kernel (conv layouts)
-    size_t body_params = 0;
+    std::vector<Origin> origins;
     auto walk = [&](const std::vector<LayerConfig>& layers, const std::string& where) {
       for (size_t i = 0; i < layers.size(); ++i) {
-        size_t before = prefixes.size();
-        LayerPrefixes(layers[i], absl::StrCat(label, ".", where, ".", i), &prefixes);
-        // Residual bodies hold convs too: record each parameter's own layer kernel.
-        std::vector<const LayerConfig*> flat;
-        std::function<void(const LayerConfig&)> add = [&](const LayerConfig& c) {
-          if (c.kind == K::kResidual) {
-            for (const LayerConfig& b : c.body) add(b);
-          } else {
-            for (int j = 0; j < ParamCount(c); ++j) flat.push_back(&c);
-          }
-        };
-        add(layers[i]);
-        LP_CHECK(flat.size() == prefixes.size() - before);
-        for (const LayerConfig* c : flat) kernels.push_back(c->kernel);
+        LayerOrigins(layers[i], absl::StrCat(label, ".", where, ".", i), &origins);
       }
     };
     walk(config.stages[k].layers, "layers");
-    body_params = prefixes.size();
+    const size_t body_params = origins.size();
     std::vector<LayerConfig> head;
     std::string error;
     LP_CHECK(
         HeadLayers(config.stages[k].head, stage.output_shape(), config.classes, &head, &error));
     walk(head, "head");
     std::vector<Param*> params = stage.params();
-    LP_CHECK_MSG(params.size() == prefixes.size(), "stage %d: %zu parameters, %zu described", k,
-                 params.size(), prefixes.size());
+    LP_CHECK_MSG(params.size() == origins.size(), "stage %d: %zu parameters, %zu described", k,
+                 params.size(), origins.size());
     for (size_t i = 0; i < params.size(); ++i) {
       ParamInfo p;
       p.stage = k;
       p.file_name = absl::StrCat(i, ".", params[i]->name);
-      p.readable = absl::StrCat(prefixes[i].first, ".", params[i]->name);
-      p.layer_kind = prefixes[i].second;
+      p.readable = absl::StrCat(origins[i].prefix, ".", params[i]->name);
+      p.layer_kind = origins[i].kind;
       p.param = params[i]->name;
-      p.kernel = kernels[i];
+      p.kernel = origins[i].kernel;
       p.head = i >= body_params;
       p.value = params[i];
       out.push_back(std::move(p));
@@ -366,12 +360,12 @@ absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& sou
 }
 
 absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
-                                                    const ModelConfig& config, Backend& backend) {
+                                                    const ModelConfig& config, Model& model) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // A safetensors file starts with its header's length and then '{'.
-  if (bytes.size() >= 9 && bytes[8] == '{') return ReadSafetensors(path, bytes, config, backend);
+  if (bytes.size() >= 9 && bytes[8] == '{') return ReadSafetensors(path, bytes, config, model);
   v1::ModelWeights w;
   if (!w.ParseFromString(bytes)) {
     return absl::DataLossError(
@@ -388,7 +382,7 @@ absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::str
   std::string error;
   t.model = Model::Create(backend, t.config, &error);
   if (!t.model) return absl::InvalidArgumentError(error);
-  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(weights_path, t.config, backend);
+  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(weights_path, t.config, *t.model);
   if (!w.ok()) return w.status();
   t.weights = *std::move(w);
   if (absl::Status s = LoadWeights(t.weights, weights_path, t.config, *t.model); !s.ok()) return s;
@@ -417,16 +411,12 @@ absl::Status WriteSafetensors(const std::vector<ParamInfo>& params, const v1::Mo
   header += absl::StrJoin(meta, ",") + "}";
   std::string data;
   for (const ParamInfo& p : params) {
-    Layout layout = TorchLayout(p);
-    std::vector<float> ours = p.value->value.ToHost();
-    std::vector<float> torch = ours;
-    if (!layout.to_ours.empty()) {
-      for (size_t i = 0; i < torch.size(); ++i) torch[i] = ours[layout.to_ours[i]];
-    }
+    std::vector<int64_t> shape;
+    const std::vector<float> torch = TorchOrder(p, &shape);
     const size_t begin = data.size();
     data.append(reinterpret_cast<const char*>(torch.data()), torch.size() * sizeof(float));
     header += absl::StrCat(",", JsonString(p.readable), ":{\"dtype\":\"F32\",\"shape\":[",
-                           absl::StrJoin(layout.shape, ","), "],\"data_offsets\":[", begin, ",",
+                           absl::StrJoin(shape, ","), "],\"data_offsets\":[", begin, ",",
                            data.size(), "]}");
   }
   header += "}";

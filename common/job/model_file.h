@@ -50,9 +50,10 @@ absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::str
                                               Backend& backend);
 
 // Reads a weights file: localpar's weights.pb, or a safetensors file written by
-// WriteSafetensors (recognised by its content, whatever the name).
+// WriteSafetensors (recognised by its content, whatever the name). `model`, built from
+// `config`, gives a safetensors file's names and layouts; its values are not changed.
 absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
-                                                    const ModelConfig& config, Backend& backend);
+                                                    const ModelConfig& config, Model& model);
 
 // safetensors (https://github.com/huggingface/safetensors): an 8-byte little-endian header
 // length, a JSON header, then raw little-endian float32 data. Names are ParamInfo::readable
@@ -60,6 +61,10 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
 // [out_channels, in_channels, kh, kw], attention's qkv_weight [3*dim, dim] (q, k, v rows,
 // heads contiguous) and out_weight [dim, dim]; vectors and embedding tables as they are.
 // __metadata__ holds the job as text, the input transform, the input shape and the classes.
+// A parameter's values in the PyTorch layout described above (ONNX's Conv takes the same
+// [out_channels, in_channels, kh, kw]); *shape receives that layout's shape.
+std::vector<float> TorchOrder(const ParamInfo& param, std::vector<int64_t>* shape);
+
 absl::Status WriteSafetensors(const std::vector<ParamInfo>& params, const v1::ModelWeights& weights,
                               const std::string& path);
 

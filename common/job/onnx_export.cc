@@ -152,23 +152,12 @@ class Exporter {
       case K::kConv2d: {
         const ParamInfo& w = Next();
         const ParamInfo& bias = Next();
-        // Ours [(ky * k + kx) * cin + ci, co]; ONNX's [co, ci, ky, kx].
-        std::vector<float> ours = w.value->value.ToHost();
-        const int64_t k = c.kernel, cin = in[2], cout = c.out_features;
-        std::vector<float> onnx(ours.size());
-        int64_t i = 0;
-        for (int64_t co = 0; co < cout; ++co) {
-          for (int64_t ci = 0; ci < cin; ++ci) {
-            for (int64_t ky = 0; ky < k; ++ky) {
-              for (int64_t kx = 0; kx < k; ++kx)
-                onnx[i++] = ours[((ky * k + kx) * cin + ci) * cout + co];
-            }
-          }
-        }
-        std::string wn = b_.Floats(w.readable, {cout, cin, k, k}, onnx);
+        std::vector<int64_t> shape;  // [co, ci, k, k]: PyTorch's layout is ONNX's
+        const std::vector<float> onnx = TorchOrder(w, &shape);
+        std::string wn = b_.Floats(w.readable, shape, onnx);
         std::string out;
         ox::NodeProto* n = b_.Node("Conv", {ToNchw(x), wn, Value(bias)}, &out);
-        IntsAttr(n, "kernel_shape", {k, k});
+        IntsAttr(n, "kernel_shape", {c.kernel, c.kernel});
         IntsAttr(n, "strides", {c.stride, c.stride});
         IntsAttr(n, "pads", {c.padding, c.padding, c.padding, c.padding});
         return ToNhwc(out);

@@ -129,7 +129,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   std::unique_ptr<Model> model = Model::Create(be, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
   if (!options.init_from.empty()) {
-    absl::StatusOr<v1::ModelWeights> init = ReadAnyWeightsFile(options.init_from, config, be);
+    absl::StatusOr<v1::ModelWeights> init = ReadAnyWeightsFile(options.init_from, config, *model);
     if (!init.ok()) return init.status();
     if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
   }

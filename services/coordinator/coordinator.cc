@@ -91,7 +91,7 @@ absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, con
   std::string error;
   std::unique_ptr<Model> model = Model::Create(cpu, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
-  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, cpu);
+  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, *model);
   if (!w.ok()) return w.status();
   if (absl::Status s = LoadWeights(*w, path, config, *model); !s.ok()) return s;
   return SnapshotModel(*model);  // the names workers expect, whatever the file's format
