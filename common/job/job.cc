@@ -357,6 +357,7 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
   if (o.epochs() > 0) job->set_epochs(o.epochs());
   if (o.max_steps() > 0) job->set_max_steps(o.max_steps());
   if (o.has_seed()) job->set_seed(static_cast<uint64_t>(o.seed()));
+  if (o.replicas() > 0) job->set_replicas(o.replicas());
   if (o.stages() > 0) {
     absl::StatusOr<v1::Job> regrouped = RegroupStages(*job, o.stages());
     if (!regrouped.ok()) {
@@ -446,6 +447,7 @@ void ApplyJobDefaults(v1::Job& job) {
   if (job.batch_size() == 0) job.set_batch_size(128);
   if (job.epochs() == 0) job.set_epochs(1);
   if (job.micro_batches() == 0) job.set_micro_batches(1);
+  if (job.replicas() == 0) job.set_replicas(1);
   if (job.eval_batch_size() == 0) job.set_eval_batch_size(1000);
   v1::Data* data = job.mutable_data();
   if (data->source_case() == v1::Data::SOURCE_NOT_SET) data->mutable_fashion_mnist();
@@ -523,6 +525,21 @@ absl::Status ValidateRun(const v1::Job& job) {
   if (job.micro_batches() > job.batch_size()) {
     return Invalid("micro_batches",
                    absl::StrCat(job.micro_batches(), " exceeds batch_size ", job.batch_size()));
+  }
+  if (job.replicas() < 1 || job.replicas() > kMaxReplicas) {
+    return Invalid("replicas", absl::StrCat("must be in 1..", kMaxReplicas));
+  }
+  if (int64_t need = int64_t{job.replicas()} * job.micro_batches(); need > job.batch_size()) {
+    return Invalid(
+        "replicas",
+        job.micro_batches() > 1
+            ? absl::StrCat(job.replicas(), " replicas x ", job.micro_batches(),
+                           " micro-batches need a batch of at least ", need,
+                           " rows (every replica's share splits into the micro-batches); "
+                           "batch_size is ",
+                           job.batch_size())
+            : absl::StrCat(job.replicas(), " exceeds batch_size ", job.batch_size(),
+                           " (every replica needs at least one row of each batch)"));
   }
   return absl::OkStatus();
 }
@@ -855,10 +872,25 @@ void ApplyJobToBackend(const v1::Job& job, Backend& backend) {
   backend.set_gemm_precision(static_cast<GemmPrecision>(job.gemm_precision()));
 }
 
+absl::Status CheckReplicasFitData(const v1::Job& job, int64_t train_examples) {
+  const int64_t last = train_examples % job.batch_size();
+  const int64_t need = int64_t{std::max(1, job.replicas())} * std::max(1, job.micro_batches());
+  if (last == 0 || last >= need) return absl::OkStatus();
+  return Invalid(
+      "replicas",
+      absl::StrCat(
+          "each epoch's last batch has ", last, " rows (", train_examples,
+          " training examples, batch_size ", job.batch_size(), "), fewer than ", job.replicas(),
+          " replicas",
+          job.micro_batches() > 1 ? absl::StrCat(" x ", job.micro_batches(), " micro-batches") : "",
+          " need; change batch_size or data.train_limit"));
+}
+
 TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps) {
   TrainerOptions o;
   o.rule = ToUpdateRule(job.rule());
   o.micro_batches = job.micro_batches();
+  o.replicas = std::max(1, job.replicas());
   o.total_steps = total_steps;
   o.seed = job.seed();
   o.wire = static_cast<WireFormat>(job.wire());

@@ -59,6 +59,12 @@ std::string JobFingerprint(const v1::Job& job, const std::string& settings);
 
 ModelConfig ToModelConfig(const v1::Job& job);
 TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps);
+
+// The most replicas of a stage a job may ask for (Job.replicas).
+constexpr int kMaxReplicas = 64;
+// INVALID_ARGUMENT naming `replicas` when an epoch's short last batch cannot give every
+// replica (and each of its micro-batches) a row.
+absl::Status CheckReplicasFitData(const v1::Job& job, int64_t train_examples);
 // Backend settings a job carries (its GEMM precision); every program that builds a job's
 // stages on a backend calls this first, so they all compute alike.
 void ApplyJobToBackend(const v1::Job& job, Backend& backend);

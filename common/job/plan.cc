@@ -209,20 +209,44 @@ absl::StatusOr<Partition> EqualPartition(const std::vector<UnitProfile>& units, 
   return Costed(units, sizes);
 }
 
+std::vector<double> ExchangeSeconds(const LinkModel& link, size_t stages) {
+  std::vector<double> out(stages, 0.0);
+  if (link.replicas <= 1 || link.bytes_per_second <= 0) return out;
+  for (size_t k = 0; k < stages && k < link.exchange_bytes.size(); ++k) {
+    out[k] =
+        link.latency_seconds + (link.replicas - 1) * link.exchange_bytes[k] / link.bytes_per_second;
+  }
+  return out;
+}
+
 double PredictExamplesPerSecond(const std::vector<double>& stage_seconds,
                                 const std::vector<double>& hop_bytes, int64_t batch,
                                 const LinkModel& link) {
+  const std::vector<double> exchange = ExchangeSeconds(link, stage_seconds.size());
   double period = 0, total = 0;
   for (size_t k = 0; k < stage_seconds.size(); ++k) {
-    period = std::max(period, stage_seconds[k]);
+    period = std::max(period, stage_seconds[k] + exchange[k]);
     total += stage_seconds[k];
     if (k < hop_bytes.size() && link.bytes_per_second > 0) {
       period = std::max(period, link.latency_seconds + hop_bytes[k] / link.bytes_per_second);
     }
   }
-  int n = static_cast<int>(stage_seconds.size());
-  if (link.cores > 0 && link.cores < n) period = std::max(period, total / link.cores);
+  const int replicas = std::max(1, link.replicas);
+  const int workers = static_cast<int>(stage_seconds.size()) * replicas;
+  if (link.cores > 0 && link.cores < workers) {
+    period = std::max(period, total * replicas / link.cores);
+  }
   return period > 0 ? static_cast<double>(batch) / period : 0.0;
+}
+
+std::vector<double> ExchangeBytes(const v1::Job& job, const Partition& p) {
+  ModelConfig mc = ToModelConfig(ApplyPartition(job, p));
+  std::vector<double> out;
+  for (int k = 0; k < static_cast<int>(mc.stages.size()); ++k) {
+    out.push_back(4.0 * static_cast<double>(
+                            StageParameterCount(mc.stages[k], StageInputShape(mc, k), mc.classes)));
+  }
+  return out;
 }
 
 std::vector<double> HopBytes(const v1::Job& job, const Partition& p, int64_t batch) {

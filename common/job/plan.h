@@ -42,14 +42,30 @@ absl::StatusOr<Partition> EqualPartition(const std::vector<UnitProfile>& units, 
 // Sending overlaps computing (a separate sender thread and bounded queues), so a batch
 // leaves the pipeline every max over stages of max(compute, transfer); when `cores` is
 // smaller than the number of stages, the stages also share the cores.
+//
+// With replicas (Job.replicas = R), every stage runs R times, each on 1/R of the batch:
+// stage_seconds and hop_bytes are then one replica's, for its share. After its backward
+// pass each replica also sends its exchange bucket to the R - 1 others and receives
+// theirs (a gather: replica_sync.h), which is (R - 1) x exchange_bytes each way per step,
+// not overlapped with the stage's compute. (A ring all-reduce would move 2 (R - 1) / R x,
+// but adds in an order that depends on the element, and localpar keeps replicas bitwise
+// reproducible.) With R = 2 both move the bucket once.
 struct LinkModel {
   double bytes_per_second = 0;  // 0: an infinitely fast link
   double latency_seconds = 0;
-  int cores = 0;  // 0: one per stage
+  int cores = 0;  // 0: one per worker
+  int replicas = 1;
+  std::vector<double> exchange_bytes;  // per stage, with replicas
 };
 double PredictExamplesPerSecond(const std::vector<double>& stage_seconds,
                                 const std::vector<double>& hop_bytes, int64_t batch,
                                 const LinkModel& link);
+// The time one replica of each stage spends exchanging its bucket per step (0 without
+// replicas or with an infinitely fast link).
+std::vector<double> ExchangeSeconds(const LinkModel& link, size_t stages);
+
+// Bytes of each stage's exchange bucket under partition `p`: every parameter, float32.
+std::vector<double> ExchangeBytes(const v1::Job& job, const Partition& p);
 
 // Bytes one batch's activations take from each stage to the next under partition `p`.
 std::vector<double> HopBytes(const v1::Job& job, const Partition& p, int64_t batch);

@@ -92,6 +92,7 @@ void DescribeRun(const v1::Job& job, const std::string& version, v1::RunReport* 
   report->set_job_text(text);
   report->set_seed(static_cast<double>(job.seed()));
   report->set_version(version);
+  report->set_replicas(std::max(1, job.replicas()));
 }
 
 std::string ReportTable(const v1::RunReport& r) {

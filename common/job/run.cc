@@ -133,8 +133,17 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     if (!init.ok()) return init.status();
     if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
   }
+  if (absl::Status s = CheckReplicasFitData(job, data.train.size()); !s.ok()) return s;
+  // Replicas (Job.replicas): one model each; the trainer starts them from the first.
+  std::vector<std::unique_ptr<Model>> others;
+  std::vector<Model*> replicas{model.get()};
+  for (int r = 1; r < job.replicas(); ++r) {
+    others.push_back(Model::Create(be, config, &error));
+    if (!others.back()) return absl::InvalidArgumentError(error);
+    replicas.push_back(others.back().get());
+  }
   BatchPlan plan(job, data.train.size(), data.test.size());
-  ReferenceTrainer trainer(*model, ToTrainerOptions(job, plan.total_steps()));
+  ReferenceTrainer trainer(replicas, ToTrainerOptions(job, plan.total_steps()));
   const int stages = model->num_stages();
 
   v1::RunReport report;
@@ -144,9 +153,11 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   report.set_backend(be.Describe());
   report.set_stages(stages);
   report.set_parameters(static_cast<double>(model->num_parameters()));
-  log << absl::StrFormat("%s: %s, %d stages, %d parameters, %d train / %d test examples, %s\n",
-                         report.job(), report.rule(), stages, model->num_parameters(),
-                         data.train.size(), data.test.size(), report.backend());
+  log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d test examples, %s\n",
+                         report.job(), report.rule(), stages,
+                         job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "",
+                         model->num_parameters(), data.train.size(), data.test.size(),
+                         report.backend());
 
   const bool bytes = job.data().has_text();  // byte-level: bits per byte beside the nats
   ProgressPrinter progress(log, isatty(STDERR_FILENO), options.progress);

@@ -53,7 +53,8 @@ int StageExecutor::SlotFor(int micro_batch) const {
 
 ForwardContext StageExecutor::Context(int micro_batch) const {
   if (!ctx_.train) return ForwardContext{false, 0};
-  return ForwardContext{true, StepSeed(ctx_.seed, ctx_.step, micro_batch)};
+  return ForwardContext{true,
+                        StepSeed(ctx_.seed, ctx_.step, ctx_.micro_batch_offset + micro_batch)};
 }
 
 StageExecutor::Result StageExecutor::Run(StagePorts& ports) {
@@ -65,7 +66,7 @@ StageExecutor::Result StageExecutor::Run(StagePorts& ports) {
     if (a.op == Op::kReceive || a.op == Op::kForward) {
       times_.forward += took;
     } else if (a.op == Op::kStep) {
-      times_.update += took;
+      times_.update += took - exchange_took_;
     } else if (a.op != Op::kSendActivations) {
       times_.backward += took;
     }
@@ -114,7 +115,13 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
       ApplyArrived(ports, false);
       break;
     case Op::kStep:
+      exchange_took_ = 0;
       if (ctx_.apply_update) {
+        Clock::time_point start = Clock::now();
+        PortState s = ports.ExchangeWithReplicas(stage_);
+        exchange_took_ = Since(start);
+        times_.exchange += exchange_took_;
+        if (s != PortState::kReady) return PortState::kGone;
         stage_.Step(ctx_.lr);
         stepped_ = true;
       }

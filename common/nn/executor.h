@@ -39,6 +39,13 @@ class StagePorts {
     (void)grad;
     return PortState::kGone;
   }
+  // Replicas of a stage (replica_sync.h): just before the update, exchanges the step's
+  // gradients with the stage's other replicas, leaving their sum in the stage. kGone when
+  // a replica is lost (the step is abandoned without an update). Without replicas, nothing.
+  virtual PortState ExchangeWithReplicas(Stage& stage) {
+    (void)stage;
+    return PortState::kReady;
+  }
 };
 
 struct StepContext {
@@ -49,12 +56,16 @@ struct StepContext {
   bool train = true;         // false: the evaluation program
   bool apply_update = true;  // false: gradients only (finite-difference tests)
   int micro_batches = 1;     // in this step (BACKPROP); 1 otherwise
+  // Replica r of a stage numbers its micro-batches from r * (the job's micro-batches), so
+  // that dropout masks differ between the replicas' shares of a batch.
+  int micro_batch_offset = 0;
 };
 
 struct StepTimes {
   double forward = 0;   // receiving and the forward pass
   double backward = 0;  // heads, backward passes, waiting for and sending gradients
   double update = 0;    // the optimizer step
+  double exchange = 0;  // replicas: exchanging gradients before the step
 };
 
 // Gradients applied late under asynchronous OVERLAP.
@@ -122,6 +133,7 @@ class StageExecutor {
   std::deque<int64_t> awaiting_;  // asynchronous: steps whose gradient has not come back
   HeadStats stats_;
   StepTimes times_;
+  double exchange_took_ = 0;  // of the last kStep
   bool stepped_ = false;
   DelayStats delays_;
 };

@@ -5,6 +5,7 @@
 
 #include "common/core/check.h"
 #include "common/core/rng.h"
+#include "common/nn/replica_sync.h"
 
 namespace localpar {
 
@@ -12,6 +13,12 @@ void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* co
   int64_t base = rows / parts, extra = rows % parts;
   *count = base + (m < extra ? 1 : 0);
   *begin = m * base + (m < extra ? m : extra);
+}
+
+int64_t ReplicaRows(int64_t rows, int replicas, int replica) {
+  int64_t begin, count;
+  MicroBatchRange(rows, std::max(1, replicas), replica, &begin, &count);
+  return count;
 }
 
 int StepMicroBatches(int job_micro_batches, int64_t rows) {
@@ -35,10 +42,29 @@ ProgramSpec StageProgramSpec(const TrainerOptions& o, int stage, int num_stages,
 }
 
 ReferenceTrainer::ReferenceTrainer(Model& model, const TrainerOptions& options)
-    : model_(model), options_(options), pipeline_(model.num_stages(), options.wire) {
-  for (int k = 0; k < model.num_stages(); ++k) {
-    executors_.push_back(std::make_unique<StageExecutor>(
-        model.stage(k), StageProgramSpec(options_, k, model.num_stages())));
+    : ReferenceTrainer(std::vector<Model*>{&model}, options) {}
+
+ReferenceTrainer::ReferenceTrainer(std::vector<Model*> replicas, const TrainerOptions& options)
+    : models_(std::move(replicas)),
+      options_(options),
+      pipeline_(models_.at(0)->num_stages(), options.wire) {
+  LP_CHECK_MSG(static_cast<int>(models_.size()) == std::max(1, options.replicas),
+               "%zu models for %d replicas", models_.size(), options.replicas);
+  const int n = models_[0]->num_stages();
+  for (size_t r = 0; r < models_.size(); ++r) {
+    Model& m = *models_[r];
+    LP_CHECK(m.num_stages() == n);
+    executors_.emplace_back();
+    buckets_.emplace_back();
+    for (int k = 0; k < n; ++k) {
+      executors_[r].push_back(
+          std::make_unique<StageExecutor>(m.stage(k), StageProgramSpec(options_, k, n)));
+      if (models_.size() == 1) continue;
+      buckets_[r].push_back(std::make_unique<ReplicaBucket>(m.stage(k)));
+      if (r == 0) continue;
+      std::vector<Param*> from = models_[0]->stage(k).params(), to = m.stage(k).params();
+      for (size_t i = 0; i < from.size(); ++i) to[i]->value.CopyFrom(from[i]->value);
+    }
   }
 }
 
@@ -62,33 +88,53 @@ std::vector<HeadStats> ReferenceTrainer::EvalBatch(const Tensor& x, const Tensor
   return Run(x, labels, false, false);
 }
 
-// Every stage runs until its program ends or it waits on a port, in stage order, round after
-// round. A stage's own actions keep their order whatever the interleaving, and stages share
-// no state, so the result is the same as any pipeline of workers computes.
 std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labels, bool train,
                                              bool update) {
-  const int n = model_.num_stages();
+  const int replicas = static_cast<int>(models_.size());
+  const bool splits = train && Rule(options_.rule).splits_micro_batches;
   StepContext ctx;
   ctx.step = step_;
   ctx.lr = current_lr();
   ctx.seed = options_.seed;
+  // The mean over the whole batch, whichever replica computes a share of it.
   ctx.loss_scale = LossScale(x.rows(), labels.numel() / std::max<int64_t>(x.rows(), 1));
   ctx.train = train;
-  ctx.apply_update = update;
-  ctx.micro_batches = train && Rule(options_.rule).splits_micro_batches
-                          ? StepMicroBatches(options_.micro_batches, x.rows())
-                          : 1;
+  // Replicas step together once every one has its gradients.
+  ctx.apply_update = update && replicas == 1;
+  std::vector<HeadStats> stats(static_cast<size_t>(models_[0]->num_stages()));
+  for (int r = 0; r < replicas; ++r) {
+    int64_t begin, rows;
+    MicroBatchRange(x.rows(), replicas, r, &begin, &rows);
+    if (rows == 0) continue;  // a short evaluation batch leaves the last replicas idle
+    ctx.micro_batches = splits ? StepMicroBatches(options_.micro_batches, rows) : 1;
+    ctx.micro_batch_offset = train ? r * std::max(1, options_.micro_batches) : 0;
+    const bool whole = replicas == 1;
+    std::vector<HeadStats> s = RunReplica(r, whole ? x : x.Slice(begin, rows),
+                                          whole ? labels : labels.Slice(begin, rows), ctx);
+    for (size_t k = 0; k < stats.size(); ++k) stats[k].Add(s[k]);
+  }
+  if (train && update && replicas > 1) ExchangeAndStep(ctx.lr);
+  return stats;
+}
+
+// Every stage runs until its program ends or it waits on a port, in stage order, round after
+// round. A stage's own actions keep their order whatever the interleaving, and stages share
+// no state, so the result is the same as any pipeline of workers computes.
+std::vector<HeadStats> ReferenceTrainer::RunReplica(int replica, const Tensor& x,
+                                                    const Tensor& labels, StepContext ctx) {
+  std::vector<std::unique_ptr<StageExecutor>>& executors = executors_[replica];
+  const int n = static_cast<int>(executors.size());
   pipeline_.Load(x, labels, ctx.micro_batches);
-  for (auto& e : executors_) e->Begin(ctx);
+  for (auto& e : executors) e->Begin(ctx);
   std::vector<bool> done(static_cast<size_t>(n), false);
   for (int remaining = n; remaining > 0;) {
     bool moved = false;
     for (int k = 0; k < n; ++k) {
       if (done[k]) continue;
-      size_t before = executors_[k]->position();
-      StageExecutor::Result r = executors_[k]->Run(pipeline_.ports(k));
+      size_t before = executors[k]->position();
+      StageExecutor::Result r = executors[k]->Run(pipeline_.ports(k));
       LP_CHECK_MSG(r != StageExecutor::Result::kAborted, "stage %d lost its input", k);
-      moved = moved || executors_[k]->position() != before || r == StageExecutor::Result::kDone;
+      moved = moved || executors[k]->position() != before || r == StageExecutor::Result::kDone;
       if (r == StageExecutor::Result::kDone) {
         done[k] = true;
         --remaining;
@@ -98,8 +144,21 @@ std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labe
   }
   pipeline_.Clear();
   std::vector<HeadStats> stats;
-  for (auto& e : executors_) stats.push_back(e->stats());
+  for (auto& e : executors) stats.push_back(e->stats());
   return stats;
+}
+
+void ReferenceTrainer::ExchangeAndStep(float lr) {
+  const int replicas = static_cast<int>(models_.size());
+  for (size_t k = 0; k < buckets_[0].size(); ++k) {
+    const int64_t n = buckets_[0][k]->size();
+    gathered_.resize(static_cast<size_t>(n * replicas));
+    for (int r = 0; r < replicas; ++r) buckets_[r][k]->Pack(gathered_.data() + r * n);
+    for (int r = 0; r < replicas; ++r) {
+      buckets_[r][k]->Unpack(gathered_.data(), replicas);
+      models_[r]->stage(static_cast<int>(k)).Step(lr);
+    }
+  }
 }
 
 }  // namespace localpar

@@ -22,6 +22,10 @@ struct TrainerOptions {
   // BACKPROP only: the batch is split into this many micro-batches whose gradients
   // accumulate (in order) before one update, as a GPipe pipeline computes it.
   int micro_batches = 1;
+  // Replicas of every stage (Job.replicas): each computes on its share of the batch
+  // (MicroBatchRange over the replicas), then the replicas add their gradients in replica
+  // order (replica_sync.h) and take the same step, as a cluster of replicas does.
+  int replicas = 1;
   ScheduleConfig schedule;
   int64_t total_steps = 0;  // for the cosine schedule
   uint64_t seed = 0;        // drives dropout masks
@@ -32,6 +36,8 @@ struct TrainerOptions {
 // Rows [begin, begin + count) of micro-batch m when `rows` are split into `parts`: the
 // first rows % parts micro-batches get one extra row.
 void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* count);
+// Rows of replica r's share of a batch of `rows` rows (MicroBatchRange over the replicas).
+int64_t ReplicaRows(int64_t rows, int replicas, int replica);
 // Micro-batches in a step of `rows` rows: the job's count, but never an empty one.
 int StepMicroBatches(int job_micro_batches, int64_t rows);
 
@@ -49,9 +55,14 @@ uint64_t StepSeed(uint64_t seed, int64_t step, int micro_batch);
 ProgramSpec StageProgramSpec(const TrainerOptions& options, int stage, int num_stages,
                              int max_delay = 0);
 
+class ReplicaBucket;
+
 class ReferenceTrainer {
  public:
   ReferenceTrainer(Model& model, const TrainerOptions& options);
+  // options.replicas models of the same network: each holds one replica of every stage.
+  // The others start from the first one's parameters.
+  ReferenceTrainer(std::vector<Model*> replicas, const TrainerOptions& options);
   ~ReferenceTrainer();
 
   // One training step on a batch. Returns each stage's head statistics on that batch
@@ -68,11 +79,18 @@ class ReferenceTrainer {
 
  private:
   std::vector<HeadStats> Run(const Tensor& x, const Tensor& labels, bool train, bool update);
+  // One replica's programs on its share of the batch.
+  std::vector<HeadStats> RunReplica(int replica, const Tensor& x, const Tensor& labels,
+                                    StepContext ctx);
+  // Every stage's replicas: the gradients' sum in replica order, then the same step.
+  void ExchangeAndStep(float lr);
 
-  Model& model_;
+  std::vector<Model*> models_;  // by replica
   TrainerOptions options_;
   LocalPipeline pipeline_;
-  std::vector<std::unique_ptr<StageExecutor>> executors_;
+  std::vector<std::vector<std::unique_ptr<StageExecutor>>> executors_;  // [replica][stage]
+  std::vector<std::vector<std::unique_ptr<ReplicaBucket>>> buckets_;    // [replica][stage]
+  std::vector<float> gathered_;
   int64_t step_ = 0;
 };
 

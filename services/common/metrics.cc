@@ -122,7 +122,8 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       step_seconds_(BuildHistogram()
                         .Name("localpar_step_seconds")
                         .Help("Time per training batch in each phase: receive_wait, forward, "
-                              "backward, update, send_wait")
+                              "backward, update, send_wait, allreduce (replicas exchanging "
+                              "gradients)")
                         .Register(r)),
       loss_(BuildGauge()
                 .Name("localpar_loss")
@@ -158,9 +159,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                   .Help("Device (GPU) memory in use by the stage; 0 on the CPU backend")
                   .Register(r)) {}
 
-void WorkerMetrics::Configure(const std::string& job, int stage) {
+void WorkerMetrics::Configure(const std::string& job, int stage, int replica) {
   std::lock_guard<std::mutex> lock(mu_);
   base_ = {{labels::kJob, job}, {labels::kStage, std::to_string(stage)}};
+  if (replica >= 0) base_[labels::kReplica] = std::to_string(replica);
   auto with = [&](const char* key, const std::string& value) {
     auto l = base_;
     l[key] = value;
@@ -170,7 +172,8 @@ void WorkerMetrics::Configure(const std::string& job, int stage) {
   eval_examples_ = &examples_.Add(with(labels::kPhase, "eval"));
   step_ = &steps_.Add(base_);
   phase_.clear();
-  for (const char* p : {"receive_wait", "forward", "backward", "update", "send_wait"}) {
+  for (const char* p :
+       {"receive_wait", "forward", "backward", "update", "send_wait", "allreduce"}) {
     phase_[p] = &step_seconds_.Add(with(labels::kPhase, p), StepBuckets());
   }
   train_loss_ = &loss_.Add(base_);

@@ -26,6 +26,7 @@ inline constexpr char kStage[] = "stage";
 inline constexpr char kPhase[] = "phase";
 inline constexpr char kDirection[] = "direction";
 inline constexpr char kReason[] = "reason";
+inline constexpr char kReplica[] = "replica";
 }  // namespace labels
 
 // Why a worker refuses an item: the `reason` label of localpar_rejected_total. Every reason
@@ -66,9 +67,10 @@ class MetricsServer {
 class WorkerMetrics {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
-  void Configure(const std::string& job, int stage);
+  // replica >= 0: one of the stage's replicas, labelled `replica`.
+  void Configure(const std::string& job, int stage, int replica = -1);
 
-  // Step-time phases: receive_wait, forward, backward, update, send_wait.
+  // Step-time phases: receive_wait, forward, backward, update, send_wait, allreduce.
   void ObservePhase(const char* phase, double seconds);
   void AddExamples(bool train, int64_t n);
   void AddStep();

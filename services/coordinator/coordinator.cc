@@ -1,10 +1,13 @@
 // The coordinator program.
 #include "services/coordinator/coordinator.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/core/cpu_backend.h"
@@ -16,19 +19,24 @@
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
 #include "services/coordinator/job_runner.h"
+#include "services/coordinator/rendezvous_service.h"
+#include "services/coordinator/worker_pool.h"
 
 namespace localpar {
 namespace {
 
-// The Coordinator service on `listen`; its port goes to `port_file`.
+// The Coordinator service (and, with replicas, the Rendezvous service) on `listen`; its
+// port goes to `port_file` and *bound.
 std::unique_ptr<grpc::Server> ServeStatus(const v1::CoordinatorConfig& c,
-                                          const SecurityOptions& security, StatusService* service) {
+                                          const SecurityOptions& security, StatusService* service,
+                                          RendezvousService* rendezvous, int* bound) {
   grpc::EnableDefaultHealthCheckService(true);  // the launcher's liveness check
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
   int port = 0;
   builder.AddListeningPort(c.status_listen(), ServerCredentials(security), &port);
   builder.RegisterService(service);
+  if (rendezvous) builder.RegisterService(rendezvous);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::cerr << "localpar: cannot serve status on " << c.status_listen() << "\n";
@@ -39,7 +47,26 @@ std::unique_ptr<grpc::Server> ServeStatus(const v1::CoordinatorConfig& c,
       std::cerr << "localpar: " << s.message() << "\n";
     }
   }
+  *bound = port;
   return server;
+}
+
+// Where workers reach the Rendezvous service: --advertise, else the --status_listen host
+// (this machine's name when that is a wildcard), with the bound port.
+std::string RendezvousAddress(const v1::CoordinatorConfig& c, int port) {
+  std::string host = c.advertise();
+  if (host.empty()) {
+    host = HostOf(c.status_listen());
+    if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+      char name[256] = {};
+      host = gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
+    }
+  }
+  const bool has_port = host[0] == '[' ? host.find("]:") != std::string::npos
+                                       : std::count(host.begin(), host.end(), ':') == 1;
+  if (has_port) return host;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";  // IPv6
+  return absl::StrCat(host, ":", port);
 }
 
 // Resumes when asked to (or, with resume_if_present, when there is something to resume);
@@ -129,10 +156,37 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
     std::cerr << "localpar: " << job.status().message() << "\n";
     return IsDataError(job.status()) ? kExitBadData : kExitBadJob;
   }
-  if (c.workers_size() != job->stages_size()) {
+  const int replicas = job->replicas();
+  if (c.workers_size() != job->stages_size() * replicas) {
     std::cerr << "localpar: --workers lists " << c.workers_size() << " addresses but job "
-              << job->name() << " has " << job->stages_size() << " stages\n";
+              << job->name() << " has " << job->stages_size() << " stages"
+              << (replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "") << "\n";
     return kExitUsage;
+  }
+  if (replicas > 1) {
+    std::set<std::string> seen;
+    for (const std::string& w : c.workers()) {
+      if (!seen.insert(w).second) {
+        std::cerr << "localpar: --workers lists " << w
+                  << " twice; every replica of every stage needs its own worker\n";
+        return kExitUsage;
+      }
+    }
+    if (c.status_listen().empty()) {
+      std::cerr << "localpar: replicas meet at the coordinator's service: --status_listen must "
+                   "not be empty\n";
+      return kExitUsage;
+    }
+    if (!c.checkpoint_dir().empty()) {
+      std::cerr << "localpar: --checkpoint_dir: checkpoints of jobs with replicas are not "
+                   "supported yet (replicas: "
+                << replicas << ")\n";
+      return kExitUsage;
+    }
+    if (c.replica_timeout_s() < 1) {
+      std::cerr << "localpar: --replica_timeout_s: must be >= 1\n";
+      return kExitUsage;
+    }
   }
   if (c.overlap_max_delay() > 0 && !Rule(ToUpdateRule(job->rule())).allows_delay) {
     std::cerr << "localpar: --overlap_max_delay does not apply to "
@@ -143,6 +197,10 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
   if (!data.ok()) {
     std::cerr << "localpar: " << data.status().message() << "\n";
     return kExitBadData;
+  }
+  if (absl::Status s = CheckReplicasFitData(*job, data->train.size()); !s.ok()) {
+    std::cerr << "localpar: invalid job file " << c.job() << ": " << s.message() << "\n";
+    return kExitBadJob;
   }
   std::unique_ptr<MetricsServer> metrics_server;
   std::unique_ptr<CoordinatorMetrics> metrics;
@@ -174,10 +232,15 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
   JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint),
                    metrics.get());
   StatusService status(runner.status_board(), runner.checkpointer(), security);
+  std::unique_ptr<RendezvousService> rendezvous;
+  if (replicas > 1) rendezvous = std::make_unique<RendezvousService>(security);
   std::unique_ptr<grpc::Server> status_server;
-  if (!c.status_listen().empty() && !(status_server = ServeStatus(c, security, &status))) {
+  int status_port = 0;
+  if (!c.status_listen().empty() &&
+      !(status_server = ServeStatus(c, security, &status, rendezvous.get(), &status_port))) {
     return kExitUsage;
   }
+  if (rendezvous) runner.UseRendezvous(rendezvous.get(), RendezvousAddress(c, status_port));
   if (initial) runner.InitFrom(*std::move(initial));
   if (!DecideResume(c, runner)) return kExitFailure;
   return runner.Run();

@@ -31,7 +31,7 @@ JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions&
       job_(std::move(job)),
       data_(std::move(data)),
       metrics_(metrics),
-      pool_({config.workers().begin(), config.workers().end()}, security),
+      pool_({config.workers().begin(), config.workers().end()}, job_.replicas(), security),
       checkpointer_(config, job_, std::move(fingerprint), metrics, [this] { return History(); }),
       total_steps_(TotalSteps(job_, data_.train.size())),
       monitor_(job_, total_steps_, StepsPerEpoch(job_, data_.train.size()), config.quiet(), pool_,
@@ -86,7 +86,9 @@ int JobRunner::Run() {
       }
       continue;
     }
-    link = std::make_unique<PipelineLink>(pool_.stub(0), security_);
+    std::vector<v1::Worker::Stub*> firsts;
+    for (int r = 0; r < pool_.replicas(); ++r) firsts.push_back(&pool_.stub(0, r));
+    link = std::make_unique<PipelineLink>(firsts, security_);
     StartEvents(*link);
     const bool fed = Feed(*link);
     const uint64_t drain = NextSeq();
@@ -197,8 +199,8 @@ void JobRunner::EventLoop(PipelineLink& link) {
     } else if (up->has_saved()) {
       checkpointer_.OnSaved(up->saved());
     } else if (up->has_error() && !checkpointer_.OnError(up->error())) {
-      std::cerr << "\nlocalpar: stage " << up->error().stage() << " refused item "
-                << up->error().seq() << ": " << up->error().message() << "\n";
+      std::cerr << "\nlocalpar: " << pool_.Name(up->error().stage(), up->error().replica())
+                << " refused item " << up->error().seq() << ": " << up->error().message() << "\n";
       if (metrics_) metrics_->AddError();
     }
   }
@@ -224,11 +226,33 @@ bool JobRunner::SendControl(PipelineLink& link, v1::Control::Kind kind, int epoc
   return link.Send(item);
 }
 
-bool JobRunner::SendRows(PipelineLink& link, const BatchAssembler& a, int64_t begin, int64_t rows,
-                         const v1::Batch& meta) {
+bool JobRunner::SendRows(PipelineLink& link, int replica, const BatchAssembler& a, int64_t begin,
+                         int64_t rows, const v1::Batch& meta) {
   v1::DownItem item = MakeBatchItem(a, begin, rows, meta);
   item.mutable_batch()->set_seq(NextSeq());
-  return link.Send(item);
+  return link.SendTo(replica, item);
+}
+
+// Replica r takes rows MicroBatchRange(rows, replicas, r) and splits them into its
+// micro-batches; every share of a step goes out before the next step's, so no replica
+// waits in its exchange for a share still queued behind another step.
+bool JobRunner::SendStep(PipelineLink& link, const BatchAssembler& a, int64_t rows, int job_micro,
+                         v1::Batch meta) {
+  meta.set_phase(v1::TRAIN);
+  meta.set_batch_rows(rows);
+  for (int r = 0; r < link.replicas(); ++r) {
+    int64_t share_begin, share;
+    MicroBatchRange(rows, link.replicas(), r, &share_begin, &share);
+    const int parts = StepMicroBatches(job_micro, share);
+    meta.set_micro_batches(parts);
+    for (int m = 0; m < parts; ++m) {
+      int64_t begin, count;
+      MicroBatchRange(share, parts, m, &begin, &count);
+      meta.set_micro_batch(m);
+      if (!SendRows(link, r, a, share_begin + begin, count, meta)) return false;
+    }
+  }
+  return true;
 }
 
 bool JobRunner::StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor& cursor) {
@@ -261,16 +285,7 @@ bool JobRunner::Feed(PipelineLink& link) {
       feed_.phase = FeedProgress::kTraining;
       if (metrics_) metrics_->SetEpoch(item.epoch);
       train.Gather(plan.order(), item.begin, item.rows);
-      const int parts = StepMicroBatches(job_micro, item.rows);
-      meta.set_phase(v1::TRAIN);
-      meta.set_batch_rows(item.rows);
-      meta.set_micro_batches(parts);
-      for (int m = 0; m < parts; ++m) {
-        int64_t begin, rows;
-        MicroBatchRange(item.rows, parts, m, &begin, &rows);
-        meta.set_micro_batch(m);
-        if (!SendRows(link, train, begin, rows, meta)) return false;
-      }
+      if (!SendStep(link, train, item.rows, job_micro, meta)) return false;
       const int64_t done = item.step + 1;
       feed_.fed_steps = steps_ = done;
       train_examples_ += static_cast<double>(item.rows);
@@ -293,7 +308,12 @@ bool JobRunner::Feed(PipelineLink& link) {
       meta.set_phase(v1::EVAL);
       meta.set_batch_rows(item.rows);
       meta.set_micro_batches(1);
-      if (!SendRows(link, test, 0, item.rows, meta)) return false;
+      // Each replica scores its share (a short batch may leave the last ones none).
+      for (int r = 0; r < link.replicas(); ++r) {
+        int64_t begin, rows;
+        MicroBatchRange(item.rows, link.replicas(), r, &begin, &rows);
+        if (rows > 0 && !SendRows(link, r, test, begin, rows, meta)) return false;
+      }
     } else if (item.interim) {  // the end of an evaluation within the epoch
       const uint64_t seq = NextSeq();
       {
@@ -333,6 +353,14 @@ int JobRunner::Configure() {
     s.fingerprint = checkpointer_.fingerprint();
     if (resume_) s.restore = &resume_->manifest;
     if (initial_) s.initial = &*initial_;
+    if (rendezvous_) {
+      // A fresh group for every configuration: replicas of an earlier one never meet these.
+      rendezvous_->Clear();
+      s.rendezvous = rendezvous_address_;
+      s.rendezvous_group =
+          absl::StrCat("run-", checkpointer_.fingerprint().substr(0, 12), "-", ++configurations_);
+      s.rendezvous_timeout_s = config_.replica_timeout_s();
+    }
     ConfigureOutcome out = pool_.ConfigureAll(job_, s, config_.configure_timeout_s());
     backend_ = out.backend;
     parameters_ = out.parameters;
@@ -404,6 +432,26 @@ int JobRunner::LostWorker(const grpc::Status& final_status) {
 
 // ---- the end of a run -----------------------------------------------------------------
 
+int JobRunner::CheckReplicasAgree(const v1::ModelWeights& weights) {
+  for (int k = 0; k < pool_.size(); ++k) {
+    const std::string want = weights.stages(k).SerializeAsString();
+    for (int r = 1; r < pool_.replicas(); ++r) {
+      absl::StatusOr<v1::StageWeights> w = pool_.Weights(k, r);
+      if (!w.ok()) {
+        std::cerr << "localpar: " << pool_.Name(k, r)
+                  << ": GetWeights failed: " << w.status().message() << "\n";
+        return kExitWorkerLost;
+      }
+      if (w->SerializeAsString() != want) {
+        std::cerr << "localpar: " << pool_.Name(k, r) << " holds other weights than replica 0; "
+                  << "the replicas did not take the same steps\n";
+        return kExitFailure;
+      }
+    }
+  }
+  return kExitOk;
+}
+
 int JobRunner::Collect() {
   std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(config_.trace(), 10);
   std::vector<v1::StatsResponse> stats;
@@ -422,6 +470,7 @@ int JobRunner::Collect() {
     }
     *weights.add_stages() = *std::move(w);
   }
+  if (int rc = CheckReplicasAgree(weights); rc != kExitOk) return rc;
   DescribeWeights(job_, data_.normalization, &weights);
   // Nothing is lost from here on: end the progress line and print the last epoch's figures
   // before the table.
@@ -432,6 +481,7 @@ int JobRunner::Collect() {
   report.set_rule(v1::UpdateRule_Name(job_.rule()));
   report.set_backend(backend_);
   report.set_stages(pool_.size());
+  report.set_replicas(pool_.replicas());
   report.set_parameters(static_cast<double>(parameters_));
   report.set_steps(static_cast<int32_t>(steps_));
   report.set_train_examples(train_examples_);

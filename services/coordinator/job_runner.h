@@ -17,6 +17,7 @@
 #include "proto/config.pb.h"
 #include "services/coordinator/checkpointer.h"
 #include "services/coordinator/pipeline_link.h"
+#include "services/coordinator/rendezvous_service.h"
 #include "services/coordinator/run_monitor.h"
 #include "services/coordinator/status_service.h"
 #include "services/coordinator/worker_pool.h"
@@ -34,6 +35,12 @@ class JobRunner {
   const StatusBoard& status_board() const { return board_; }
   // Start from this checkpoint instead of step 0 (--resume), with its report history.
   void ResumeFrom(FoundCheckpoint found);
+  // Replicas meet at this Rendezvous service, which workers reach at `address`; it is
+  // cleared before every configuration.
+  void UseRendezvous(RendezvousService* service, std::string address) {
+    rendezvous_ = service;
+    rendezvous_address_ = std::move(address);
+  }
   // Start step 0 from these parameters (--init_from) rather than the job's initialisation.
   void InitFrom(v1::ModelWeights weights) { initial_ = std::move(weights); }
   // Returns the exit code (ExitCode).
@@ -50,8 +57,13 @@ class JobRunner {
 
   bool Feed(PipelineLink& link);
   bool SendControl(PipelineLink& link, v1::Control::Kind kind, int epoch, uint64_t seq);
-  bool SendRows(PipelineLink& link, const BatchAssembler& batch, int64_t begin, int64_t rows,
-                const v1::Batch& meta);
+  bool SendRows(PipelineLink& link, int replica, const BatchAssembler& batch, int64_t begin,
+                int64_t rows, const v1::Batch& meta);
+  // A training step's rows [0, rows) of `batch`: each replica's share, in its micro-batches.
+  bool SendStep(PipelineLink& link, const BatchAssembler& batch, int64_t rows, int job_micro,
+                v1::Batch meta);
+  // With replicas, every stage's replicas must hold the same weights at the end.
+  int CheckReplicasAgree(const v1::ModelWeights& weights);
   bool StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor& cursor);
   int Configure();
   // After a break (`why`): waits for every stage, then rolls back to the last commit.
@@ -71,6 +83,9 @@ class JobRunner {
   StatusBoard board_;
   std::optional<FoundCheckpoint> resume_;
   std::optional<v1::ModelWeights> initial_;
+  RendezvousService* rendezvous_ = nullptr;
+  std::string rendezvous_address_;
+  int configurations_ = 0;
   v1::RunReport history_;  // of the run before a resume: its epochs, examples and time
   const int64_t total_steps_;
   std::atomic<uint64_t> seq_{0};

@@ -29,39 +29,87 @@ v1::DownItem MakeBatchItem(const BatchAssembler& a, int64_t begin, int64_t rows,
 // only matters if that loop stalls, and then it slows the pipeline rather than memory.
 constexpr size_t kMaxQueuedReplies = 4096;
 
-PipelineLink::PipelineLink(v1::Worker::Stub& first, const SecurityOptions& security)
+PipelineLink::PipelineLink(std::vector<v1::Worker::Stub*> firsts, const SecurityOptions& security)
     : replies_(kMaxQueuedReplies) {
-  ctx_.set_wait_for_ready(true);
-  AddToken(ctx_, security);
-  stream_ = first.Stream(&ctx_);
-  reader_ = std::thread([this] { ReadLoop(); });
+  open_ = static_cast<int>(firsts.size());
+  for (v1::Worker::Stub* first : firsts) {
+    auto c = std::make_unique<Chain>();
+    c->ctx.set_wait_for_ready(true);
+    AddToken(c->ctx, security);
+    c->stream = first->Stream(&c->ctx);
+    chains_.push_back(std::move(c));
+  }
+  for (int r = 0; r < replicas(); ++r) {
+    chains_[r]->reader = std::thread([this, r] { ReadLoop(r); });
+  }
 }
 
 PipelineLink::~PipelineLink() {
-  if (reader_.joinable()) {
-    ctx_.TryCancel();
-    replies_.Close();  // unblock the reader if the event loop stopped taking items
-    reader_.join();
+  for (auto& c : chains_) c->ctx.TryCancel();
+  replies_.Close();  // unblock the readers if the event loop stopped taking items
+  for (auto& c : chains_) {
+    if (c->reader.joinable()) c->reader.join();
   }
 }
 
-bool PipelineLink::Send(const v1::DownItem& item) { return !broken_ && stream_->Write(item); }
-
-void PipelineLink::ReadLoop() {
-  v1::UpItem up;
-  while (stream_->Read(&up)) {
-    if (!replies_.Push(std::move(up))) break;
+bool PipelineLink::Send(const v1::DownItem& item) {
+  for (int r = 0; r < replicas(); ++r) {
+    if (!SendTo(r, item)) return false;
   }
-  status_ = stream_->Finish();
+  return true;
+}
+
+bool PipelineLink::SendTo(int replica, const v1::DownItem& item) {
+  return !broken_ && chains_[replica]->stream->Write(item);
+}
+
+void PipelineLink::ReadLoop(int replica) {
+  Chain& c = *chains_[replica];
+  v1::UpItem up;
+  while (c.stream->Read(&up)) {
+    if (!replies_.Push({replica, std::move(up)})) break;
+  }
+  c.status = c.stream->Finish();
   broken_ = true;
-  replies_.Close();
+  if (!c.status.ok()) {
+    // One chain lost is the whole pipeline lost: the others would only wait for it.
+    for (auto& other : chains_) other->ctx.TryCancel();
+  }
+  if (--open_ == 0) replies_.Close();
+}
+
+std::optional<v1::UpItem> PipelineLink::Next() {
+  while (std::optional<std::pair<int, v1::UpItem>> p = replies_.Pop()) {
+    auto& [replica, up] = *p;
+    if (replicas() == 1) return std::move(up);
+    if (up.has_ack()) {
+      auto it = acks_.emplace(up.ack().seq(), 0).first;
+      if (++it->second < replicas()) continue;
+      acks_.erase(it);
+    } else if (up.has_saved() && replica != 0) {
+      continue;
+    } else if (up.has_error()) {
+      up.mutable_error()->set_replica(replica);
+    }
+    return std::move(up);
+  }
+  return std::nullopt;
 }
 
 grpc::Status PipelineLink::Finish() {
   if (!finished_) {
     finished_ = true;
-    stream_->WritesDone();
-    reader_.join();
+    for (auto& c : chains_) c->stream->WritesDone();
+    for (auto& c : chains_) {
+      if (c->reader.joinable()) c->reader.join();
+    }
+    status_ = grpc::Status::OK;
+    for (auto& c : chains_) {
+      if (!c->status.ok()) {
+        status_ = c->status;
+        break;
+      }
+    }
   }
   return status_;
 }

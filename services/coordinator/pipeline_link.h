@@ -1,12 +1,15 @@
 // The coordinator's link to stage 0: it writes batches and control items, and a reader
-// thread queues what comes back up the pipeline (acknowledgements, in-band errors) for the
-// coordinator's event loop. The reader does nothing else.
+// thread per stream queues what comes back up the pipeline (acknowledgements, in-band
+// errors) for the coordinator's event loop. The readers do nothing else.
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/job/run.h"
 #include "proto/localpar.grpc.pb.h"
@@ -20,27 +23,43 @@ namespace localpar {
 v1::DownItem MakeBatchItem(const BatchAssembler& batch, int64_t begin, int64_t rows,
                            const v1::Batch& meta);
 
+// With replicas, one stream to every replica of stage 0: each is the head of its own chain
+// of replicas (replica r of every stage). Control items go down every chain; what comes back
+// is merged so that the job runner sees one pipeline.
 class PipelineLink {
  public:
-  PipelineLink(v1::Worker::Stub& first, const SecurityOptions& security);
+  PipelineLink(std::vector<v1::Worker::Stub*> firsts, const SecurityOptions& security);
   ~PipelineLink();
 
-  // False once the link is broken.
+  int replicas() const { return static_cast<int>(chains_.size()); }
+  // Down every chain; false once the link is broken.
   bool Send(const v1::DownItem& item);
-  // The next item that came back up, in order; nullopt once the stream has ended.
-  std::optional<v1::UpItem> Next() { return replies_.Pop(); }
-  // Closes the sending side (once) and waits for the stream's end; returns its status.
+  // Down chain r only (a replica's share of a batch).
+  bool SendTo(int replica, const v1::DownItem& item);
+  // The next item that came back up, in order; nullopt once every stream has ended. An
+  // acknowledgement comes once every chain has acknowledged it; a StageSaved, from chain
+  // 0 only (the replicas' snapshots are alike but for their own figures); an error, from
+  // any chain, with its replica set.
+  std::optional<v1::UpItem> Next();
+  // Closes the sending side (once) and waits for every stream's end; returns the first
+  // failure, or OK.
   grpc::Status Finish();
   bool broken() const { return broken_; }
 
  private:
-  void ReadLoop();
+  struct Chain {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> stream;
+    std::thread reader;
+    grpc::Status status;
+  };
+  void ReadLoop(int replica);
 
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::DownItem, v1::UpItem>> stream_;
-  BoundedQueue<v1::UpItem> replies_;
-  std::thread reader_;
+  std::vector<std::unique_ptr<Chain>> chains_;
+  BoundedQueue<std::pair<int, v1::UpItem>> replies_;
+  std::atomic<int> open_{0};
   std::atomic<bool> broken_{false};
+  std::map<uint64_t, int> acks_;  // seq -> chains that acknowledged it (Next's thread only)
   bool finished_ = false;
   grpc::Status status_;
 };

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/exit_codes.h"
+#include "services/coordinator/replica_stats.h"
 
 namespace localpar {
 namespace {
@@ -30,89 +31,121 @@ int ExitCodeFor(grpc::StatusCode code) {
 
 }  // namespace
 
-WorkerPool::WorkerPool(std::vector<std::string> addresses, const SecurityOptions& security)
-    : addresses_(std::move(addresses)), security_(security) {
+std::string HostOf(const std::string& address) {
+  if (!address.empty() && address[0] == '[') {
+    size_t end = address.find(']');
+    return end == std::string::npos ? address : address.substr(1, end - 1);
+  }
+  size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+WorkerPool::WorkerPool(std::vector<std::string> addresses, int replicas,
+                       const SecurityOptions& security)
+    : addresses_(std::move(addresses)), replicas_(std::max(1, replicas)), security_(security) {
   for (const std::string& a : addresses_)
     stubs_.push_back(v1::Worker::NewStub(MakeChannel(a, security)));
+}
+
+std::string WorkerPool::Name(int k, int r) const {
+  return replicas_ > 1 ? absl::StrCat("stage ", k, " replica ", r) : absl::StrCat("stage ", k);
 }
 
 ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSettings& s,
                                           int timeout_s) {
   ConfigureOutcome out;
   for (int k = 0; k < size(); ++k) {
-    v1::ConfigureRequest req;
-    *req.mutable_job() = job;
-    req.set_stage(k);
-    if (k + 1 < size()) req.set_downstream(addresses_[k + 1]);
-    req.set_total_steps(s.total_steps);
-    req.set_non_finite(s.non_finite);
-    req.set_overlap_max_delay(s.overlap_max_delay);
-    req.set_fingerprint(s.fingerprint);
-    if (s.restore && k < s.restore->stages_size()) {
-      *req.mutable_restore() = s.restore->stages(k);
-    } else if (s.initial && k < s.initial->stages_size()) {
-      *req.mutable_initial() = s.initial->stages(k);
+    for (int r = 0; r < replicas_; ++r) {
+      v1::ConfigureRequest req;
+      *req.mutable_job() = job;
+      req.set_stage(k);
+      if (k + 1 < size()) req.set_downstream(address(k + 1, r));
+      req.set_total_steps(s.total_steps);
+      req.set_non_finite(s.non_finite);
+      req.set_overlap_max_delay(s.overlap_max_delay);
+      req.set_fingerprint(s.fingerprint);
+      if (s.restore && k < s.restore->stages_size()) {
+        *req.mutable_restore() = s.restore->stages(k);
+      } else if (s.initial && k < s.initial->stages_size()) {
+        *req.mutable_initial() = s.initial->stages(k);
+      }
+      if (replicas_ > 1) {
+        req.set_replica(r);
+        req.set_rendezvous(s.rendezvous);
+        req.set_rendezvous_group(s.rendezvous_group);
+        req.set_rendezvous_timeout_s(s.rendezvous_timeout_s);
+        req.set_collective_host(HostOf(address(k, r)));
+      }
+      v1::ConfigureResponse resp;
+      grpc::Status st;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+      do {  // ABORTED: the worker is still winding down its previous stream
+        grpc::ClientContext ctx;
+        ctx.set_wait_for_ready(true);
+        ctx.set_deadline(Deadline(timeout_s));
+        AddToken(ctx, security_);
+        st = stub(k, r).Configure(&ctx, req, &resp);
+        if (st.error_code() != grpc::StatusCode::ABORTED) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      } while (std::chrono::steady_clock::now() < until);
+      if (!st.ok()) {
+        std::cerr << "localpar: configuring " << Name(k, r) << " at " << address(k, r)
+                  << " failed: " << st.error_message() << "\n";
+        out.exit_code = ExitCodeFor(st.error_code());
+        out.restore_failed = s.restore && st.error_code() == grpc::StatusCode::DATA_LOSS;
+        return out;
+      }
+      if (r == 0) out.parameters += resp.parameters();
+      if (k == 0 && r == 0) out.backend = resp.backend();
     }
-    v1::ConfigureResponse resp;
-    grpc::Status st;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    do {  // ABORTED: the worker is still winding down its previous stream
-      grpc::ClientContext ctx;
-      ctx.set_wait_for_ready(true);
-      ctx.set_deadline(Deadline(timeout_s));
-      AddToken(ctx, security_);
-      st = stubs_[k]->Configure(&ctx, req, &resp);
-      if (st.error_code() != grpc::StatusCode::ABORTED) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    } while (std::chrono::steady_clock::now() < until);
-    if (!st.ok()) {
-      std::cerr << "localpar: configuring stage " << k << " at " << addresses_[k]
-                << " failed: " << st.error_message() << "\n";
-      out.exit_code = ExitCodeFor(st.error_code());
-      out.restore_failed = s.restore && st.error_code() == grpc::StatusCode::DATA_LOSS;
-      return out;
-    }
-    out.parameters += resp.parameters();
-    if (k == 0) out.backend = resp.backend();
   }
   return out;
 }
 
-std::vector<std::optional<v1::StatsResponse>> WorkerPool::PollStats(bool intervals,
-                                                                    double deadline_s) {
-  std::vector<std::optional<v1::StatsResponse>> out(stubs_.size());
-  for (size_t k = 0; k < stubs_.size(); ++k) {
+std::vector<std::optional<v1::StatsResponse>> WorkerPool::PollStats(
+    bool intervals, double deadline_s, std::vector<std::optional<v1::StatsResponse>>* workers) {
+  std::vector<std::optional<v1::StatsResponse>> each(stubs_.size());
+  for (size_t i = 0; i < stubs_.size(); ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(deadline_s));
     AddToken(ctx, security_);
     v1::StatsRequest req;
     req.set_include_intervals(intervals);
     v1::StatsResponse resp;
-    if (stubs_[k]->Stats(&ctx, req, &resp).ok()) out[k] = std::move(resp);
+    if (stubs_[i]->Stats(&ctx, req, &resp).ok()) each[i] = std::move(resp);
   }
+  std::vector<std::optional<v1::StatsResponse>> out(static_cast<size_t>(size()));
+  for (int k = 0; k < size(); ++k) {
+    std::vector<const v1::StatsResponse*> parts;
+    for (int r = 0; r < replicas_; ++r) {
+      if (each[Index(k, r)]) parts.push_back(&*each[Index(k, r)]);
+    }
+    if (static_cast<int>(parts.size()) != replicas_) continue;
+    out[k] = replicas_ == 1 ? *parts[0] : MergeReplicaStats(parts);
+  }
+  if (workers) *workers = std::move(each);
   return out;
 }
 
-std::string WorkerPool::Describe(const std::vector<std::optional<v1::StatsResponse>>& stats,
-                                 const std::vector<std::string>& addresses) {
+std::string WorkerPool::Unreachable(double deadline_s) {
+  std::vector<std::optional<v1::StatsResponse>> each;
+  PollStats(false, deadline_s, &each);
   std::string lost;
-  for (size_t k = 0; k < stats.size(); ++k) {
-    if (!stats[k])
-      absl::StrAppend(&lost, lost.empty() ? "" : ", ", "stage ", k, " (", addresses[k], ")");
+  for (int k = 0; k < size(); ++k) {
+    for (int r = 0; r < replicas_; ++r) {
+      if (each[Index(k, r)]) continue;
+      absl::StrAppend(&lost, lost.empty() ? "" : ", ", Name(k, r), " (", address(k, r), ")");
+    }
   }
   return lost;
 }
 
-std::string WorkerPool::Unreachable(double deadline_s) {
-  return Describe(PollStats(false, deadline_s), addresses_);
-}
-
-absl::StatusOr<v1::StageWeights> WorkerPool::Weights(int k) {
+absl::StatusOr<v1::StageWeights> WorkerPool::Weights(int k, int r) {
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(30));
   AddToken(ctx, security_);
   v1::StageWeights w;
-  grpc::Status st = stubs_[k]->GetWeights(&ctx, v1::WeightsRequest(), &w);
+  grpc::Status st = stub(k, r).GetWeights(&ctx, v1::WeightsRequest(), &w);
   if (!st.ok()) return FromGrpcStatus(st);
   return w;
 }

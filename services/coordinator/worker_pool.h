@@ -26,6 +26,11 @@ struct StageSettings {
   // Otherwise, start every stage from these parameters (--init_from; null: the job's
   // initialisation).
   const v1::ModelWeights* initial = nullptr;
+  // Replicas: where they meet (the coordinator's Rendezvous service), under a group name
+  // fresh for this configuration, and how long they wait for each other.
+  std::string rendezvous;
+  std::string rendezvous_group;
+  int rendezvous_timeout_s = 0;
 };
 
 struct ConfigureOutcome {
@@ -35,29 +40,41 @@ struct ConfigureOutcome {
   int64_t parameters = 0;
 };
 
+// Workers are listed stage by stage: replica r of stage k is worker k * replicas + r.
 class WorkerPool {
  public:
-  WorkerPool(std::vector<std::string> addresses, const SecurityOptions& security);
-  int size() const { return static_cast<int>(addresses_.size()); }
-  const std::string& address(int k) const { return addresses_[k]; }
-  v1::Worker::Stub& stub(int k) { return *stubs_[k]; }
+  WorkerPool(std::vector<std::string> addresses, int replicas, const SecurityOptions& security);
+  int size() const { return static_cast<int>(addresses_.size()) / replicas_; }  // stages
+  int replicas() const { return replicas_; }
+  const std::string& address(int k, int r = 0) const { return addresses_[Index(k, r)]; }
+  v1::Worker::Stub& stub(int k, int r = 0) { return *stubs_[Index(k, r)]; }
+  // "stage K" or, with replicas, "stage K replica R".
+  std::string Name(int k, int r) const;
 
-  // Configures every stage in order; the first failure is printed and decides the exit
+  // Configures every worker in order; the first failure is printed and decides the exit
   // code: INVALID_ARGUMENT a bad job (3), DATA_LOSS a checkpoint that does not restore and
   // FAILED_PRECONDITION a device that is missing (1), anything else a lost worker (5).
   ConfigureOutcome ConfigureAll(const v1::Job& job, const StageSettings& settings, int timeout_s);
-  // Each stage's statistics; nullopt for a stage that does not answer within the deadline.
-  std::vector<std::optional<v1::StatsResponse>> PollStats(bool intervals, double deadline_s);
-  // "stage 1 (HOST:PORT), ..." for the stages that do not answer; empty when all do.
+  // Each stage's statistics (its replicas' added up: replica_stats.h); nullopt for a stage
+  // with a worker that does not answer within the deadline. `workers`, when given,
+  // receives every worker's own answer.
+  std::vector<std::optional<v1::StatsResponse>> PollStats(
+      bool intervals, double deadline_s,
+      std::vector<std::optional<v1::StatsResponse>>* workers = nullptr);
+  // "stage 1 (HOST:PORT), ..." for the workers that do not answer; empty when all do.
   std::string Unreachable(double deadline_s);
-  static std::string Describe(const std::vector<std::optional<v1::StatsResponse>>& stats,
-                              const std::vector<std::string>& addresses);
-  absl::StatusOr<v1::StageWeights> Weights(int k);
+  absl::StatusOr<v1::StageWeights> Weights(int k, int r = 0);
 
  private:
+  int Index(int k, int r) const { return k * replicas_ + r; }
+
   std::vector<std::string> addresses_;
+  const int replicas_;
   const SecurityOptions& security_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
 };
+
+// The host part of HOST:PORT ([v6]:port too): where a worker's replica peers reach it.
+std::string HostOf(const std::string& address);
 
 }  // namespace localpar

@@ -66,6 +66,9 @@ int TrainCommandMain(const Args& args) {
   }
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
+  if (absl::Status s = CheckReplicasFitData(*job, data->train.size()); !s.ok()) {
+    return Fail(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
+  }
   RunOptions options;
   options.device = t.device();
   options.threads = t.threads();

@@ -63,13 +63,15 @@ absl::Status WriteTargets(const std::string& path, const std::vector<int>& worke
 
 class Launcher {
  public:
-  Launcher(const LaunchOptions& options, const SecurityOptions& security, int stages,
+  // `stages` workers, or with replicas stages x replicas, stage 0's replicas first.
+  Launcher(const LaunchOptions& options, const SecurityOptions& security, int stages, int replicas,
            std::string run_dir)
       : options_(options),
-        stages_(stages),
+        stages_(stages * replicas),
+        replicas_(replicas),
         run_dir_(std::move(run_dir)),
-        addresses_(stages),
-        metrics_ports_(stages, 0),
+        addresses_(stages * replicas),
+        metrics_ports_(stages * replicas, 0),
         health_(security) {}
 
   int Run() {
@@ -91,6 +93,12 @@ class Launcher {
 
  private:
   std::string PortFile(int k) const { return absl::StrCat(run_dir_, "/worker", k, ".port"); }
+  // Worker i holds replica i % replicas of stage i / replicas.
+  std::string WorkerName(int i) const {
+    return replicas_ > 1
+               ? absl::StrCat("worker for stage ", i / replicas_, " replica ", i % replicas_)
+               : absl::StrCat("worker for stage ", i);
+  }
 
   v1::WorkerConfig WorkerConfigFor(int k, const std::string& listen) const {
     const v1::RunCommand& r = options_.run;
@@ -100,7 +108,7 @@ class Launcher {
     w.set_device(r.device());
     w.set_threads(r.threads());
     w.set_queue_capacity(r.queue_capacity());
-    if (k == r.slow_stage()) w.set_debug_delay_ms(r.slow_ms());
+    if (k / replicas_ == r.slow_stage()) w.set_debug_delay_ms(r.slow_ms());
     *w.mutable_security() = r.coordinator().security();
     // The launcher stops its workers itself, after the coordinator: one that exits before
     // then, whatever its exit code, is lost and restarted (a restarted coordinator needs it).
@@ -108,7 +116,11 @@ class Launcher {
     // Each worker owns its storage, as on separate hosts: one directory per stage.
     std::string dir =
         r.coordinator().checkpoint_dir().empty() ? r.resume() : r.coordinator().checkpoint_dir();
-    if (!dir.empty()) w.set_checkpoint_dir(absl::StrCat(dir, "/stage-", k));
+    if (!dir.empty()) {
+      w.set_checkpoint_dir(
+          replicas_ > 1 ? absl::StrCat(dir, "/stage-", k / replicas_, "-replica-", k % replicas_)
+                        : absl::StrCat(dir, "/stage-", k));
+    }
     return w;
   }
 
@@ -117,7 +129,7 @@ class Launcher {
     const std::string bin = options_.bin_dir + "/localpar_worker";
     for (int k = 0; k < stages_; ++k) {
       Child c;
-      c.name = absl::StrCat("worker for stage ", k);
+      c.name = WorkerName(k);
       c.argv = {bin};
       for (std::string& a : ToFlagArgs(WorkerConfigFor(k, "127.0.0.1:0"), WorkerDefaults())) {
         c.argv.push_back(std::move(a));
@@ -311,7 +323,8 @@ class Launcher {
   }
 
   const LaunchOptions& options_;
-  const int stages_;
+  const int stages_;  // workers: stages x replicas
+  const int replicas_;
   const std::string run_dir_;
   std::vector<std::string> addresses_;
   std::vector<int> metrics_ports_;
@@ -382,7 +395,7 @@ int Launch(const LaunchOptions& o) {
     std::cerr << "localpar: " << s.message() << "\n";
     return kExitUsage;
   }
-  const int rc = Launcher(o, security, job->stages_size(), run_dir).Run();
+  const int rc = Launcher(o, security, job->stages_size(), job->replicas(), run_dir).Run();
   std::error_code ec;
   if (rc == kExitOk || rc == kExitInterrupted) {
     std::filesystem::remove_all(run_dir, ec);

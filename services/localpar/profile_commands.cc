@@ -22,12 +22,14 @@ constexpr char kPlanUsage[] =
 constexpr char kProjectUsage[] =
     "localpar project JOB_FILE [flags]\n"
     "Predicts pipeline throughput for several stage counts from measured layer times and\n"
-    "activation sizes.";
+    "activation sizes. With --replicas=R each stage is timed on its 1/R share of a batch and\n"
+    "pays for exchanging its gradients with its R - 1 other replicas over the link.";
 
 // Parses the command, loads the job (without the stage regrouping: for plan --stages is
 // the target) and times every layer on the backend --device and --threads pick.
 int Profile(const char* command, const char* usage, const Args& args, v1::ProfileCommand* c,
-            v1::Job* job, std::vector<UnitProfile>* units, std::string* device) {
+            v1::Job* job, std::vector<UnitProfile>* units, std::string* device,
+            bool per_replica = false) {
   *c = ProfileDefaults();
   std::string path;
   int rc = 0;
@@ -47,10 +49,15 @@ int Profile(const char* command, const char* usage, const Args& args, v1::Profil
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
   ApplyJobToBackend(*job, **backend);
   *device = (*backend)->Describe();
-  std::cerr << "timing each layer of " << job->name() << " on " << *device << ", batch "
-            << job->batch_size() << "\n";
-  absl::StatusOr<std::vector<UnitProfile>> profiled =
-      ProfileUnits(*job, **backend, job->batch_size());
+  // With replicas, what one replica computes: its share of the batch (the largest).
+  const int64_t rows =
+      per_replica ? ReplicaRows(job->batch_size(), job->replicas(), 0) : job->batch_size();
+  std::cerr << "timing each layer of " << job->name() << " on " << *device << ", batch " << rows
+            << (rows != job->batch_size()
+                    ? absl::StrCat(" (1/", job->replicas(), " of ", job->batch_size(), ")")
+                    : "")
+            << "\n";
+  absl::StatusOr<std::vector<UnitProfile>> profiled = ProfileUnits(*job, **backend, rows);
   if (!profiled.ok()) return Fail(kExitBadJob, std::string(profiled.status().message()));
   *units = *std::move(profiled);
   return -1;  // go on
@@ -109,20 +116,25 @@ int ProjectCommandMain(const Args& args) {
   v1::Job job;
   std::vector<UnitProfile> profile;
   std::string device;
-  if (int rc = Profile("project", kProjectUsage, args, &c, &job, &profile, &device); rc >= 0) {
+  if (int rc = Profile("project", kProjectUsage, args, &c, &job, &profile, &device, true);
+      rc >= 0) {
     return rc;
   }
   LinkModel link;
   link.bytes_per_second = c.link_gbps() * 1e9 / 8;
   link.latency_seconds = c.latency_us() * 1e-6;
   link.cores = c.cores();
+  link.replicas = job.replicas();
+  const int64_t share = ReplicaRows(job.batch_size(), job.replicas(), 0);
   std::cout << absl::StrFormat(
-      "project: %s on %s, batch %d, link %s, latency %.0f us, cores %s\n", job.name(), device,
+      "project: %s on %s, batch %d%s, link %s, latency %.0f us, cores %s\n", job.name(), device,
       job.batch_size(),
+      link.replicas > 1 ? absl::StrFormat(" in %d replicas of %d", link.replicas, share) : "",
       link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", c.link_gbps())
                                 : std::string("unlimited"),
-      1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per stage");
-  std::cout << "stages  slowest stage ms  largest hop MiB  predicted examples/s\n";
+      1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per worker");
+  std::cout << "stages  slowest stage ms  largest hop MiB"
+            << (link.replicas > 1 ? "  exchange ms" : "") << "  predicted examples/s\n";
   for (absl::string_view part : absl::StrSplit(c.project_stages(), ',')) {
     int k = 0;
     if (!absl::SimpleAtoi(part, &k) || k < 1) {
@@ -130,10 +142,14 @@ int ProjectCommandMain(const Args& args) {
     }
     absl::StatusOr<Partition> p = BestPartition(profile, k);
     if (!p.ok()) return Fail(kExitBadJob, std::string(p.status().message()));
-    std::vector<double> hops = HopBytes(job, *p, job.batch_size());
+    std::vector<double> hops = HopBytes(job, *p, share);
     double largest = hops.empty() ? 0 : *std::max_element(hops.begin(), hops.end());
+    link.exchange_bytes = ExchangeBytes(job, *p);
+    std::vector<double> exchange = ExchangeSeconds(link, p->stage_seconds.size());
+    const double slowest_exchange = *std::max_element(exchange.begin(), exchange.end());
     std::cout << absl::StrFormat(
-        "%6d  %16.3f  %15.2f  %20.0f\n", k, 1e3 * p->bottleneck(), largest / (1 << 20),
+        "%6d  %16.3f  %15.2f%s  %20.0f\n", k, 1e3 * p->bottleneck(), largest / (1 << 20),
+        link.replicas > 1 ? absl::StrFormat("  %11.3f", 1e3 * slowest_exchange) : "",
         PredictExamplesPerSecond(p->stage_seconds, hops, job.batch_size(), link));
   }
   return kExitOk;

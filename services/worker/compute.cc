@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job/checkpoint.h"
 #include "common/job/tensor_codec.h"
+#include "common/nn/replica_sync.h"
 #include "common/nn/rule.h"
 #include "services/common/grpc_util.h"
 #include "services/worker/item_check.h"
@@ -136,6 +137,25 @@ class StageCompute::Ports final : public StagePorts {
     links_->SendUp(FrameGradient(g, bytes));
   }
 
+  // Replicas: this step's gradient bucket, gathered from every replica and summed.
+  PortState ExchangeWithReplicas(Stage& stage) override {
+    if (!setup_.group) return PortState::kReady;
+    if (!bucket_) bucket_ = std::make_unique<ReplicaBucket>(stage);
+    const size_t n = static_cast<size_t>(bucket_->size());
+    send_.resize(n);
+    gathered_.resize(n * static_cast<size_t>(setup_.replicas));
+    bucket_->Pack(send_.data());
+    absl::Status s = setup_.group->AllGather(send_.data(), bucket_->size(), gathered_.data());
+    if (!s.ok()) {
+      // The replicas can no longer step together: this step is not applied, and the
+      // coordinator hears why (it recovers once the lost replica is back).
+      links_->SendUp(FrameItem(ErrorItem(first_seq(), setup_.stage, s)));
+      return PortState::kGone;
+    }
+    bucket_->Unpack(gathered_.data(), setup_.replicas);
+    return PortState::kReady;
+  }
+
   PortState AwaitGradient(int, const Tensor** grad) override {
     return TakeGradient(true, grad) == PortState::kReady && *grad ? PortState::kReady
                                                                   : PortState::kGone;
@@ -219,10 +239,12 @@ class StageCompute::Ports final : public StagePorts {
   const bool returns_gradients_ = Rule(setup_.trainer.rule).returns_gradients && !setup_.last();
   std::deque<Owed> owed_;  // training batches sent on whose gradients are still to come
   ComputeLinks* links_ = nullptr;
-  std::vector<v1::DownItem> items_;      // this step's, by micro-batch
-  std::vector<Tensor> inputs_, labels_;  // by slot: kept until the slot's backward
-  Tensor returned_;                      // the gradient being applied
-  Tensor staging_, grad_staging_;        // host bytes of converted or device tensors
+  std::vector<v1::DownItem> items_;        // this step's, by micro-batch
+  std::vector<Tensor> inputs_, labels_;    // by slot: kept until the slot's backward
+  Tensor returned_;                        // the gradient being applied
+  Tensor staging_, grad_staging_;          // host bytes of converted or device tensors
+  std::unique_ptr<ReplicaBucket> bucket_;  // replicas: the stage's exchange
+  std::vector<float> send_, gathered_;
   double receive_wait_ = 0, send_wait_ = 0;
   int64_t rows_ = 0;
 };
@@ -267,8 +289,13 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
   ctx.seed = t.seed;
   ctx.lr = LearningRate(t.schedule, b.step(), t.total_steps);
   ctx.loss_scale = LossScale(b.batch_rows(), setup_.labels_per_example);
+  // With replicas, this stage computes one share of the step (the loss stays a mean over
+  // the whole batch).
   ctx.micro_batches =
-      ctx.train ? StepMicroBatches(setup_.program.micro_batches, b.batch_rows()) : 1;
+      ctx.train ? StepMicroBatches(setup_.program.micro_batches,
+                                   ReplicaRows(b.batch_rows(), setup_.replicas, setup_.replica))
+                : 1;
+  ctx.micro_batch_offset = ctx.train ? setup_.replica * setup_.program.micro_batches : 0;
   const int64_t start = MonotonicNanos();
   ports_->Begin(std::move(first), ctx.micro_batches);
   executor_.Begin(ctx);
@@ -293,6 +320,10 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
   r.end_ns = MonotonicNanos();
   links.QueueDepths(&r.inbound_depth, &r.inbound_capacity, &r.outbound_depth, &r.outbound_capacity);
   r.device_bytes = host_.backend().DeviceBytesInUse();
+  if (setup_.group) {
+    r.exchange_seconds = setup_.group->seconds();
+    r.exchange_bytes = setup_.group->bytes_sent();
+  }
   stats_.RecordTrainStep(r);
   if (setup_.program.max_delay > 0) stats_.SetDelays(executor_.delays());
 }

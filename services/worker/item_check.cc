@@ -80,20 +80,28 @@ ItemCheck CheckPlacement(const v1::Batch& b, const ItemLimits& l, int64_t rows) 
     return Bad("bad_micro_batch", absl::StrCat("batch.batch_rows: ", b.batch_rows(),
                                                " is outside 1..", l.batch_size, " (batch_size)"));
   }
-  const int want = StepMicroBatches(l.micro_batches, b.batch_rows());
+  // With replicas, this stage holds one share of the step, split into its micro-batches.
+  const int64_t share = ReplicaRows(b.batch_rows(), l.replicas, l.replica);
+  const std::string of_share =
+      l.replicas > 1 ? absl::StrCat(" (replica ", l.replica, "'s share: ", share, " rows)") : "";
+  if (share < 1) {
+    return Bad("bad_micro_batch", absl::StrCat("batch.batch_rows: ", b.batch_rows(),
+                                               " rows leave replica ", l.replica, " none"));
+  }
+  const int want = StepMicroBatches(l.micro_batches, share);
   const int got = b.micro_batches() == 0 ? 1 : b.micro_batches();
   if (got != want || b.micro_batch() < 0 || b.micro_batch() >= want) {
     return Bad("bad_micro_batch",
                absl::StrCat("batch.micro_batch: ", b.micro_batch(), " of ", b.micro_batches(),
                             " does not fit the job's ", want, " micro-batch(es) of a ",
-                            b.batch_rows(), "-row step"));
+                            b.batch_rows(), "-row step", of_share));
   }
   int64_t begin, count;
-  MicroBatchRange(b.batch_rows(), want, b.micro_batch(), &begin, &count);
+  MicroBatchRange(share, want, b.micro_batch(), &begin, &count);
   if (rows != count) {
-    return Bad("wrong_shape",
-               absl::StrCat("batch.activations.shape: ", rows, " rows, but micro-batch ",
-                            b.micro_batch(), " of a ", b.batch_rows(), "-row step has ", count));
+    return Bad("wrong_shape", absl::StrCat("batch.activations.shape: ", rows,
+                                           " rows, but micro-batch ", b.micro_batch(), " of a ",
+                                           b.batch_rows(), "-row step", of_share, " has ", count));
   }
   return ItemCheck();
 }

@@ -19,7 +19,9 @@ struct ItemLimits {
   v1::DType wire_dtype = v1::F32;  // what a previous stage may send besides F32
   int32_t classes = 0;
   int64_t labels_per_example = 1;
-  int micro_batches = 1;        // the job's; 1 for rules that do not split batches
+  int micro_batches = 1;  // the job's; 1 for rules that do not split batches
+  int replica = 0;        // this stage's replica: it gets that share of every batch
+  int replicas = 1;
   int64_t batch_size = 0;       // rows of a training step, at most
   int64_t eval_batch_size = 0;  // rows of an evaluation batch, at most
   int64_t total_steps = 0;

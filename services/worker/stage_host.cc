@@ -43,6 +43,31 @@ absl::Status StageHost::CheckStageFits(const StageConfig& stage, const Shape& in
       index, need / (1 << 30), allow / (1 << 30)));
 }
 
+// The replica fields of a configuration, checked before anything is built.
+static absl::Status CheckReplicaRequest(const v1::Job& job, const v1::ConfigureRequest& req) {
+  if (req.replica() < 0 || req.replica() >= job.replicas()) {
+    return absl::InvalidArgumentError(absl::StrCat("replica: ", req.replica(), " is not in 0..",
+                                                   job.replicas() - 1, " (the job's replicas)"));
+  }
+  if (job.replicas() == 1) return absl::OkStatus();
+  if (!ReplicaGroup::Available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job has ", job.replicas(),
+                     " replicas per stage, but this worker was built without Gloo (libgloo-dev)"));
+  }
+  if (req.rendezvous().empty() || req.rendezvous_group().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous, rendezvous_group: required with replicas (the coordinator's address)");
+  }
+  if (req.collective_host().empty()) {
+    return absl::InvalidArgumentError("collective_host: required with replicas");
+  }
+  if (req.rendezvous_timeout_s() < 0) {
+    return absl::InvalidArgumentError("rendezvous_timeout_s: must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   v1::Job job = req.job();
   ApplyJobDefaults(job);
@@ -62,6 +87,7 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
     return absl::InvalidArgumentError("overlap_max_delay: must be >= 0");
   }
   if (req.total_steps() < 1) return absl::InvalidArgumentError("total_steps: must be >= 1");
+  if (absl::Status r = CheckReplicaRequest(job, req); !r.ok()) return r;
   if (absl::Status b = EnsureBackend(); !b.ok()) return b;
   ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
@@ -109,6 +135,8 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   *s->request.mutable_job() = job;
   s->stage = req.stage();
   s->num_stages = job.stages_size();
+  s->replica = req.replica();
+  s->replicas = job.replicas();
   s->labels_per_example = JobLabelsPerExample(job);
   s->wire = static_cast<WireFormat>(job.wire());
   s->trainer = ToTrainerOptions(job, req.total_steps());
@@ -120,6 +148,8 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   l.classes = JobClasses(job);
   l.labels_per_example = s->labels_per_example;
   l.micro_batches = s->program.micro_batches;
+  l.replica = s->replica;
+  l.replicas = s->replicas;
   l.batch_size = job.batch_size();
   l.eval_batch_size = job.eval_batch_size();
   l.total_steps = req.total_steps();
@@ -128,6 +158,18 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   const int64_t rows = std::max<int64_t>(job.batch_size(), job.eval_batch_size());
   l.max_item_bytes = rows * (NumElements(l.input_shape) + l.labels_per_example) * 4 + (64 << 10);
   if (!last) s->downstream = MakeChannel(req.downstream(), options_.security);
+  if (s->replicas > 1) {
+    ReplicaGroupOptions g;
+    g.rendezvous = req.rendezvous();
+    g.group = req.rendezvous_group();
+    g.stage = s->stage;
+    g.replica = s->replica;
+    g.replicas = s->replicas;
+    g.host = req.collective_host();
+    if (req.rendezvous_timeout_s() > 0)
+      g.timeout = std::chrono::seconds(req.rendezvous_timeout_s());
+    s->group = std::make_shared<ReplicaGroup>(std::move(g), options_.security);
+  }
   return absl::OkStatus();
 }
 

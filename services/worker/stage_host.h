@@ -15,6 +15,7 @@
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
 #include "services/worker/item_check.h"
+#include "services/worker/replica_group.h"
 
 namespace localpar {
 
@@ -29,6 +30,8 @@ struct StageSetup {
   v1::ConfigureRequest request;  // with the job's defaults applied
   int stage = 0;
   int num_stages = 0;
+  int replica = 0;  // of the stage (Job.replicas)
+  int replicas = 1;
   bool last() const { return stage + 1 == num_stages; }
   int64_t labels_per_example = 1;
   WireFormat wire = WireFormat::kF32;  // how activations go to the next stage
@@ -38,6 +41,7 @@ struct StageSetup {
   std::unique_ptr<Stage> stage_model;
   EpochProgress restored;                     // the epoch's figures the restored snapshot carried
   std::shared_ptr<grpc::Channel> downstream;  // null for the last stage
+  std::shared_ptr<ReplicaGroup> group;        // null without replicas
 };
 
 class StageHost {

@@ -35,6 +35,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   stats_.Reset(s->request.job().name(), s->stage, s->stage_model->optimizer().steps(),
                options_.config.queue_capacity(), s->stage_model->StateBytes(),
                s->stage_model->ActivationBytesPerExample(), s->restored);
+  if (s->replicas > 1) stats_.SetReplica(s->request.job().name(), s->stage, s->replica);
   return grpc::Status::OK;
 }
 

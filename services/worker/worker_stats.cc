@@ -39,6 +39,12 @@ void WorkerStats::Reset(const std::string& job, int stage, int64_t restored_step
   delays_ = DelayStats();
 }
 
+void WorkerStats::SetReplica(const std::string& job, int stage, int replica) {
+  if (metrics_) metrics_->Configure(job, stage, replica);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.set_replica(replica);
+}
+
 void WorkerStats::Reject(const std::string& reason) {
   if (metrics_) metrics_->AddRejected(reason);
   std::lock_guard<std::mutex> lock(mu_);
@@ -56,6 +62,7 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
     metrics_->ObservePhase("backward", r.times.backward);
     metrics_->ObservePhase("update", r.times.update);
     metrics_->ObservePhase("send_wait", r.send_wait);
+    if (r.times.exchange > 0) metrics_->ObservePhase("allreduce", r.times.exchange);
     metrics_->AddExamples(true, r.rows);
     if (r.updated) metrics_->AddStep();
     if (r.head.count > 0) metrics_->SetTrainHead(r.head.mean_loss(), r.head.accuracy());
@@ -70,6 +77,8 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
   recent_.Add(r.head);
   if (r.updated) stats_.set_steps(stats_.steps() + 1);
   stats_.set_examples(stats_.examples() + r.rows);
+  stats_.set_allreduce_seconds(r.exchange_seconds);
+  stats_.set_allreduce_bytes(r.exchange_bytes);
   train_seconds_ += static_cast<double>(r.end_ns - r.start_ns) * 1e-9;
   v1::Interval iv;
   iv.set_seq(r.seq);

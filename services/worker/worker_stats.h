@@ -26,6 +26,8 @@ struct StepRecord {
   int64_t start_ns = 0, end_ns = 0;  // MonotonicNanos
   int64_t inbound_depth = 0, inbound_capacity = 0, outbound_depth = 0, outbound_capacity = 0;
   int64_t device_bytes = 0;
+  double exchange_seconds = 0;  // replicas: all-reduce time and bytes sent, since configured
+  int64_t exchange_bytes = 0;
 };
 
 class WorkerStats {
@@ -39,6 +41,8 @@ class WorkerStats {
   void Reset(const std::string& job, int stage, int64_t restored_steps, int64_t queue_capacity,
              int64_t state_bytes, int64_t activation_bytes_per_example,
              const EpochProgress& restored);
+  // Replicas of the stage (after Reset): the Stats figures and the metrics say which.
+  void SetReplica(const std::string& job, int stage, int replica);
   void Reject(const std::string& reason);
   void AddBytes(bool sent, int64_t n);
   void RecordTrainStep(const StepRecord& step);

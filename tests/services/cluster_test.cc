@@ -78,6 +78,64 @@ INSTANTIATE_TEST_SUITE_P(Rules, ClusterMatchesReference,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
 
+// Stage replicas: 4 stages x 2 or 3 replicas, one worker each (8 or 12 processes), every
+// batch split among a stage's replicas, their gradients gathered over Gloo and added in
+// replica order. The cluster ends bitwise equal to the reference trainer run with the same
+// replicas, every replica of a stage holds the same weights (the coordinator checks), and
+// the weights differ from a run without replicas (batch norm sees each share alone).
+class ReplicasMatchReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReplicasMatchReference, EveryReplicaEndsBitwiseEqualToTheReferenceWithReplicas) {
+  const std::string rule = GetParam();
+  const int replicas = rule == "BACKPROP" ? 3 : 2;
+  TempDir dir;
+  const std::string base = SmallJob(rule, rule == "BACKPROP" ? 3 : 1);
+  std::string job =
+      dir.Write("job.textproto", base + "replicas: " + std::to_string(replicas) + "\n");
+  v1::ModelWeights want = ExpectClusterEqualsReference(dir, job);
+  if (HasFailure()) return;
+  EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "accuracy"),
+            JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "accuracy"));
+  EXPECT_NE(ReadFile(dir.path() + "/cluster/report.json")
+                .find("\"replicas\": " + std::to_string(replicas)),
+            std::string::npos);
+  std::string plain = dir.Write("plain.textproto", base);
+  v1::ModelWeights without = ReferenceWeights(plain, dir.path() + "/plain");
+  EXPECT_NE(without.stages(0).params(0).tensor().data(), want.stages(0).params(0).tensor().data());
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, ReplicasMatchReference,
+                         ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Replicas, BadReplicaCountsAreRefusedNamingTheField) {
+  TempDir dir;
+  const std::string bin = testing::BinDir() + "/localpar";
+  struct Case {
+    int micro_batches;
+    int replicas;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {1, 31, "replicas: 31 exceeds batch_size 30"},
+      {3, 11, "need a batch of at least 33 rows"},
+      // 200 examples in batches of 30 leave 20 rows, fewer than 7 x 3 micro-batches need.
+      {3, 7, "each epoch's last batch has 20 rows"},
+      {1, -1, "replicas: must be in 1..64"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = dir.Write(
+        "bad.textproto", SmallJob(c.micro_batches > 1 ? "BACKPROP" : "GREEDY", c.micro_batches) +
+                             "replicas: " + std::to_string(c.replicas) + "\n");
+    for (const char* command : {"train", "run"}) {
+      auto r = RunProcess({bin, command, path, "--quiet"}, 60);
+      EXPECT_EQ(r.exit_code, 3) << command << " " << c.replicas << r.output;
+      EXPECT_NE(r.output.find(c.want), std::string::npos)
+          << command << " " << c.replicas << r.output;
+    }
+  }
+}
+
 // A byte-level transformer language model on a generated corpus: per-position labels
 // travel with the batches, every stage predicts the next byte, and the cluster still ends
 // bitwise equal to the reference trainer. The 3 job stages are regrouped into 2.

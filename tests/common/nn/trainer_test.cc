@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/nn/replica_sync.h"
 #include "tests/common/test_util.h"
 
 namespace localpar {
@@ -132,6 +133,77 @@ TEST(BackpropRule, MicroBatchesAccumulateToTheFullBatchGradient) {
       EXPECT_TRUE(AllClose(ps[i]->grad.ToHost(), pw[i]->grad.ToHost(), 1e-6f, 1e-5f));
     }
   }
+}
+
+// Replicas (Job.replicas): each replica's gradient on its share, added in replica order,
+// is the whole batch's gradient, so R replicas take the step one model takes (up to
+// rounding) and stay identical to each other bit for bit.
+class Replicas : public ::testing::TestWithParam<UpdateRule> {};
+
+TEST_P(Replicas, ThreeReplicasStepAsOneModelOnTheWholeBatchAndStayIdentical) {
+  const UpdateRule rule = GetParam();
+  const int micro = rule == UpdateRule::kBackprop ? 2 : 1;
+  Fixture one(SmallModel(3)), r0(SmallModel(3)), r1(SmallModel(3)), r2(SmallModel(3));
+  ReferenceTrainer single(*one.model, Options(rule, micro));
+  TrainerOptions o = Options(rule, micro);
+  o.replicas = 3;  // 6 rows: 2 each, in 2 micro-batches of 1 under BACKPROP
+  ReferenceTrainer replicated({r0.model.get(), r1.model.get(), r2.model.get()}, o);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<HeadStats> a = single.TrainStep(one.x, one.y);
+    std::vector<HeadStats> b = replicated.TrainStep(r0.x, r0.y);
+    for (size_t k = 0; k < a.size(); ++k) {
+      EXPECT_EQ(b[k].count, a[k].count);
+      EXPECT_NEAR(b[k].loss_sum, a[k].loss_sum, 1e-4);
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    auto p = one.model->stage(k).params(), q0 = r0.model->stage(k).params();
+    auto q1 = r1.model->stage(k).params(), q2 = r2.model->stage(k).params();
+    for (size_t i = 0; i < p.size(); ++i) {
+      EXPECT_TRUE(AllClose(q0[i]->value.ToHost(), p[i]->value.ToHost(), 1e-5f, 1e-4f))
+          << "stage " << k << " " << p[i]->name;
+      EXPECT_EQ(q1[i]->value.ToHost(), q0[i]->value.ToHost()) << "stage " << k << " " << p[i]->name;
+      EXPECT_EQ(q2[i]->value.ToHost(), q0[i]->value.ToHost()) << "stage " << k << " " << p[i]->name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, Replicas,
+                         ::testing::Values(UpdateRule::kBackprop, UpdateRule::kGreedy,
+                                           UpdateRule::kOverlap),
+                         [](const auto& info) { return std::string(UpdateRuleName(info.param)); });
+
+TEST(Replicas, GradientsAddInReplicaOrderAndRunningStatisticsAverage) {
+  float parts[] = {1e8f, 1.0f, -1e8f, 2.0f, 1.0f, 0.5f};  // 3 replicas x 2 floats
+  float out[2];
+  SumInReplicaOrder(parts, 3, 2, out);
+  EXPECT_EQ(out[0], (1e8f + -1e8f) + 1.0f);  // = 1: left to right
+  EXPECT_EQ(out[1], 3.5f);
+  // A batch-norm stage: gradients are summed, running statistics averaged.
+  ModelConfig m = SmallModel(1);
+  m.stages[0].layers = {L(K::kLinear, 6), L(K::kBatchNorm), L(K::kGelu)};
+  Fixture a(m), b(m);
+  TrainerOptions o = Options(UpdateRule::kGreedy);
+  o.replicas = 2;
+  ReferenceTrainer t({a.model.get(), b.model.get()}, o);
+  t.TrainStep(a.x, a.y);
+  Param* mean_a = nullptr;
+  for (Param* p : a.model->stage(0).params()) {
+    if (p->name == "running_mean") mean_a = p;
+  }
+  ASSERT_TRUE(mean_a);
+  // Each replica saw 3 of the 6 rows; the average of their updates is the update from the
+  // mean of the two halves' means, which is the whole batch's mean: 0.1 * mean(x W + b).
+  Fixture whole(m);
+  ReferenceTrainer t1(*whole.model, Options(UpdateRule::kGreedy));
+  t1.TrainStep(whole.x, whole.y);
+  Param* mean_w = nullptr;
+  for (Param* p : whole.model->stage(0).params()) {
+    if (p->name == "running_mean") mean_w = p;
+  }
+  EXPECT_TRUE(AllClose(mean_a->value.ToHost(), mean_w->value.ToHost(), 1e-6f, 1e-5f));
+  ReplicaBucket bucket(a.model->stage(0));
+  EXPECT_EQ(bucket.size(), a.model->stage(0).num_parameters());
 }
 
 TEST(MicroBatchRange, SplitsRowsWithTheRemainderFirst) {

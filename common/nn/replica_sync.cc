@@ -1,0 +1,54 @@
+// The replicas' exchange bucket.
+#include "common/nn/replica_sync.h"
+
+#include "common/core/check.h"
+
+namespace localpar {
+
+void SumInReplicaOrder(const float* parts, int replicas, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = parts[i];
+  for (int r = 1; r < replicas; ++r) {
+    const float* p = parts + static_cast<int64_t>(r) * n;
+    for (int64_t i = 0; i < n; ++i) out[i] += p[i];
+  }
+}
+
+ReplicaBucket::ReplicaBucket(Stage& stage) {
+  std::vector<Param*> all = stage.params();
+  for (bool trainable : {true, false}) {
+    for (Param* p : all) {
+      if (p->trainable != trainable) continue;
+      LP_CHECK_MSG(p->value.dtype() == DType::kF32, "parameter %s is not float32", p->name.c_str());
+      params_.push_back(p);
+      size_ += p->value.numel();
+    }
+  }
+}
+
+void ReplicaBucket::Pack(float* out) {
+  for (Param* p : params_) {
+    const Tensor& t = p->trainable ? p->grad : p->value;
+    LP_CHECK(t.defined() && t.numel() == p->value.numel());
+    t.backend().CopyToHost(out, t.raw(), t.nbytes());
+    out += t.numel();
+  }
+}
+
+void ReplicaBucket::Unpack(const float* gathered, int replicas) {
+  LP_CHECK(replicas >= 1);
+  host_.resize(static_cast<size_t>(size_));
+  SumInReplicaOrder(gathered, replicas, size_, host_.data());
+  const float inv = 1.0f / static_cast<float>(replicas);
+  float* at = host_.data();
+  for (Param* p : params_) {
+    Tensor& t = p->trainable ? p->grad : p->value;
+    const int64_t n = t.numel();
+    if (!p->trainable) {
+      for (int64_t i = 0; i < n; ++i) at[i] *= inv;
+    }
+    t.backend().CopyFromHost(t.raw(), at, t.nbytes());
+    at += n;
+  }
+}
+
+}  // namespace localpar

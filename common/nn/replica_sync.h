@@ -1,0 +1,43 @@
+// Replicas of a stage (Job.replicas): what they exchange after a training step's backward
+// pass so that every replica takes the same update. Each replica packs its contribution
+// into one float32 bucket; the buckets of all replicas are gathered side by side (Gloo's
+// allgather between workers, plain copies in the reference trainer), and every replica
+// unpacks the same sum. The sum is added in replica order, element by element, so that
+// every replica, every run and the reference trainer compute it bitwise alike: a ring
+// all-reduce adds in an order that depends on the element's chunk, which is why this
+// exchange gathers rather than reduces.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/nn/stage.h"
+
+namespace localpar {
+
+class ReplicaBucket {
+ public:
+  explicit ReplicaBucket(Stage& stage);
+
+  // Floats in one replica's contribution.
+  int64_t size() const { return size_; }
+  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(float)); }
+  // This replica's contribution: every trainable parameter's gradient, then every other
+  // parameter's value (batch norm's running statistics), in the stage's params() order.
+  void Pack(float* out);
+  // `gathered` holds `replicas` contributions one after another, in replica order. Each
+  // gradient becomes their sum, added in replica order; each running statistic their mean
+  // (each replica updated it from its own share of the batch).
+  void Unpack(const float* gathered, int replicas);
+
+ private:
+  std::vector<Param*> params_;
+  int64_t size_ = 0;
+  std::vector<float> host_;
+};
+
+// out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... for `replicas` parts of n
+// floats stored one after another.
+void SumInReplicaOrder(const float* parts, int replicas, int64_t n, float* out);
+
+}  // namespace localpar

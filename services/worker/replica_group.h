@@ -1,0 +1,55 @@
+// The replicas of one stage as a Gloo group: they meet through the coordinator's
+// Rendezvous service (a gloo::rendezvous::Store over gRPC, so no shared filesystem is
+// assumed), connect a full mesh over Gloo's TCP transport, and gather each step's
+// gradient bucket (common/nn/replica_sync.h). The mesh is made on first use, from the
+// compute thread, so that configuring the stages one after another never waits on a peer.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "services/common/grpc_util.h"
+
+namespace localpar {
+
+struct ReplicaGroupOptions {
+  std::string rendezvous;  // host:port of the coordinator's Rendezvous service
+  std::string group;       // fresh for every configuration
+  int stage = 0;
+  int replica = 0;
+  int replicas = 1;
+  std::string host;  // this worker's address for its peers
+  std::chrono::milliseconds timeout{60000};
+};
+
+class ReplicaGroup {
+ public:
+  ReplicaGroup(ReplicaGroupOptions options, const SecurityOptions& security);
+  ~ReplicaGroup();
+
+  // False when this build has no Gloo (replicas cannot run on it).
+  static bool Available();
+
+  // Gathers n floats from every replica into out (replicas * n floats, in replica order).
+  // UNAVAILABLE naming the replicas that did not join, or the peer that was lost; once it
+  // fails, every later call fails the same way.
+  absl::Status AllGather(const float* in, int64_t n, float* out);
+
+  double seconds() const { return seconds_; }
+  int64_t bytes_sent() const { return bytes_; }
+
+ private:
+  class Impl;
+  absl::Status Connect();
+
+  const ReplicaGroupOptions options_;
+  const SecurityOptions& security_;
+  std::unique_ptr<Impl> impl_;
+  absl::Status failed_;
+  double seconds_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace localpar
