@@ -17,6 +17,9 @@ for overlay in k8s/overlays/*/; do
 done
 docker-compose -f deploy/compose/docker-compose.yml config --quiet
 echo "compose: deploy/compose/docker-compose.yml ok"
+docker-compose -f deploy/compose/docker-compose.yml -f deploy/compose/docker-compose.replicas.yml \
+  config --quiet
+echo "compose: deploy/compose/docker-compose.replicas.yml (over the first) ok"
 # Each dashboard against Grafana's published schema: @grafana/schema (the version of the
 # Grafana image in the Compose file) ships the dashboard model as TypeScript types generated
 # from Grafana's schema, so the JSON, as a typed literal, must type-check (unknown fields,

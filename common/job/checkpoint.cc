@@ -173,11 +173,26 @@ absl::Status LoadStageFile(Stage& stage, const std::string& path) {
   return RestoreStageState(stage, c, path);
 }
 
+// The file name of a stage's snapshot within a checkpoint directory.
+static std::string SnapshotName(int stage, int replica) {
+  return replica > 0 ? absl::StrCat("stage-", stage, "-replica-", replica, ".ckpt")
+                     : absl::StrCat("stage-", stage, ".ckpt");
+}
+
+const v1::StageSnapshot* FindSnapshot(const v1::CheckpointManifest& m, int stage, int replica) {
+  if (replica == 0) return stage >= 0 && stage < m.stages_size() ? &m.stages(stage) : nullptr;
+  for (const v1::StageSnapshot& s : m.replica_stages()) {
+    if (s.stage() == stage && s.replica() == replica) return &s;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
                                                     const EpochProgress& progress,
                                                     const std::string& fingerprint,
-                                                    const std::string& root, uint64_t id) {
-  const std::string rel = absl::StrCat(CheckpointDirName(id), "/stage-", index, ".ckpt");
+                                                    const std::string& root, uint64_t id,
+                                                    int replica) {
+  const std::string rel = absl::StrCat(CheckpointDirName(id), "/", SnapshotName(index, replica));
   std::error_code ec;
   std::filesystem::create_directories(root + "/" + CheckpointDirName(id), ec);
   if (ec) {
@@ -194,6 +209,7 @@ absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int
   if (absl::Status s = WriteChecksummedFile(root + "/" + rel, payload); !s.ok()) return s;
   v1::StageSnapshot snap;
   snap.set_stage(index);
+  snap.set_replica(replica);
   snap.set_checkpoint_id(id);
   snap.set_file(rel);
   snap.set_bytes(static_cast<int64_t>(kHeader + payload.size()));
@@ -203,10 +219,12 @@ absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int
 
 absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
                                   const v1::StageSnapshot& want, const std::string& fingerprint,
-                                  EpochProgress* progress) {
-  const std::string path =
-      absl::StrCat(root, "/", CheckpointDirName(want.checkpoint_id()), "/stage-", index, ".ckpt");
-  const std::string at = absl::StrCat("stage ", index, ", checkpoint ", want.checkpoint_id(), ": ");
+                                  EpochProgress* progress, int replica) {
+  const std::string path = absl::StrCat(root, "/", CheckpointDirName(want.checkpoint_id()), "/",
+                                        SnapshotName(index, replica));
+  const std::string at =
+      absl::StrCat("stage ", index, replica > 0 ? absl::StrCat(" replica ", replica) : "",
+                   ", checkpoint ", want.checkpoint_id(), ": ");
   std::error_code ec;
   const uintmax_t bytes = std::filesystem::file_size(path, ec);
   if (ec) return absl::DataLossError(absl::StrCat(at, path, ": ", ec.message()));

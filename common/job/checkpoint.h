@@ -37,17 +37,22 @@ struct EpochProgress {
 };
 
 // A worker's snapshot of its stage for checkpoint `id`, under the worker's own storage
-// `root`: root/ckpt-NNNNNN/stage-K.ckpt. Returns what the manifest records about it.
+// `root`: root/ckpt-NNNNNN/stage-K.ckpt (stage-K-replica-R.ckpt for replica R > 0).
+// Returns what the manifest records about it.
 absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
                                                     const EpochProgress& progress,
                                                     const std::string& fingerprint,
-                                                    const std::string& root, uint64_t id);
+                                                    const std::string& root, uint64_t id,
+                                                    int replica = 0);
 // Restores `stage` (and *progress) from the snapshot `want` names under `root`, refusing
 // (DATA_LOSS, naming the stage and the file) a missing file, one whose size or checksum
 // differs from `want`, a damaged one, or one written by another run (`fingerprint`).
 absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
                                   const v1::StageSnapshot& want, const std::string& fingerprint,
-                                  EpochProgress* progress);
+                                  EpochProgress* progress, int replica = 0);
+// Replica `replica` of stage `stage`'s snapshot in `manifest`; null when it has none.
+const v1::StageSnapshot* FindSnapshot(const v1::CheckpointManifest& manifest, int stage,
+                                      int replica);
 // Removes the snapshots under `root` whose checkpoint is not in `keep`.
 void PruneSnapshots(const std::string& root, const std::vector<uint64_t>& keep);
 

@@ -134,9 +134,9 @@ bool Checkpointer::OnSaved(const v1::StageSaved& saved) {
   auto it = pending_.find(saved.seq());
   if (it == pending_.end()) return false;
   const v1::StageSnapshot& s = saved.snapshot();
-  if (s.stage() >= 0 && s.stage() < job_.stages_size() &&
-      s.checkpoint_id() == it->second.manifest.id()) {
-    it->second.snapshots[s.stage()] = s;
+  if (s.stage() >= 0 && s.stage() < job_.stages_size() && s.replica() >= 0 &&
+      s.replica() < std::max(1, job_.replicas()) && s.checkpoint_id() == it->second.manifest.id()) {
+    it->second.snapshots[{s.stage(), s.replica()}] = s;
   }
   return true;
 }
@@ -156,14 +156,19 @@ bool Checkpointer::OnAck(uint64_t seq) {
 }
 
 bool Checkpointer::Commit(Pending& p) {
+  const int replicas = std::max(1, job_.replicas());
+  p.manifest.set_replicas(replicas);
   for (int k = 0; k < job_.stages_size(); ++k) {
-    auto s = p.snapshots.find(k);
-    if (s == p.snapshots.end()) {
-      std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: stage " << k
-                << " did not report its snapshot\n";
-      return false;
+    for (int r = 0; r < replicas; ++r) {
+      auto s = p.snapshots.find({k, r});
+      if (s == p.snapshots.end()) {
+        std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: stage " << k
+                  << (replicas > 1 ? " replica " + std::to_string(r) : "")
+                  << " did not report its snapshot\n";
+        return false;
+      }
+      *(r == 0 ? p.manifest.add_stages() : p.manifest.add_replica_stages()) = s->second;
     }
-    *p.manifest.add_stages() = s->second;
   }
   v1::RunReport history = history_ ? history_() : v1::RunReport();
   history.set_train_examples(p.train_examples);

@@ -76,7 +76,7 @@ class Checkpointer {
   struct Pending {
     std::string dir;
     v1::CheckpointManifest manifest;
-    std::map<int, v1::StageSnapshot> snapshots;  // by stage
+    std::map<std::pair<int, int>, v1::StageSnapshot> snapshots;  // by (stage, replica)
     double train_examples = 0;
     std::chrono::steady_clock::time_point started;
   };

@@ -177,12 +177,6 @@ int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& securi
                    "not be empty\n";
       return kExitUsage;
     }
-    if (!c.checkpoint_dir().empty()) {
-      std::cerr << "localpar: --checkpoint_dir: checkpoints of jobs with replicas are not "
-                   "supported yet (replicas: "
-                << replicas << ")\n";
-      return kExitUsage;
-    }
     if (c.replica_timeout_s() < 1) {
       std::cerr << "localpar: --replica_timeout_s: must be >= 1\n";
       return kExitUsage;

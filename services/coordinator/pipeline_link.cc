@@ -86,8 +86,8 @@ std::optional<v1::UpItem> PipelineLink::Next() {
       auto it = acks_.emplace(up.ack().seq(), 0).first;
       if (++it->second < replicas()) continue;
       acks_.erase(it);
-    } else if (up.has_saved() && replica != 0) {
-      continue;
+    } else if (up.has_saved()) {
+      up.mutable_saved()->mutable_snapshot()->set_replica(replica);  // the chain says which
     } else if (up.has_error()) {
       up.mutable_error()->set_replica(replica);
     }

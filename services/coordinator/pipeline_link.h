@@ -37,9 +37,8 @@ class PipelineLink {
   // Down chain r only (a replica's share of a batch).
   bool SendTo(int replica, const v1::DownItem& item);
   // The next item that came back up, in order; nullopt once every stream has ended. An
-  // acknowledgement comes once every chain has acknowledged it; a StageSaved, from chain
-  // 0 only (the replicas' snapshots are alike but for their own figures); an error, from
-  // any chain, with its replica set.
+  // acknowledgement comes once every chain has acknowledged it; a StageSaved or an error,
+  // from any chain, with its replica set from the chain it came up.
   std::optional<v1::UpItem> Next();
   // Closes the sending side (once) and waits for every stream's end; returns the first
   // failure, or OK.

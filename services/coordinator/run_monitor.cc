@@ -104,8 +104,9 @@ void RunMonitor::Loop() {
 void RunMonitor::Tick() {
   const double uptime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  std::vector<std::optional<v1::StatsResponse>> stats = pool_.PollStats(false, 1);
-  Publish(stats, uptime);
+  std::vector<std::optional<v1::StatsResponse>> workers;
+  std::vector<std::optional<v1::StatsResponse>> stats = pool_.PollStats(false, 1, &workers);
+  Publish(stats, workers, uptime);
   PrintInterim();
   PrintFinishedEpochs();
   if (metrics_) metrics_->SetCheckpointAge(checkpointer_.seconds_since_commit());
@@ -175,6 +176,7 @@ void RunMonitor::PrintFinishedEpochs() {
 }
 
 void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& stats,
+                         const std::vector<std::optional<v1::StatsResponse>>& workers,
                          double uptime) {
   v1::JobStatus out;
   out.set_job(job_.name());
@@ -199,6 +201,16 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
     s->set_stage(static_cast<int>(k));
     s->set_address(pool_.address(static_cast<int>(k)));
     s->set_reachable(stats[k].has_value());
+    s->set_replicas(pool_.replicas());
+    if (pool_.replicas() > 1) {
+      for (int r = 0; r < pool_.replicas(); ++r) {
+        const std::optional<v1::StatsResponse>& w = workers[k * pool_.replicas() + r];
+        s->add_replica_addresses(pool_.address(static_cast<int>(k), r));
+        s->add_replica_reachable(w.has_value());
+        s->add_replica_examples(w ? w->examples() : 0);
+        s->add_replica_allreduce_seconds(w ? w->allreduce_seconds() : 0);
+      }
+    }
     if (!stats[k]) continue;
     const v1::StatsResponse& st = *stats[k];
     s->set_examples(st.examples());

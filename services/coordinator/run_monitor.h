@@ -67,7 +67,9 @@ class RunMonitor {
   void PrintInterim();
   MetricsPoint Point(const char* kind, int epoch, int64_t step, double uptime,
                      double examples_per_second) const;
-  void Publish(const std::vector<std::optional<v1::StatsResponse>>& stats, double uptime);
+  // `workers`: every worker's own answer (a stage's replicas one after another).
+  void Publish(const std::vector<std::optional<v1::StatsResponse>>& stats,
+               const std::vector<std::optional<v1::StatsResponse>>& workers, double uptime);
 
   const v1::Job& job_;
   const int64_t total_steps_, steps_per_epoch_;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/job/checkpoint.h"
 #include "services/common/exit_codes.h"
 #include "services/coordinator/replica_stats.h"
 
@@ -64,8 +65,8 @@ ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSetting
       req.set_non_finite(s.non_finite);
       req.set_overlap_max_delay(s.overlap_max_delay);
       req.set_fingerprint(s.fingerprint);
-      if (s.restore && k < s.restore->stages_size()) {
-        *req.mutable_restore() = s.restore->stages(k);
+      if (const v1::StageSnapshot* snap = s.restore ? FindSnapshot(*s.restore, k, r) : nullptr) {
+        *req.mutable_restore() = *snap;
       } else if (s.initial && k < s.initial->stages_size()) {
         *req.mutable_initial() = s.initial->stages(k);
       }

@@ -75,10 +75,23 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
     int64_t before = k < a.stages_size() ? a.stages(k).examples() : s.examples();
     double rate = dt > 0 ? (s.examples() - before) / dt : 0;
     const std::string bits = bytes ? absl::StrFormat("  %8.3f", BitsPerByte(s.loss())) : "";
-    std::cout << absl::StrFormat("%5d  %-22s  %10.0f  %7.4f%s  %3d/%-3d  %7d%s\n", s.stage(),
-                                 s.address(), rate, s.loss(), bits, s.queue_depth(),
-                                 s.queue_capacity(), s.rejected(),
-                                 s.reachable() ? "" : "  UNREACHABLE");
+    std::cout << absl::StrFormat(
+        "%5d  %-22s  %10.0f  %7.4f%s  %3d/%-3d  %7d%s\n", s.stage(),
+        s.replicas() > 1 ? absl::StrCat(s.replicas(), " replicas") : s.address(), rate, s.loss(),
+        bits, s.queue_depth(), s.queue_capacity(), s.rejected(),
+        s.reachable() ? "" : "  UNREACHABLE");
+    // With replicas, each one's address, throughput and time spent exchanging gradients.
+    for (int r = 0; r < s.replica_addresses_size(); ++r) {
+      const bool same = k < a.stages_size() && r < a.stages(k).replica_examples_size();
+      const double was = same ? a.stages(k).replica_examples(r) : s.replica_examples(r);
+      const double ar_was = same ? a.stages(k).replica_allreduce_seconds(r) : 0;
+      const bool up = r < s.replica_reachable_size() && s.replica_reachable(r);
+      std::cout << absl::StrFormat(
+          "    r%-2d %-22s  %10.0f  all-reduce %.0f%% of the time%s\n", r, s.replica_addresses(r),
+          dt > 0 ? (s.replica_examples(r) - was) / dt : 0,
+          dt > 0 && same ? 100 * (s.replica_allreduce_seconds(r) - ar_was) / dt : 0,
+          up ? "" : "  UNREACHABLE");
+    }
   }
 }
 

@@ -147,9 +147,10 @@ class StageCompute::Ports final : public StagePorts {
     bucket_->Pack(send_.data());
     absl::Status s = setup_.group->AllGather(send_.data(), bucket_->size(), gathered_.data());
     if (!s.ok()) {
-      // The replicas can no longer step together: this step is not applied, and the
-      // coordinator hears why (it recovers once the lost replica is back).
-      links_->SendUp(FrameItem(ErrorItem(first_seq(), setup_.stage, s)));
+      // The replicas can no longer step together: no step is applied from now on, and the
+      // coordinator hears why, once (it recovers once the lost replica is back).
+      if (!exchange_failed_) links_->SendUp(FrameItem(ErrorItem(first_seq(), setup_.stage, s)));
+      exchange_failed_ = true;
       return PortState::kGone;
     }
     bucket_->Unpack(gathered_.data(), setup_.replicas);
@@ -245,6 +246,7 @@ class StageCompute::Ports final : public StagePorts {
   Tensor staging_, grad_staging_;          // host bytes of converted or device tensors
   std::unique_ptr<ReplicaBucket> bucket_;  // replicas: the stage's exchange
   std::vector<float> send_, gathered_;
+  bool exchange_failed_ = false;
   double receive_wait_ = 0, send_wait_ = 0;
   int64_t rows_ = 0;
 };
@@ -275,6 +277,8 @@ void StageCompute::Run(ComputeLinks& session) {
   }
   std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
   executor_.Flush(*ports_);
+  // Replicas: a peer still waiting in an exchange with this one stops waiting now.
+  if (setup_.group) setup_.group->Close();
   stats_.SetDelays(executor_.delays());
   ports_->Attach(nullptr);
   stats_.Waiting();
@@ -333,11 +337,11 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
 bool StageCompute::SaveCheckpoint(ComputeLinks& links, const v1::Control& c) {
   const std::string& root = host_.checkpoint_dir();
   absl::StatusOr<v1::StageSnapshot> snap =
-      root.empty()
-          ? absl::FailedPreconditionError(
-                "this worker has no --checkpoint_dir for its checkpoint snapshots")
-          : SaveStageSnapshot(*setup_.stage_model, setup_.stage, stats_.steps(), stats_.progress(),
-                              setup_.request.fingerprint(), root, c.checkpoint_id());
+      root.empty() ? absl::FailedPreconditionError(
+                         "this worker has no --checkpoint_dir for its checkpoint snapshots")
+                   : SaveStageSnapshot(*setup_.stage_model, setup_.stage, stats_.steps(),
+                                       stats_.progress(), setup_.request.fingerprint(), root,
+                                       c.checkpoint_id(), setup_.replica);
   if (!snap.ok()) {
     links.SendUp(FrameItem(ErrorItem(c.seq(), setup_.stage, snap.status())));
     return false;

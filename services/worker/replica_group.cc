@@ -155,6 +155,11 @@ absl::Status ReplicaGroup::AllGather(const float*, int64_t, float*) { return Con
 
 #endif
 
+void ReplicaGroup::Close() {
+  impl_.reset();
+  if (failed_.ok()) failed_ = absl::CancelledError("the replica's stream has ended");
+}
+
 ReplicaGroup::ReplicaGroup(ReplicaGroupOptions options, const SecurityOptions& security)
     : options_(std::move(options)), security_(security) {}
 

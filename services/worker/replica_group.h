@@ -37,6 +37,11 @@ class ReplicaGroup {
   // fails, every later call fails the same way.
   absl::Status AllGather(const float* in, int64_t n, float* out);
 
+  // Drops the connections to the other replicas (from the thread that calls AllGather, when
+  // its stream has ended): a replica still waiting on this one fails at once instead of at
+  // its timeout, so that every replica's stream can end and the stage be configured again.
+  void Close();
+
   double seconds() const { return seconds_; }
   int64_t bytes_sent() const { return bytes_; }
 

@@ -110,7 +110,7 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
                                               req.restore().checkpoint_id(), " from"));
     }
     if (absl::Status r = RestoreStageSnapshot(*s->stage_model, req.stage(), root, req.restore(),
-                                              req.fingerprint(), &s->restored);
+                                              req.fingerprint(), &s->restored, req.replica());
         !r.ok()) {
       return r;
     }

@@ -15,7 +15,12 @@ must differ here (the images, a shorter job, the checkpoint cadence, the Prometh
   3. does it again with `docker kill` of the coordinator container instead; Docker counts
      that as a deliberate stop and does not restart it, so `docker-compose start coordinator`
      does, as an operator would; it resumes from its newest manifest (--resume_if_present),
-     and the weights are again equal.
+     and the weights are again equal;
+  4. runs the stage-replicas layout (deploy/compose/docker-compose.replicas.yml: 2 stages x
+     2 replicas on the same 4 containers, the replicas meeting through the coordinator and
+     exchanging gradients over Gloo between containers), SIGKILLs stage 1's second replica,
+     and checks that every replica rolls back and the weights equal `localpar train
+     --stages=2 --replicas=2`.
 Everything it creates (containers, networks, volumes) is removed afterwards; a dockerd it had
 to start is stopped. LOCALPAR_SKIP_CONTAINERS=1 skips it.
 
@@ -218,12 +223,12 @@ def free_port():
 class Cluster:
     """One Compose project: the shipped file plus this test's override."""
 
-    def __init__(self, workdir, name, image, prom_image, port):
+    def __init__(self, workdir, name, image, prom_image, port, layout=()):
         self.project = name
         self.port = port
         override = os.path.join(workdir, f"{name}.override.yml")
         coordinator_flags = [
-            f"--job={JOB}",
+            f"--job={JOB}", *layout,
             "--workers=" + ",".join(f"{w}:50051" for w in WORKERS),
             "--out=/checkpoints/run",
             "--metrics_listen=0.0.0.0:9100",
@@ -240,8 +245,13 @@ class Cluster:
                 f.write(f"  {w}:\n    image: {image}\n")
             f.write(f"  coordinator:\n    image: {image}\n    command: {json.dumps(coordinator_flags)}\n")
             f.write(f"  prometheus:\n    image: {prom_image}\n")
-        self.compose = ["docker-compose", "-p", name, "-f",
-                        os.path.join(ROOT, "deploy/compose/docker-compose.yml"), "-f", override]
+        files = ["deploy/compose/docker-compose.yml"]
+        if layout:
+            files.append("deploy/compose/docker-compose.replicas.yml")
+        self.compose = ["docker-compose", "-p", name]
+        for f_ in files:
+            self.compose += ["-f", os.path.join(ROOT, f_)]
+        self.compose += ["-f", override]
         self.env = dict(os.environ, LOCALPAR_PROMETHEUS_PORT=f"127.0.0.1:{port}")
 
     def dc(self, *args, check=True, timeout=300):
@@ -311,14 +321,22 @@ class Cluster:
         run(["docker", "cp", f"{self.container(service)}:{path}", dest])
 
 
-def reference_weights(image, workdir):
+# What the replicas scenario changes, from deploy/compose/docker-compose.replicas.yml (the
+# test's override replaces the coordinator's command, so these must match that file).
+REPLICAS_LAYOUT = ("--stages=2", "--replicas=2", "--status_listen=0.0.0.0:50052",
+                   "--advertise=coordinator:50052")
+
+
+def reference_weights(image, workdir, layout=()):
     """`localpar train` of the same job in the same image: the weights every run must equal."""
     name = f"localpar-ref-{os.getpid()}"
-    dest = os.path.join(workdir, "reference.weights.pb")
+    dest = os.path.join(workdir, f"reference{len(layout)}.weights.pb")
+    job_flags = [f for f in layout if f.startswith(("--stages", "--replicas"))]
     try:
         run(["docker", "run", "--name", name, "--network", "none", "-v",
              f"{DATASET}:{DATASET}:ro", "--entrypoint", "localpar", image, "train", JOB,
-             f"--max_steps={MAX_STEPS}", "--out=/var/lib/localpar/ref", "--quiet"], timeout=600)
+             *job_flags, f"--max_steps={MAX_STEPS}", "--out=/var/lib/localpar/ref", "--quiet"],
+            timeout=600)
         run(["docker", "cp", f"{name}:/var/lib/localpar/ref/weights.pb", dest])
     finally:
         run(["docker", "rm", "-f", name], check=False)
@@ -406,10 +424,10 @@ def check_prometheus(port, at):
 
 # ---- the scenarios ----------------------------------------------------------------------------
 
-def scenario(workdir, image, prom_image, ref, victim, check_prom):
+def scenario(workdir, image, prom_image, ref, victim, check_prom, layout=()):
     port = free_port()
-    cluster = Cluster(workdir, f"lpct{os.getpid()}{victim.replace('-', '')}", image, prom_image,
-                      port)
+    cluster = Cluster(workdir, f"lpct{os.getpid()}{victim.replace('-', '')}{len(layout)}", image,
+                      prom_image, port, layout)
     start = time.time()
     try:
         cluster.down()
@@ -485,6 +503,11 @@ def main():
             f"({time.time() - t:.0f} s)")
         scenario(workdir, image, prom, ref, "worker-2", check_prom=True)
         scenario(workdir, image, prom, ref, "coordinator", check_prom=False)
+        t = time.time()
+        ref_replicas = reference_weights(image, workdir, REPLICAS_LAYOUT)
+        log(f"reference: localpar train {JOB} --stages=2 --replicas=2 ({time.time() - t:.0f} s)")
+        scenario(workdir, image, prom, ref_replicas, "worker-3", check_prom=False,
+                 layout=REPLICAS_LAYOUT)
     finally:
         stop_dockerd(dockerd)
     shutil.rmtree(workdir, ignore_errors=True)

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/job/checkpoint.h"
 #include "common/job/run.h"
 #include "common/job/tensor_codec.h"
 #include "google/protobuf/struct.pb.h"
@@ -134,6 +135,22 @@ TEST(Replicas, BadReplicaCountsAreRefusedNamingTheField) {
           << command << " " << c.replicas << r.output;
     }
   }
+  // A coordinator given one worker for two replicas, or too few workers, refuses to start.
+  const std::string job = dir.Write("two.textproto", SmallJob("GREEDY", 1) + "replicas: 2\n");
+  const std::string coordinator = testing::BinDir() + "/localpar_coordinator";
+  std::string twice = "--workers=127.0.0.1:1";
+  for (int i = 2; i <= 8; ++i) twice += ",127.0.0.1:" + std::to_string(i == 2 ? 1 : i);
+  auto r = RunProcess({coordinator, "--job=" + job, twice}, 30);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("lists 127.0.0.1:1 twice; every replica of every stage needs its own "
+                          "worker"),
+            std::string::npos)
+      << r.output;
+  r = RunProcess({coordinator, "--job=" + job, "--workers=127.0.0.1:1,127.0.0.1:2"}, 30);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("lists 2 addresses but job small4 has 4 stages x 2 replicas"),
+            std::string::npos)
+      << r.output;
 }
 
 // A byte-level transformer language model on a generated corpus: per-position labels
@@ -279,6 +296,38 @@ TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
   ExpectWeightsFileEquals(dir.path() + "/resumed/weights.pb", *want);
 }
 
+// With replicas every replica writes its own snapshot to its own storage; the manifest
+// lists them all, and a resumed run ends bitwise equal to an uninterrupted one.
+TEST(Replicas, StopAndResumeEndsBitwiseEqualWithEveryReplicasSnapshotInTheManifest) {
+  TempDir dir;
+  std::string job = dir.Write("job.textproto", SmallJob("BACKPROP", 3) + "replicas: 2\n");
+  const std::string bin = testing::BinDir() + "/localpar", ckpt = dir.path() + "/ckpt";
+  auto full = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  auto first = RunProcess({bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt,
+                           "--checkpoint_every_steps=2", "--stop_after_steps=5"},
+                          120);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(ckpt + "/ckpt-000003");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->replicas(), 2);
+  ASSERT_EQ(m->stages_size(), 4);
+  ASSERT_EQ(m->replica_stages_size(), 4);
+  EXPECT_EQ(m->replica_stages(2).stage(), 2);
+  EXPECT_EQ(m->replica_stages(2).replica(), 1);
+  EXPECT_TRUE(
+      std::filesystem::exists(ckpt + "/stage-2-replica-1/ckpt-000003/stage-2-replica-1.ckpt"));
+  auto second = RunProcess(
+      {bin, "run", job, "--quiet", "--resume=" + ckpt, "--out=" + dir.path() + "/resumed"}, 120);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/full/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectWeightsFileEquals(dir.path() + "/resumed/weights.pb", *want);
+  // The epochs' figures after the resume are whole: every replica's share restored.
+  EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/resumed/report.json"), "accuracy"),
+            JsonNumbers(ReadFile(dir.path() + "/full/report.json"), "accuracy"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Rules, ResumeMatchesUninterrupted,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
@@ -287,9 +336,11 @@ INSTANTIATE_TEST_SUITE_P(Rules, ResumeMatchesUninterrupted,
 struct RecoveryRun {
   TempDir dir;
   std::string job, ckpt, bin = testing::BinDir() + "/localpar";
-  RecoveryRun() {
+  size_t processes;  // the workers and the coordinator
+  explicit RecoveryRun(int replicas = 1) : processes(4 * replicas + 1) {
     std::string text = SmallJob("GREEDY", 1);
     text.replace(text.find("epochs: 2"), 9, "epochs: 12");
+    if (replicas > 1) text += "replicas: " + std::to_string(replicas) + "\n";
     job = dir.Write("job.textproto", text);
     ckpt = dir.path() + "/ckpt";
   }
@@ -299,20 +350,21 @@ struct RecoveryRun {
     return *ReadWeightsFile(dir.path() + "/full/weights.pb");
   }
   // Starts the run, waits `delay_ms`, sends `signal` to child `index` of the launcher
-  // (workers 0..3 in stage order, then the coordinator), and waits for the run to end.
+  // (the workers in stage order, a stage's replicas together, then the coordinator), and
+  // waits for the run to end.
   testing::ProcessResult KillAndFinish(int index, int delay_ms, int signal = SIGKILL) {
     pid_t launcher = testing::StartProcess(
         {bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt, "--checkpoint_every_steps=3",
          "--slow_stage=3", "--slow_ms=15", "--out=" + dir.path() + "/run"},
         dir.path() + "/log");
     std::vector<pid_t> children;
-    for (int i = 0; i < 500 && children.size() < 5; ++i) {
+    for (int i = 0; i < 500 && children.size() < processes; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       children = testing::LaunchedProcesses(launcher);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    EXPECT_EQ(children.size(), 5u);
-    if (children.size() == 5u) kill(children[index], signal);
+    EXPECT_EQ(children.size(), processes);
+    if (children.size() == processes) kill(children[index], signal);
     testing::ProcessResult r;
     r.exit_code = testing::WaitProcess(launcher, 180);
     r.output = ReadFile(dir.path() + "/log");
@@ -330,6 +382,26 @@ TEST(Recovery, AWorkerKilledAtARandomMomentIsRestartedAndTheRunEndsBitwiseEqual)
                             << r.output;
   EXPECT_NE(r.output.find("restarting it"), std::string::npos) << r.output;
   // Killed before the first checkpoint committed, the run starts over; after, it rolls back.
+  EXPECT_TRUE(r.output.find("rolling every stage back to") != std::string::npos ||
+              r.output.find("no committed checkpoint yet; restarting from step 0") !=
+                  std::string::npos)
+      << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+// Stage 1's second replica killed mid-run: it is restarted, every replica of every stage
+// rolls back to the last checkpoint (each from its own snapshot) and replays, bitwise
+// equal to an uninterrupted run with replicas.
+TEST(Recovery, AKilledReplicaIsRestartedAndEveryStageRollsBackBitwiseEqual) {
+  RecoveryRun run(2);
+  v1::ModelWeights want = run.Uninterrupted();
+  std::random_device rd;
+  const int delay = 600 + static_cast<int>(rd() % 600);
+  auto r = run.KillAndFinish(3, delay);  // stage 1, replica 1
+  ASSERT_EQ(r.exit_code, 0) << "killed after " << delay << " ms\n" << r.output;
+  EXPECT_NE(r.output.find("worker for stage 1 replica 1 was killed by signal 9; restarting it"),
+            std::string::npos)
+      << r.output;
   EXPECT_TRUE(r.output.find("rolling every stage back to") != std::string::npos ||
               r.output.find("no committed checkpoint yet; restarting from step 0") !=
                   std::string::npos)
