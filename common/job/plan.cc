@@ -226,7 +226,8 @@ double PredictExamplesPerSecond(const std::vector<double>& stage_seconds,
   double period = 0, total = 0;
   for (size_t k = 0; k < stage_seconds.size(); ++k) {
     period = std::max(period, stage_seconds[k] + exchange[k]);
-    total += stage_seconds[k];
+    // Moving bytes over loopback or a NIC costs CPU time too: the exchange shares the cores.
+    total += stage_seconds[k] + exchange[k];
     if (k < hop_bytes.size() && link.bytes_per_second > 0) {
       period = std::max(period, link.latency_seconds + hop_bytes[k] / link.bytes_per_second);
     }

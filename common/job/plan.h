@@ -47,9 +47,9 @@ absl::StatusOr<Partition> EqualPartition(const std::vector<UnitProfile>& units, 
 // stage_seconds and hop_bytes are then one replica's, for its share. After its backward
 // pass each replica also sends its exchange bucket to the R - 1 others and receives
 // theirs (a gather: replica_sync.h), which is (R - 1) x exchange_bytes each way per step,
-// not overlapped with the stage's compute. (A ring all-reduce would move 2 (R - 1) / R x,
-// but adds in an order that depends on the element, and localpar keeps replicas bitwise
-// reproducible.) With R = 2 both move the bucket once.
+// not overlapped with the stage's compute, and counted against the cores like compute. (A ring
+// all-reduce would move 2 (R - 1) / R x, but adds in an order that depends on the element, and
+// localpar keeps replicas bitwise reproducible.) With R = 2 both move the bucket once.
 struct LinkModel {
   double bytes_per_second = 0;  // 0: an infinitely fast link
   double latency_seconds = 0;

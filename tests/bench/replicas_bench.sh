@@ -6,7 +6,9 @@
 # train` (one thread). Throughput is training examples over each run's wall time (both
 # include the final evaluation); every cluster's weights are also checked bitwise against
 # `localpar train` with the same stages and replicas. `localpar project` predicts each
-# layout from measured layer times for comparison. States the cores it ran on.
+# layout from measured layer times, the cores, and the gather bandwidth allreduce_bench
+# measures on this machine's loopback (its "received per replica" figure). States the cores
+# it ran on.
 # Usage: tests/bench/replicas_bench.sh [BUILD_DIR] [STEPS] [JOB]
 set -euo pipefail
 build=${1:-build/ci}
@@ -14,7 +16,10 @@ steps=${2:-400}
 job=${3:-deploy/jobs/fashion_mlp.textproto}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "replicas_bench: $job, $steps steps, $(nproc) cores, one GEMM thread per worker"
+gbps=$("$build/bench/allreduce_bench" --mib=16 --rounds=10 |
+       awk '/gloo allgather/ {print $(NF - 4) * 8}')
+echo "replicas_bench: $job, $steps steps, $(nproc) cores, one GEMM thread per worker;" \
+     "gather bandwidth on loopback ${gbps} Gbit/s"
 layouts=("1 2" "2 1" "2 2" "4 1")
 for layout in "${layouts[@]}"; do
   read -r k r <<< "$layout"
@@ -26,7 +31,7 @@ for layout in "${layouts[@]}"; do
   cmp -s "$work/train-$name/weights.pb" "$work/run-$name/weights.pb" ||
     { echo "replicas_bench: $k x $r: the cluster's weights differ from localpar train's"; exit 1; }
   predicted=$("$build/localpar" project "$job" --replicas="$r" --project_stages="$k" \
-                --cores="$(nproc)" 2> /dev/null | tail -1 | awk '{print $NF}')
+                --cores="$(nproc)" --link_gbps="$gbps" 2> /dev/null | tail -1 | awk '{print $NF}')
   echo "$k $r $predicted" >> "$work/predicted"
 done
 "$build/localpar" train "$job" --max_steps="$steps" --quiet --threads=1 --out="$work/reference" \

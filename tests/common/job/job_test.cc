@@ -246,6 +246,40 @@ TEST(Plan, TheBalancedSplitIsTheBestOfEveryContiguousSplit) {
   EXPECT_FALSE(BestPartition(units, 9).ok());
 }
 
+// The projection with replicas against figures worked by hand: each replica computes its
+// share, then receives (R - 1) buckets over the link; the exchange also takes core time.
+TEST(Plan, ProjectionWithReplicasAddsTheExchangeToEachStageAndToTheCores) {
+  LinkModel link;
+  link.bytes_per_second = 1e9;
+  link.latency_seconds = 1e-4;
+  link.replicas = 3;
+  link.exchange_bytes = {4e6, 1e6};
+  // Stage 0: 10 ms + 0.1 ms + 2 x 4 ms = 18.1 ms; stage 1: 5 ms + 0.1 + 2 x 1 = 7.1 ms.
+  EXPECT_EQ(ExchangeSeconds(link, 2), (std::vector<double>{0.0081, 0.0021}));
+  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, link), 96 / 0.0181, 1e-6);
+  // On 2 cores: 3 replicas x (18.1 + 7.1) ms / 2 = 37.8 ms bounds the period.
+  link.cores = 2;
+  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, link), 96 / 0.0378, 1e-6);
+  // Without replicas nothing changes: the slowest stage.
+  LinkModel one;
+  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, one), 96 / 0.010, 1e-9);
+  // The bucket of each stage of a regrouped job: its parameters, float32.
+  absl::StatusOr<v1::Job> j = ParseJob(R"(
+rule: GREEDY
+batch_size: 16
+data { synthetic { shape: [32] classes: 3 } }
+stages { layers { linear { out_features: 8 } } layers { relu {} } head { kind: LINEAR } }
+stages { layers { linear { out_features: 4 } } head { kind: LINEAR } }
+)",
+                                       "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  Partition p;
+  p.sizes = {1, 1};
+  p.stage_seconds = {1, 1};
+  EXPECT_EQ(ExchangeBytes(*j, p),
+            (std::vector<double>{4.0 * (32 * 8 + 8 + 8 * 3 + 3), 4.0 * (8 * 4 + 4 + 4 * 3 + 3)}));
+}
+
 TEST(Plan, ProfilesEveryLayerAndRegroupsTheJob) {
   absl::StatusOr<v1::Job> j = ParseJob(R"(
 rule: GREEDY
