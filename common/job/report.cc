@@ -96,8 +96,10 @@ void DescribeRun(const v1::Job& job, const std::string& version, v1::RunReport* 
 }
 
 std::string ReportTable(const v1::RunReport& r) {
-  std::string out = absl::StrFormat("\n%s (%s), %d steps, %.1f s, %.0f examples/s\n", r.job(),
-                                    r.rule(), r.steps(), r.wall_seconds(), r.examples_per_second());
+  std::string out = absl::StrFormat(
+      "\n%s (%s%s), %d steps, %.1f s, %.0f examples/s\n", r.job(), r.rule(),
+      r.replicas() > 1 ? absl::StrFormat(", %d replicas of each stage", r.replicas()) : "",
+      r.steps(), r.wall_seconds(), r.examples_per_second());
   if (r.epochs().empty()) return out;
   const v1::EpochFigures& last = *r.epochs().rbegin();
   bool bytes = false;  // a byte-level language model: bits per byte beside the nats

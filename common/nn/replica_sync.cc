@@ -21,6 +21,7 @@ ReplicaBucket::ReplicaBucket(Stage& stage) {
       LP_CHECK_MSG(p->value.dtype() == DType::kF32, "parameter %s is not float32", p->name.c_str());
       params_.push_back(p);
       size_ += p->value.numel();
+      if (trainable) trainable_ += p->value.numel();
     }
   }
 }
@@ -48,6 +49,41 @@ void ReplicaBucket::Unpack(const float* gathered, int replicas) {
     }
     t.backend().CopyFromHost(t.raw(), at, t.nbytes());
     at += n;
+  }
+}
+
+void ReplicaBucket::PackOnDevice(float* out) {
+  for (Param* p : params_) {
+    const Tensor& t = p->trainable ? p->grad : p->value;
+    t.backend().CopyWithin(out, t.raw(), t.nbytes());
+    out += t.numel();
+  }
+}
+
+void ReplicaBucket::UnpackOnDevice(const float* gathered, int replicas, float* scratch) {
+  LP_CHECK(replicas >= 1);
+  if (params_.empty()) return;
+  Backend& b = params_[0]->value.backend();
+  b.CopyWithin(scratch, gathered, static_cast<size_t>(size_) * sizeof(float));
+  for (int r = 1; r < replicas; ++r) b.Add(scratch, gathered + r * size_, scratch, size_);
+  // Running statistics are few: their mean goes through the host.
+  host_.resize(static_cast<size_t>(size_ - trainable_));
+  if (!host_.empty()) {
+    b.CopyToHost(host_.data(), scratch + trainable_, host_.size() * sizeof(float));
+    const float inv = 1.0f / static_cast<float>(replicas);
+    for (float& v : host_) v *= inv;
+  }
+  const float* at = scratch;
+  const float* stats = host_.data();
+  for (Param* p : params_) {
+    Tensor& t = p->trainable ? p->grad : p->value;
+    if (p->trainable) {
+      b.CopyWithin(t.raw(), at, t.nbytes());
+    } else {
+      b.CopyFromHost(t.raw(), stats, t.nbytes());
+      stats += t.numel();
+    }
+    at += t.numel();
   }
 }
 

@@ -29,10 +29,16 @@ class ReplicaBucket {
   // gradient becomes their sum, added in replica order; each running statistic their mean
   // (each replica updated it from its own share of the batch).
   void Unpack(const float* gathered, int replicas);
+  // The same on the stage's device, for a collective that gathers in device memory (NCCL):
+  // `out`, `gathered` and `scratch` (size() floats) are device buffers. The sum is added in
+  // replica order with the backend's Add; the running statistics' mean is taken on the host.
+  void PackOnDevice(float* out);
+  void UnpackOnDevice(const float* gathered, int replicas, float* scratch);
 
  private:
   std::vector<Param*> params_;
   int64_t size_ = 0;
+  int64_t trainable_ = 0;  // floats of gradients before the running statistics
   std::vector<float> host_;
 };
 

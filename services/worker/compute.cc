@@ -142,10 +142,25 @@ class StageCompute::Ports final : public StagePorts {
     if (!setup_.group) return PortState::kReady;
     if (!bucket_) bucket_ = std::make_unique<ReplicaBucket>(stage);
     const size_t n = static_cast<size_t>(bucket_->size());
-    send_.resize(n);
-    gathered_.resize(n * static_cast<size_t>(setup_.replicas));
-    bucket_->Pack(send_.data());
-    absl::Status s = setup_.group->AllGather(send_.data(), bucket_->size(), gathered_.data());
+    absl::Status s;
+    Backend& backend = host_.backend();
+    const bool on_device = backend.device() == DeviceType::kCUDA && ReplicaGroup::DeviceAvailable();
+    if (on_device) {
+      // NCCL gathers in device memory; the buckets never leave the GPU.
+      if (!device_send_.defined()) {
+        device_send_ = Tensor::Empty(backend, {static_cast<int64_t>(n)});
+        device_gathered_ = Tensor::Empty(backend, {static_cast<int64_t>(n) * setup_.replicas});
+        device_sum_ = Tensor::Empty(backend, {static_cast<int64_t>(n)});
+      }
+      bucket_->PackOnDevice(device_send_.f32());
+      s = setup_.group->AllGatherOnDevice(device_send_.f32(), bucket_->size(),
+                                          device_gathered_.f32(), backend);
+    } else {
+      send_.resize(n);
+      gathered_.resize(n * static_cast<size_t>(setup_.replicas));
+      bucket_->Pack(send_.data());
+      s = setup_.group->AllGather(send_.data(), bucket_->size(), gathered_.data());
+    }
     if (!s.ok()) {
       // The replicas can no longer step together: no step is applied from now on, and the
       // coordinator hears why, once (it recovers once the lost replica is back).
@@ -153,7 +168,11 @@ class StageCompute::Ports final : public StagePorts {
       exchange_failed_ = true;
       return PortState::kGone;
     }
-    bucket_->Unpack(gathered_.data(), setup_.replicas);
+    if (on_device) {
+      bucket_->UnpackOnDevice(device_gathered_.f32(), setup_.replicas, device_sum_.f32());
+    } else {
+      bucket_->Unpack(gathered_.data(), setup_.replicas);
+    }
     return PortState::kReady;
   }
 
@@ -246,6 +265,7 @@ class StageCompute::Ports final : public StagePorts {
   Tensor staging_, grad_staging_;          // host bytes of converted or device tensors
   std::unique_ptr<ReplicaBucket> bucket_;  // replicas: the stage's exchange
   std::vector<float> send_, gathered_;
+  Tensor device_send_, device_gathered_, device_sum_;  // with NCCL
   bool exchange_failed_ = false;
   double receive_wait_ = 0, send_wait_ = 0;
   int64_t rows_ = 0;

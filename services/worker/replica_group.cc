@@ -1,7 +1,11 @@
-// Gloo for the replicas of a stage.
+// The replicas of a stage: Gloo over TCP for host buckets, NCCL for device buckets.
 #include "services/worker/replica_group.h"
 
+#include <cstring>
 #include <exception>
+#include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,31 +17,34 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #endif
+#ifdef LOCALPAR_WITH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "common/core/cuda_backend.h"
+#endif
 
 namespace localpar {
-
-#ifdef LOCALPAR_WITH_GLOO
 namespace {
 
-// Gloo's store interface over the coordinator's Rendezvous service. Gloo's keys (each
-// replica's rank, holding its addresses) go under "GROUP/stage-K/". Gloo reports a failure
-// by exception; these carry messages that name the replicas.
-class CoordinatorStore final : public gloo::rendezvous::Store {
+// The coordinator's Rendezvous service, under "GROUP/stage-K/". Failures throw (Gloo's
+// store interface reports them so), with messages that name the replicas.
+class RendezvousClient {
  public:
-  CoordinatorStore(const ReplicaGroupOptions& o, const SecurityOptions& security)
+  RendezvousClient(const ReplicaGroupOptions& o, const SecurityOptions& security)
       : options_(o),
         security_(security),
         stub_(v1::Rendezvous::NewStub(MakeChannel(o.rendezvous, security))),
         prefix_(absl::StrCat(o.group, "/stage-", o.stage, "/")) {}
 
-  void set(const std::string& key, const std::vector<char>& data) override {
+  void Set(const std::string& key, const std::string& value) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
     ctx.set_wait_for_ready(true);
     AddToken(ctx, security_);
     v1::StoreSetRequest req;
     req.set_key(prefix_ + key);
-    req.set_value(data.data(), data.size());
+    req.set_value(value);
     v1::StoreSetResponse resp;
     grpc::Status st = stub_->Set(&ctx, req, &resp);
     if (!st.ok()) {
@@ -47,20 +54,10 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
     }
   }
 
-  std::vector<char> get(const std::string& key) override {
-    v1::StoreGetResponse resp = Get({key}, options_.timeout);
-    const std::string& v = resp.values(0);
-    return std::vector<char>(v.begin(), v.end());
-  }
-
-  void wait(const std::vector<std::string>& keys) override { wait(keys, options_.timeout); }
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    Get(keys, timeout);
-  }
-
- private:
-  v1::StoreGetResponse Get(const std::vector<std::string>& keys, std::chrono::milliseconds wait) {
+  // Waits for every key; `what` names them for the message (Gloo's keys are the ranks of
+  // the replicas still to come).
+  std::vector<std::string> Get(const std::vector<std::string>& keys, std::chrono::milliseconds wait,
+                               const std::string& what) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(5));
     ctx.set_wait_for_ready(true);
@@ -71,36 +68,85 @@ class CoordinatorStore final : public gloo::rendezvous::Store {
     v1::StoreGetResponse resp;
     grpc::Status st = stub_->Get(&ctx, req, &resp);
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      // Gloo's keys are the ranks of the replicas still to come.
       throw std::runtime_error(absl::StrCat(
-          "replica(s) ", absl::StrJoin(keys, ", "), " of stage ", options_.stage,
-          " did not join within ", wait.count() / 1000.0, " s (replica ", options_.replica,
+          "replica(s) ", what, " of stage ", options_.stage, " did not join within ",
+          wait.count() / 1000.0, " s (replica ", options_.replica,
           " waited for them at the coordinator's rendezvous ", options_.rendezvous, ")"));
     }
     if (!st.ok() || resp.values_size() != static_cast<int>(keys.size())) {
       throw std::runtime_error(absl::StrCat("the coordinator's rendezvous at ", options_.rendezvous,
                                             ": ", st.ok() ? "a short answer" : st.error_message()));
     }
-    return resp;
+    return {resp.values().begin(), resp.values().end()};
   }
 
+ private:
   const ReplicaGroupOptions& options_;
   const SecurityOptions& security_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   const std::string prefix_;
 };
 
+#ifdef LOCALPAR_WITH_GLOO
+// Gloo's store interface over the rendezvous.
+class CoordinatorStore final : public gloo::rendezvous::Store {
+ public:
+  CoordinatorStore(RendezvousClient& client, std::chrono::milliseconds timeout)
+      : client_(client), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    client_.Set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = client_.Get({key}, timeout_, key)[0];
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    client_.Get(keys, timeout, absl::StrJoin(keys, ", "));
+  }
+
+ private:
+  RendezvousClient& client_;
+  const std::chrono::milliseconds timeout_;
+};
+#endif
+
 }  // namespace
 
 class ReplicaGroup::Impl {
  public:
+#ifdef LOCALPAR_WITH_GLOO
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+#endif
+#ifdef LOCALPAR_WITH_NCCL
+  ncclComm_t comm = nullptr;
+  ~Impl() {
+    if (comm) ncclCommAbort(comm);  // nothing of ours is in flight by then
+  }
+#endif
 };
 
-bool ReplicaGroup::Available() { return true; }
+bool ReplicaGroup::Available() {
+#ifdef LOCALPAR_WITH_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool ReplicaGroup::DeviceAvailable() {
+#ifdef LOCALPAR_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 absl::Status ReplicaGroup::Connect() {
+#ifdef LOCALPAR_WITH_GLOO
   try {
     auto impl = std::make_unique<Impl>();
     gloo::transport::tcp::attr attr;
@@ -109,7 +155,8 @@ absl::Status ReplicaGroup::Connect() {
     impl->context =
         std::make_shared<gloo::rendezvous::Context>(options_.replica, options_.replicas);
     impl->context->setTimeout(options_.timeout);
-    CoordinatorStore store(options_, security_);
+    RendezvousClient client(options_, security_);
+    CoordinatorStore store(client, options_.timeout);
     impl->context->connectFullMesh(store, impl->device);
     impl_ = std::move(impl);
     return absl::OkStatus();
@@ -117,6 +164,9 @@ absl::Status ReplicaGroup::Connect() {
     return absl::UnavailableError(
         absl::StrCat("replicas of stage ", options_.stage, ": ", e.what()));
   }
+#else
+  return absl::FailedPreconditionError("this worker was built without Gloo (libgloo-dev)");
+#endif
 }
 
 absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
@@ -125,6 +175,7 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
   if (!impl_) {
     if (absl::Status s = Connect(); !s.ok()) return failed_ = s;
   }
+#ifdef LOCALPAR_WITH_GLOO
   try {
     gloo::AllgatherOptions opts(impl_->context);
     // Gloo reads the input from where it lies and writes every replica's part into out.
@@ -136,23 +187,111 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
                absl::StrCat("replica ", options_.replica, " of stage ", options_.stage,
                             ": exchanging gradients with the other replicas failed: ", e.what()));
   }
+#else
+  (void)in;
+  (void)out;
+#endif
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
   return absl::OkStatus();
 }
 
-#else  // no Gloo in this build
+#ifdef LOCALPAR_WITH_NCCL
+namespace {
 
-class ReplicaGroup::Impl {};
+std::string NcclError(ncclResult_t r) { return ncclGetErrorString(r); }
 
-bool ReplicaGroup::Available() { return false; }
+}  // namespace
 
-absl::Status ReplicaGroup::Connect() {
-  return absl::FailedPreconditionError("this worker was built without Gloo (libgloo-dev)");
+// Every replica announces itself through the rendezvous first, so that a missing one is
+// named within the timeout (NCCL's own initialisation would wait for it forever); then
+// replica 0's NCCL id reaches the others the same way.
+absl::Status ReplicaGroup::ConnectDevice() {
+  try {
+    RendezvousClient client(options_, security_);
+    client.Set(absl::StrCat("nccl-joined-", options_.replica), "1");
+    std::vector<std::string> keys;
+    std::vector<std::string> names;
+    for (int r = 0; r < options_.replicas; ++r) {
+      keys.push_back(absl::StrCat("nccl-joined-", r));
+      names.push_back(std::to_string(r));
+    }
+    client.Get(keys, options_.timeout, absl::StrJoin(names, ", "));
+    ncclUniqueId id;
+    if (options_.replica == 0) {
+      if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+        return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", NcclError(r)));
+      }
+      client.Set("nccl-id", std::string(id.internal, sizeof(id.internal)));
+    } else {
+      const std::string v = client.Get({"nccl-id"}, options_.timeout, "0")[0];
+      if (v.size() != sizeof(id.internal)) {
+        return absl::UnavailableError("the NCCL id in the rendezvous has the wrong size");
+      }
+      std::memcpy(id.internal, v.data(), v.size());
+    }
+    auto impl = std::make_unique<Impl>();
+    if (ncclResult_t r = ncclCommInitRank(&impl->comm, options_.replicas, id, options_.replica);
+        r != ncclSuccess) {
+      impl->comm = nullptr;
+      return absl::UnavailableError(absl::StrCat("ncclCommInitRank: ", NcclError(r)));
+    }
+    impl_ = std::move(impl);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("replicas of stage ", options_.stage, ": ", e.what()));
+  }
 }
 
-absl::Status ReplicaGroup::AllGather(const float*, int64_t, float*) { return Connect(); }
+absl::Status ReplicaGroup::AllGatherOnDevice(const float* in, int64_t n, float* out,
+                                             Backend& backend) {
+  if (!failed_.ok()) return failed_;
+  const auto start = std::chrono::steady_clock::now();
+  if (!impl_) {
+    if (absl::Status s = ConnectDevice(); !s.ok()) return failed_ = s;
+  }
+  auto stream = static_cast<cudaStream_t>(static_cast<CudaBackend&>(backend).stream());
+  if (ncclResult_t r =
+          ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, impl_->comm, stream);
+      r != ncclSuccess) {
+    impl_.reset();
+    return failed_ = absl::UnavailableError(absl::StrCat("replica ", options_.replica, " of stage ",
+                                                         options_.stage,
+                                                         ": ncclAllGather: ", NcclError(r)));
+  }
+  // NCCL would wait for a lost peer forever: poll, and abort the communicator at the timeout.
+  const auto deadline = start + options_.timeout;
+  while (true) {
+    cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) break;
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(impl_->comm, &async);
+    if ((q != cudaErrorNotReady) || async != ncclSuccess ||
+        std::chrono::steady_clock::now() > deadline) {
+      impl_.reset();  // aborts the communicator, which ends the collective
+      return failed_ = absl::UnavailableError(absl::StrCat(
+                 "replica ", options_.replica, " of stage ", options_.stage,
+                 ": exchanging gradients with the other replicas failed: ",
+                 async != ncclSuccess ? NcclError(async)
+                 : q != cudaErrorNotReady
+                     ? std::string(cudaGetErrorString(q))
+                     : absl::StrCat("no answer within ", options_.timeout.count() / 1000.0, " s")));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
+  return absl::OkStatus();
+}
+#else
+absl::Status ReplicaGroup::ConnectDevice() {
+  return absl::FailedPreconditionError("this worker was built without NCCL");
+}
 
+absl::Status ReplicaGroup::AllGatherOnDevice(const float*, int64_t, float*, Backend&) {
+  return ConnectDevice();
+}
 #endif
 
 void ReplicaGroup::Close() {

@@ -1,8 +1,9 @@
-// The replicas of one stage as a Gloo group: they meet through the coordinator's
-// Rendezvous service (a gloo::rendezvous::Store over gRPC, so no shared filesystem is
-// assumed), connect a full mesh over Gloo's TCP transport, and gather each step's
-// gradient bucket (common/nn/replica_sync.h). The mesh is made on first use, from the
-// compute thread, so that configuring the stages one after another never waits on a peer.
+// The replicas of one stage as a group: they meet through the coordinator's Rendezvous
+// service (a gloo::rendezvous::Store over gRPC, so no shared filesystem is assumed) and
+// gather each step's gradient bucket (common/nn/replica_sync.h): CPU workers over Gloo's
+// TCP transport (a full mesh), CUDA workers with NCCL in device memory where this build has
+// it (LOCALPAR_WITH_NCCL). The connections are made on first use, from the compute thread,
+// so that configuring the stages one after another never waits on a peer.
 #pragma once
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/core/backend.h"
 #include "services/common/grpc_util.h"
 
 namespace localpar {
@@ -31,11 +33,16 @@ class ReplicaGroup {
 
   // False when this build has no Gloo (replicas cannot run on it).
   static bool Available();
+  // Whether AllGatherOnDevice works: a build with the CUDA backend and NCCL.
+  static bool DeviceAvailable();
 
   // Gathers n floats from every replica into out (replicas * n floats, in replica order).
   // UNAVAILABLE naming the replicas that did not join, or the peer that was lost; once it
   // fails, every later call fails the same way.
   absl::Status AllGather(const float* in, int64_t n, float* out);
+  // The same with device buffers of a CUDA `backend`, through NCCL on its stream; returns
+  // once the gather is complete. A group uses one of the two, never both.
+  absl::Status AllGatherOnDevice(const float* in, int64_t n, float* out, Backend& backend);
 
   // Drops the connections to the other replicas (from the thread that calls AllGather, when
   // its stream has ended): a replica still waiting on this one fails at once instead of at
@@ -48,6 +55,7 @@ class ReplicaGroup {
  private:
   class Impl;
   absl::Status Connect();
+  absl::Status ConnectDevice();
 
   const ReplicaGroupOptions options_;
   const SecurityOptions& security_;

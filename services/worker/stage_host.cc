@@ -50,11 +50,6 @@ static absl::Status CheckReplicaRequest(const v1::Job& job, const v1::ConfigureR
                                                    job.replicas() - 1, " (the job's replicas)"));
   }
   if (job.replicas() == 1) return absl::OkStatus();
-  if (!ReplicaGroup::Available()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the job has ", job.replicas(),
-                     " replicas per stage, but this worker was built without Gloo (libgloo-dev)"));
-  }
   if (req.rendezvous().empty() || req.rendezvous_group().empty()) {
     return absl::InvalidArgumentError(
         "rendezvous, rendezvous_group: required with replicas (the coordinator's address)");
@@ -89,6 +84,12 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   if (req.total_steps() < 1) return absl::InvalidArgumentError("total_steps: must be >= 1");
   if (absl::Status r = CheckReplicaRequest(job, req); !r.ok()) return r;
   if (absl::Status b = EnsureBackend(); !b.ok()) return b;
+  if (job.replicas() > 1 && !ReplicaGroup::Available() &&
+      !(ReplicaGroup::DeviceAvailable() && backend_->device() == DeviceType::kCUDA)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job has ", job.replicas(),
+                     " replicas per stage, but this worker was built without Gloo (libgloo-dev)"));
+  }
   ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
   const Shape in = StageInputShape(mc, req.stage());
