@@ -259,6 +259,20 @@ TEST(GemmPrecision, Bf16GemmClusterEqualsTheReferenceAndDiffersFromF32) {
   EXPECT_NE(ReadFile(dir.path() + "/ref/report.json").find("bf16 GEMMs"), std::string::npos);
 }
 
+// Runs `job` uninterrupted (into DIR/full), then again checkpointing every 2 steps into
+// `ckpt` and stopping after step 5; returns the second run.
+testing::ProcessResult RunFullThenStopAfterFive(const TempDir& dir, const std::string& job,
+                                                const std::string& ckpt) {
+  const std::string bin = testing::BinDir() + "/localpar";
+  auto full = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
+  EXPECT_EQ(full.exit_code, 0) << full.output;
+  auto first = RunProcess({bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt,
+                           "--checkpoint_every_steps=2", "--stop_after_steps=5"},
+                          120);
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  return first;
+}
+
 class ResumeMatchesUninterrupted : public ::testing::TestWithParam<std::string> {};
 
 // Stop after 5 steps (mid-epoch), then resume: the weights equal an uninterrupted run's, bit
@@ -270,12 +284,8 @@ TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
   TempDir dir;
   std::string job = dir.Write("job.textproto", SmallJob(rule, rule == "BACKPROP" ? 3 : 1));
   const std::string bin = testing::BinDir() + "/localpar", ckpt = dir.path() + "/ckpt";
-  auto full = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  auto first = RunProcess({bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt,
-                           "--checkpoint_every_steps=2", "--stop_after_steps=5"},
-                          120);
-  ASSERT_EQ(first.exit_code, 0) << first.output;
+  testing::ProcessResult first = RunFullThenStopAfterFive(dir, job, ckpt);
+  if (HasFailure()) return;
   EXPECT_NE(first.output.find("stopped after step 5"), std::string::npos) << first.output;
   {
     std::ofstream f(ckpt + "/stage-2/ckpt-000003/stage-2.ckpt", std::ios::binary | std::ios::app);
@@ -302,12 +312,8 @@ TEST(Replicas, StopAndResumeEndsBitwiseEqualWithEveryReplicasSnapshotInTheManife
   TempDir dir;
   std::string job = dir.Write("job.textproto", SmallJob("BACKPROP", 3) + "replicas: 2\n");
   const std::string bin = testing::BinDir() + "/localpar", ckpt = dir.path() + "/ckpt";
-  auto full = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  auto first = RunProcess({bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt,
-                           "--checkpoint_every_steps=2", "--stop_after_steps=5"},
-                          120);
-  ASSERT_EQ(first.exit_code, 0) << first.output;
+  RunFullThenStopAfterFive(dir, job, ckpt);
+  if (HasFailure()) return;
   absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(ckpt + "/ckpt-000003");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->replicas(), 2);
