@@ -39,6 +39,13 @@ void StageExecutor::Begin(const StepContext& ctx) {
   ctx_ = ctx;
   program_ = ctx.train ? &TrainProgramFor(ctx.micro_batches) : &eval_program_;
   next_ = 0;
+  announce_final_ = ctx.train && ctx.apply_update && spec_.max_delay == 0;
+  last_head_ = last_backward_ = program_->size();
+  for (size_t i = 0; i < program_->size(); ++i) {
+    const Op op = (*program_)[i].op;
+    if (op == Op::kHead) last_head_ = i;
+    if (op == Op::kBackwardHead || op == Op::kBackwardReturned) last_backward_ = i;
+  }
   micro_.assign(static_cast<size_t>(ctx.train ? ctx.micro_batches : 1), MicroBatch());
   stats_ = HeadStats();
   times_ = StepTimes();
@@ -93,10 +100,11 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
       HeadMode mode = ctx_.train ? a.mode : HeadMode::kEval;
       float scale = ctx_.train ? ctx_.loss_scale : 1.0f;
       stats_.Add(stage_.Head(slot, *mb.labels, mode, scale, Context(a.micro_batch)));
+      if (announce_final_ && next_ == last_head_) ports.GradientsFinal(stage_, -1);
       break;
     }
     case Op::kBackwardHead:
-      Backward(a, stage_.head_grad(slot));
+      Backward(a, stage_.head_grad(slot), ports);
       break;
     case Op::kAwaitGradient: {
       PortState s = ports.AwaitGradient(a.micro_batch, &mb.grad);
@@ -105,7 +113,7 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
       break;
     }
     case Op::kBackwardReturned:
-      if (!mb.grad_gone) Backward(a, *mb.grad);
+      if (!mb.grad_gone) Backward(a, *mb.grad, ports);
       break;
     case Op::kSendInputGradient:
       if (mb.has_dx) ports.SendInputGradient(a.micro_batch, dx_[static_cast<size_t>(slot)]);
@@ -130,10 +138,14 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
   return PortState::kReady;
 }
 
-void StageExecutor::Backward(const Action& a, const Tensor& dy) {
+void StageExecutor::Backward(const Action& a, const Tensor& dy, StagePorts& ports) {
   const int slot = SlotFor(a.micro_batch);
   MicroBatch& mb = micro_[static_cast<size_t>(a.micro_batch)];
-  stage_.Backward(slot, dy, a.input_gradient ? &dx_[static_cast<size_t>(slot)] : nullptr);
+  std::function<void(int)> done;
+  if (announce_final_ && next_ == last_backward_) {
+    done = [&](int layer) { ports.GradientsFinal(stage_, layer); };
+  }
+  stage_.Backward(slot, dy, a.input_gradient ? &dx_[static_cast<size_t>(slot)] : nullptr, done);
   mb.has_dx = a.input_gradient;
 }
 

@@ -46,6 +46,13 @@ class StagePorts {
     (void)stage;
     return PortState::kReady;
   }
+  // Replicas: the head's (layer -1) or layer `layer`'s parameter gradients are final for
+  // this step (no later action of the program changes them), so their exchange may start
+  // while the backward pass goes on. Synchronous rules only; without replicas, nothing.
+  virtual void GradientsFinal(Stage& stage, int layer) {
+    (void)stage;
+    (void)layer;
+  }
 };
 
 struct StepContext {
@@ -115,7 +122,7 @@ class StageExecutor {
 
   // kPending when the action must wait for its port; kGone when its input never comes.
   PortState Execute(const Action& a, StagePorts& ports);
-  void Backward(const Action& a, const Tensor& dy);
+  void Backward(const Action& a, const Tensor& dy, StagePorts& ports);
   void ApplyArrived(StagePorts& ports, bool flush);
   ForwardContext Context(int micro_batch) const;
   const StageProgram& TrainProgramFor(int micro_batches);
@@ -127,6 +134,10 @@ class StageExecutor {
   StageProgram eval_program_;
   const StageProgram* program_ = nullptr;
   size_t next_ = 0;
+  // Where the step's gradients become final (GradientsFinal): the last head action and
+  // the last backward action of the program; only for synchronous training steps.
+  bool announce_final_ = false;
+  size_t last_head_ = 0, last_backward_ = 0;
   StepContext ctx_;
   std::vector<MicroBatch> micro_;
   std::vector<Tensor> dx_;        // per slot

@@ -13,8 +13,25 @@ void SumInReplicaOrder(const float* parts, int replicas, int64_t n, float* out) 
   }
 }
 
-ReplicaBucket::ReplicaBucket(Stage& stage) {
-  std::vector<Param*> all = stage.params();
+ParamGroups GroupParams(Stage& stage) {
+  ParamGroups g;
+  if (std::vector<Param*> head = stage.head_params(); !head.empty()) {
+    g.head = 0;
+    g.groups.push_back(std::move(head));
+  }
+  g.layer.assign(static_cast<size_t>(stage.num_layers()), -1);
+  for (int i = stage.num_layers(); i-- > 0;) {
+    std::vector<Param*> p = stage.layer_params(i);
+    if (p.empty()) continue;
+    g.layer[static_cast<size_t>(i)] = static_cast<int>(g.groups.size());
+    g.groups.push_back(std::move(p));
+  }
+  return g;
+}
+
+ReplicaBucket::ReplicaBucket(Stage& stage) : ReplicaBucket(stage.params()) {}
+
+ReplicaBucket::ReplicaBucket(const std::vector<Param*>& all) {
   for (bool trainable : {true, false}) {
     for (Param* p : all) {
       if (p->trainable != trainable) continue;

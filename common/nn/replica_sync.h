@@ -17,7 +17,8 @@ namespace localpar {
 
 class ReplicaBucket {
  public:
-  explicit ReplicaBucket(Stage& stage);
+  explicit ReplicaBucket(Stage& stage);  // every parameter of the stage
+  explicit ReplicaBucket(const std::vector<Param*>& params);
 
   // Floats in one replica's contribution.
   int64_t size() const { return size_; }
@@ -41,6 +42,19 @@ class ReplicaBucket {
   int64_t trainable_ = 0;  // floats of gradients before the running statistics
   std::vector<float> host_;
 };
+
+// A stage's parameters in the groups a backward pass completes one after another, so that
+// a group's exchange can start while the backward pass goes on: the head's (final after
+// the step's last head action), then each layer's that has parameters, the last layer
+// first (final as that layer's part of the step's last backward pass ends). Whatever the
+// grouping, each element is added in replica order, so buckets of groups sum to exactly
+// what one bucket of the whole stage sums to.
+struct ParamGroups {
+  std::vector<std::vector<Param*>> groups;
+  int head = -1;           // the head's group; -1: the head has no parameters
+  std::vector<int> layer;  // layer i's group; -1: no parameters
+};
+ParamGroups GroupParams(Stage& stage);
 
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... for `replicas` parts of n
 // floats stored one after another.

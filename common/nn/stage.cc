@@ -140,7 +140,8 @@ HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float
   return st;
 }
 
-void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx) {
+void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx,
+                     const std::function<void(int)>& layer_done) {
   Slot& s = slot(slot_index);
   s.grads.resize(layers_.size());
   if (layers_.empty()) {
@@ -152,8 +153,17 @@ void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx) {
     const Tensor& in = i == 0 ? s.input : s.caches[i - 1].out;
     Tensor* out = i == 0 ? dx : &s.grads[i];
     layers_[i]->Backward(in, *g, s.caches[i], out);
+    if (layer_done) layer_done(static_cast<int>(i));
     g = out;
   }
+}
+
+std::vector<Param*> Stage::head_params() {
+  std::vector<Param*> out;
+  for (auto& l : head_) {
+    for (Param* p : l->params()) out.push_back(p);
+  }
+  return out;
 }
 
 void Stage::Step(float lr) { opt_.Step(params(), lr); }

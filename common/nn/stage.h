@@ -1,6 +1,7 @@
 // A Stage: a block of layers, its auxiliary head and its optimizer. The unit a worker holds.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,12 +64,18 @@ class Stage {
   // d(head loss)/d(stage output) from the last kLocal Head call on this slot.
   const Tensor& head_grad(int slot) const { return slots_[slot].head_dx; }
   // Backpropagates dy (w.r.t. the slot's output) through the layers, accumulating
-  // parameter gradients; when dx is non-null it receives d/d(input).
-  void Backward(int slot, const Tensor& dy, Tensor* dx);
+  // parameter gradients; when dx is non-null it receives d/d(input). `layer_done`, when
+  // set, is called with each layer's index as soon as that layer's backward pass is done,
+  // the last layer first.
+  void Backward(int slot, const Tensor& dy, Tensor* dx,
+                const std::function<void(int)>& layer_done = {});
   // Applies the optimizer to every parameter (layers and head) and clears gradients.
   void Step(float lr);
 
-  std::vector<Param*> params();
+  std::vector<Param*> params();  // the layers' in order, then the head's
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  std::vector<Param*> layer_params(int layer) { return layers_[layer]->params(); }
+  std::vector<Param*> head_params();
   int64_t num_parameters();
   // Bytes of training state held now: every parameter's value, gradient and optimizer
   // state (the floor any worker holding this stage needs).

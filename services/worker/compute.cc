@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/job/checkpoint.h"
 #include "common/job/tensor_codec.h"
-#include "common/nn/replica_sync.h"
 #include "common/nn/rule.h"
 #include "services/common/grpc_util.h"
 #include "services/worker/item_check.h"
+#include "services/worker/replica_exchange.h"
 
 namespace localpar {
 namespace {
@@ -80,6 +80,7 @@ class StageCompute::Ports final : public StagePorts {
   void Begin(v1::DownItem first, int micro_batches) {
     items_.assign(static_cast<size_t>(micro_batches), v1::DownItem());
     items_[0] = std::move(first);
+    if (exchange_) exchange_->Reset();  // nothing of an abandoned step stays in flight
     receive_wait_ = send_wait_ = 0;
     rows_ = 0;
   }
@@ -140,27 +141,7 @@ class StageCompute::Ports final : public StagePorts {
   // Replicas: this step's gradient bucket, gathered from every replica and summed.
   PortState ExchangeWithReplicas(Stage& stage) override {
     if (!setup_.group) return PortState::kReady;
-    if (!bucket_) bucket_ = std::make_unique<ReplicaBucket>(stage);
-    const size_t n = static_cast<size_t>(bucket_->size());
-    absl::Status s;
-    Backend& backend = host_.backend();
-    const bool on_device = backend.device() == DeviceType::kCUDA && ReplicaGroup::DeviceAvailable();
-    if (on_device) {
-      // NCCL gathers in device memory; the buckets never leave the GPU.
-      if (!device_send_.defined()) {
-        device_send_ = Tensor::Empty(backend, {static_cast<int64_t>(n)});
-        device_gathered_ = Tensor::Empty(backend, {static_cast<int64_t>(n) * setup_.replicas});
-        device_sum_ = Tensor::Empty(backend, {static_cast<int64_t>(n)});
-      }
-      bucket_->PackOnDevice(device_send_.f32());
-      s = setup_.group->AllGatherOnDevice(device_send_.f32(), bucket_->size(),
-                                          device_gathered_.f32(), backend);
-    } else {
-      send_.resize(n);
-      gathered_.resize(n * static_cast<size_t>(setup_.replicas));
-      bucket_->Pack(send_.data());
-      s = setup_.group->AllGather(send_.data(), bucket_->size(), gathered_.data());
-    }
+    absl::Status s = Exchange(stage).Finish();
     if (!s.ok()) {
       // The replicas can no longer step together: no step is applied from now on, and the
       // coordinator hears why, once (it recovers once the lost replica is back).
@@ -168,13 +149,16 @@ class StageCompute::Ports final : public StagePorts {
       exchange_failed_ = true;
       return PortState::kGone;
     }
-    if (on_device) {
-      bucket_->UnpackOnDevice(device_gathered_.f32(), setup_.replicas, device_sum_.f32());
-    } else {
-      bucket_->Unpack(gathered_.data(), setup_.replicas);
-    }
     return PortState::kReady;
   }
+
+  // Replicas: a group's gather starts while the backward pass goes on (replica_exchange.h).
+  void GradientsFinal(Stage& stage, int layer) override {
+    if (setup_.group) Exchange(stage).Final(layer);
+  }
+
+  // Ends the exchange thread (after what it has in flight), before the group is closed.
+  void StopExchange() { exchange_.reset(); }
 
   PortState AwaitGradient(int, const Tensor** grad) override {
     return TakeGradient(true, grad) == PortState::kReady && *grad ? PortState::kReady
@@ -259,14 +243,19 @@ class StageCompute::Ports final : public StagePorts {
   const bool returns_gradients_ = Rule(setup_.trainer.rule).returns_gradients && !setup_.last();
   std::deque<Owed> owed_;  // training batches sent on whose gradients are still to come
   ComputeLinks* links_ = nullptr;
-  std::vector<v1::DownItem> items_;        // this step's, by micro-batch
-  std::vector<Tensor> inputs_, labels_;    // by slot: kept until the slot's backward
-  Tensor returned_;                        // the gradient being applied
-  Tensor staging_, grad_staging_;          // host bytes of converted or device tensors
-  std::unique_ptr<ReplicaBucket> bucket_;  // replicas: the stage's exchange
-  std::vector<float> send_, gathered_;
-  Tensor device_send_, device_gathered_, device_sum_;  // with NCCL
+  std::vector<v1::DownItem> items_;            // this step's, by micro-batch
+  std::vector<Tensor> inputs_, labels_;        // by slot: kept until the slot's backward
+  Tensor returned_;                            // the gradient being applied
+  Tensor staging_, grad_staging_;              // host bytes of converted or device tensors
+  std::unique_ptr<ReplicaExchange> exchange_;  // replicas, made on first use
   bool exchange_failed_ = false;
+  ReplicaExchange& Exchange(Stage& stage) {
+    if (!exchange_) {
+      exchange_ =
+          std::make_unique<ReplicaExchange>(stage, *setup_.group, setup_.replicas, host_.backend());
+    }
+    return *exchange_;
+  }
   double receive_wait_ = 0, send_wait_ = 0;
   int64_t rows_ = 0;
 };
@@ -298,6 +287,7 @@ void StageCompute::Run(ComputeLinks& session) {
   std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
   executor_.Flush(*ports_);
   // Replicas: a peer still waiting in an exchange with this one stops waiting now.
+  ports_->StopExchange();
   if (setup_.group) setup_.group->Close();
   stats_.SetDelays(executor_.delays());
   ports_->Attach(nullptr);

@@ -191,7 +191,8 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
   (void)in;
   (void)out;
 #endif
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  seconds_ =
+      seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
   return absl::OkStatus();
 }
@@ -280,7 +281,8 @@ absl::Status ReplicaGroup::AllGatherOnDevice(const float* in, int64_t n, float* 
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  seconds_ =
+      seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 // so that configuring the stages one after another never waits on a peer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -49,8 +50,9 @@ class ReplicaGroup {
   // its timeout, so that every replica's stream can end and the stage be configured again.
   void Close();
 
-  double seconds() const { return seconds_; }
-  int64_t bytes_sent() const { return bytes_; }
+  // Read from any thread while the exchange thread gathers.
+  double seconds() const { return seconds_.load(); }
+  int64_t bytes_sent() const { return bytes_.load(); }
 
  private:
   class Impl;
@@ -61,8 +63,8 @@ class ReplicaGroup {
   const SecurityOptions& security_;
   std::unique_ptr<Impl> impl_;
   absl::Status failed_;
-  double seconds_ = 0;
-  int64_t bytes_ = 0;
+  std::atomic<double> seconds_{0};
+  std::atomic<int64_t> bytes_{0};
 };
 
 }  // namespace localpar

@@ -206,6 +206,70 @@ TEST(Replicas, GradientsAddInReplicaOrderAndRunningStatisticsAverage) {
   EXPECT_EQ(bucket.size(), a.model->stage(0).num_parameters());
 }
 
+// What a stage's program tells its ports about final gradients, so that replicas can start
+// exchanging a group while the backward pass goes on: the head after the last head
+// action, then each layer, the last first, during the last backward action only, and all
+// before the step.
+struct RecordingPorts final : StagePorts {
+  explicit RecordingPorts(StagePorts& p) : inner(p) {}
+  PortState Receive(int m, const Tensor** x, const Tensor** labels) override {
+    log.push_back("receive " + std::to_string(m));
+    return inner.Receive(m, x, labels);
+  }
+  void SendActivations(int m, const Tensor& y) override { inner.SendActivations(m, y); }
+  void SendInputGradient(int m, const Tensor& dx) override { inner.SendInputGradient(m, dx); }
+  PortState AwaitGradient(int m, const Tensor** grad) override {
+    return inner.AwaitGradient(m, grad);
+  }
+  PortState ExchangeWithReplicas(Stage&) override {
+    log.push_back("exchange");
+    return PortState::kReady;
+  }
+  void GradientsFinal(Stage&, int layer) override {
+    log.push_back("final " + std::to_string(layer));
+  }
+  StagePorts& inner;
+  std::vector<std::string> log;
+};
+
+TEST(Replicas, GradientsAreAnnouncedFinalOnceEachInTheOrderTheyComplete) {
+  for (UpdateRule rule : {UpdateRule::kGreedy, UpdateRule::kBackprop}) {
+    Fixture f(SmallModel(1));  // linear, gelu, and a head
+    TrainerOptions o = Options(rule, rule == UpdateRule::kBackprop ? 2 : 1);
+    StageExecutor e(f.model->stage(0), StageProgramSpec(o, 0, 1));
+    LocalPipeline pipe(1, WireFormat::kF32);
+    StepContext ctx;
+    ctx.lr = 0.1f;
+    ctx.loss_scale = 1.0f / kBatch;
+    ctx.micro_batches = rule == UpdateRule::kBackprop ? 2 : 1;
+    pipe.Load(f.x, f.y, ctx.micro_batches);
+    RecordingPorts ports(pipe.ports(0));
+    e.Begin(ctx);
+    ASSERT_EQ(e.Run(ports), StageExecutor::Result::kDone);
+    pipe.Clear();
+    std::vector<std::string> want = {"receive 0", "final -1", "final 1", "final 0", "exchange"};
+    if (rule == UpdateRule::kBackprop) {
+      want = {"receive 0", "receive 1", "final -1", "final 1", "final 0", "exchange"};
+    }
+    EXPECT_EQ(ports.log, want) << UpdateRuleName(rule);
+    // Without an update (or evaluating) nothing is announced.
+    ctx.apply_update = false;
+    pipe.Load(f.x, f.y, ctx.micro_batches);
+    RecordingPorts quiet(pipe.ports(0));
+    e.Begin(ctx);
+    ASSERT_EQ(e.Run(quiet), StageExecutor::Result::kDone);
+    pipe.Clear();
+    for (const std::string& line : quiet.log) EXPECT_EQ(line.rfind("receive", 0), 0u) << line;
+  }
+  // The groups: the head's first, then the layers with parameters, the last first.
+  Fixture f(SmallModel(2));
+  ParamGroups g = GroupParams(f.model->stage(1));  // linear, gelu; an MLP head
+  ASSERT_EQ(g.groups.size(), 2u);
+  EXPECT_EQ(g.head, 0);
+  EXPECT_EQ(g.layer, (std::vector<int>{1, -1}));
+  EXPECT_EQ(g.groups[1], f.model->stage(1).layer_params(0));
+}
+
 TEST(MicroBatchRange, SplitsRowsWithTheRemainderFirst) {
   int64_t b, c;
   MicroBatchRange(10, 4, 0, &b, &c);
