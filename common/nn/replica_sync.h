@@ -1,6 +1,7 @@
 // Replicas of a stage (Job.replicas): what they exchange after a training step's backward
 // pass so that every replica takes the same update. Each replica packs its contribution
-// into one float32 bucket; the buckets of all replicas are gathered side by side (Gloo's
+// into float32 buckets (one per parameter group on a worker, one for the whole stage in
+// the reference trainer); the buckets of all replicas are gathered side by side (Gloo's
 // allgather between workers, plain copies in the reference trainer), and every replica
 // unpacks the same sum. The sum is added in replica order, element by element, so that
 // every replica, every run and the reference trainer compute it bitwise alike: a ring

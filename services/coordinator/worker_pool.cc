@@ -122,7 +122,7 @@ std::vector<std::optional<v1::StatsResponse>> WorkerPool::PollStats(
       if (each[Index(k, r)]) parts.push_back(&*each[Index(k, r)]);
     }
     if (static_cast<int>(parts.size()) != replicas_) continue;
-    out[k] = replicas_ == 1 ? *parts[0] : MergeReplicaStats(parts);
+    out[k] = MergeReplicaStats(parts);
   }
   if (workers) *workers = std::move(each);
   return out;

@@ -191,9 +191,7 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
   (void)in;
   (void)out;
 #endif
-  seconds_ =
-      seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
+  Count(start, n);
   return absl::OkStatus();
 }
 
@@ -281,9 +279,7 @@ absl::Status ReplicaGroup::AllGatherOnDevice(const float* in, int64_t n, float* 
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  seconds_ =
-      seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
+  Count(start, n);
   return absl::OkStatus();
 }
 #else
@@ -295,6 +291,12 @@ absl::Status ReplicaGroup::AllGatherOnDevice(const float*, int64_t, float*, Back
   return ConnectDevice();
 }
 #endif
+
+void ReplicaGroup::Count(std::chrono::steady_clock::time_point start, int64_t n) {
+  seconds_ =
+      seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
+}
 
 void ReplicaGroup::Close() {
   impl_.reset();

@@ -2,7 +2,7 @@
 // service (a gloo::rendezvous::Store over gRPC, so no shared filesystem is assumed) and
 // gather each step's gradient bucket (common/nn/replica_sync.h): CPU workers over Gloo's
 // TCP transport (a full mesh), CUDA workers with NCCL in device memory where this build has
-// it (LOCALPAR_WITH_NCCL). The connections are made on first use, from the compute thread,
+// it (LOCALPAR_WITH_NCCL). The connections are made on first use, from the exchange thread,
 // so that configuring the stages one after another never waits on a peer.
 #pragma once
 
@@ -58,6 +58,8 @@ class ReplicaGroup {
   class Impl;
   absl::Status Connect();
   absl::Status ConnectDevice();
+  // One gather of n floats done, begun at `start`: its time and the bytes sent.
+  void Count(std::chrono::steady_clock::time_point start, int64_t n);
 
   const ReplicaGroupOptions options_;
   const SecurityOptions& security_;
