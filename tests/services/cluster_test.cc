@@ -573,10 +573,15 @@ TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
     EXPECT_LE(depth[k], cap[k]) << "stage " << k;
     // Three more epochs through a pipeline throttled by its last stage, after two that bring
     // the allocator's per-thread caches to their steady state. Unbounded buffering would hold
-    // up to 90 more 1 MiB batches per link; allocator noise is a few MB.
+    // up to 90 more 1 MiB batches per link. Allocator and gRPC buffer noise is a few MB on an
+    // idle machine and was once 24 MB with the whole test suite running beside it, so the
+    // bound sits at 40 MB: under half of what unbounded buffering would add.
     const auto& rss = parsed.stage_reports(k).resident_bytes_by_epoch();
     ASSERT_EQ(rss.size(), 5);
-    EXPECT_LT(parsed.stage_reports(k).resident_bytes() - rss[1], 20e6) << "stage " << k;
+    std::ostringstream series;
+    for (double b : rss) series << " " << static_cast<int64_t>(b);
+    EXPECT_LT(parsed.stage_reports(k).resident_bytes() - rss[1], 40e6)
+        << "stage " << k << ", resident bytes by epoch:" << series.str();
   }
   // The upstream queues filled up: backpressure, not unbounded buffering.
   EXPECT_EQ(depth[0], cap[0]);
