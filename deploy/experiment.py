@@ -34,6 +34,10 @@ import subprocess
 import sys
 
 RULES = ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP")
+# deploy/frontier.py owns the part of the results file between these markers; a rewrite of
+# the file here keeps it.
+FRONTIER_BEGIN = "<!-- frontier: begin (written by deploy/frontier.py) -->"
+FRONTIER_END = "<!-- frontier: end -->"
 
 
 def fail(message):
@@ -429,8 +433,15 @@ def main():
         for fname in os.listdir(plots_dir):
             if fname.endswith(".svg"):
                 shutil.copy(os.path.join(plots_dir, fname), dest)
+        kept = ""
+        if os.path.exists(args.results):
+            with open(args.results) as f:
+                old = f.read()
+            if FRONTIER_BEGIN in old and FRONTIER_END in old:
+                start = old.index(FRONTIER_BEGIN)
+                kept = old[start:old.index(FRONTIER_END, start) + len(FRONTIER_END)] + "\n"
         with open(args.results, "w") as f:
-            f.write(text_md)
+            f.write(text_md + ("\n" + kept if kept else ""))
     print(f"experiment: {len(rows)} runs; {os.path.join(args.out, 'RESULTS.md')}",
           file=sys.stderr)
 

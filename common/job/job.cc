@@ -358,6 +358,20 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
   if (o.max_steps() > 0) job->set_max_steps(o.max_steps());
   if (o.has_seed()) job->set_seed(static_cast<uint64_t>(o.seed()));
   if (o.replicas() > 0) job->set_replicas(o.replicas());
+  if (o.batch_size() < 0) return absl::InvalidArgumentError("--batch_size: must be >= 0");
+  if (o.batch_size() > 0) job->set_batch_size(o.batch_size());
+  if (!(o.lr() >= 0) || !std::isfinite(o.lr())) {
+    return absl::InvalidArgumentError("--lr: must be a finite number >= 0");
+  }
+  if (o.lr() > 0) {
+    v1::Schedule* s = job->mutable_schedule();
+    const double old_lr = s->lr() > 0 ? s->lr() : 1e-3;  // the schedule's default
+    s->set_min_lr(static_cast<float>(s->min_lr() * o.lr() / old_lr));
+    s->set_lr(static_cast<float>(o.lr()));
+  }
+  if (o.eval_every_steps() < 0)
+    return absl::InvalidArgumentError("--eval_every_steps: must be >= 0");
+  if (o.eval_every_steps() > 0) job->set_eval_every_steps(o.eval_every_steps());
   if (o.stages() > 0) {
     absl::StatusOr<v1::Job> regrouped = RegroupStages(*job, o.stages());
     if (!regrouped.ok()) {

@@ -96,6 +96,12 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
       t.stage = Stage::Create(backend, plain, in, mc.classes, mc.optimizer, 1, &error);
     }
     if (!t.stage) return absl::InvalidArgumentError(absl::StrCat(p.label, ": ", error));
+    p.stage = units[u].back().first;
+    StageConfig counted = mc.stages[u];
+    if (!t.head_fits) counted.head = HeadConfig();
+    const StageFlops flops = StageForwardFlops(counted, in, mc.classes);
+    p.forward_flops = flops.layers;
+    p.head_forward_flops = t.head_fits ? flops.head : 0.0;
     Shape xs{batch};
     xs.insert(xs.end(), in.begin(), in.end());
     std::vector<float> xv(static_cast<size_t>(NumElements(xs)));

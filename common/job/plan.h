@@ -18,6 +18,11 @@ struct UnitProfile {
   double seconds = 0;        // forward, backward and update of the layer, per batch
   double head_seconds = -1;  // the head, if a stage ended here; < 0: a head cannot go here
   int layers = 1;            // job layers in the unit
+  int stage = 0;             // the job stage its last layer comes from
+  // One example's forward FLOPs (StageForwardFlops): the unit's layers, and the head if a
+  // stage ended here (0 where a head cannot go).
+  double forward_flops = 0;
+  double head_forward_flops = 0;
 };
 
 // Times each unit of `job` on `backend` with batches of `batch` examples: the median of

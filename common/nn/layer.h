@@ -110,4 +110,9 @@ bool InferLayerShape(const LayerConfig& config, const Shape& in, Shape* out, std
 // computed from shapes alone: what a worker checks before it allocates a stage.
 int64_t LayerParameterCount(const LayerConfig& config, const Shape& in);
 
+// Floating-point operations of one example's forward pass, from shapes alone: 2 per
+// multiply-add of linear, dense, convolution and attention layers (residual blocks add up
+// their bodies). Elementwise layers, normalisation, pooling and embedding lookups count 0.
+double LayerForwardFlops(const LayerConfig& config, const Shape& in);
+
 }  // namespace localpar

@@ -811,6 +811,42 @@ int64_t LayerParameterCount(const LayerConfig& cfg, const Shape& in) {
   }
 }
 
+double LayerForwardFlops(const LayerConfig& cfg, const Shape& in) {
+  using K = LayerConfig::Kind;
+  const double last = in.empty() ? 0.0 : static_cast<double>(in.back());
+  const double elements = static_cast<double>(NumElements(in));
+  const double positions = last > 0 ? elements / last : 0.0;
+  Shape out;
+  std::string ignored;
+  switch (cfg.kind) {
+    case K::kLinear:
+      return 2.0 * elements * static_cast<double>(cfg.out_features);
+    case K::kDense:
+      return 2.0 * positions * last * static_cast<double>(cfg.out_features);
+    case K::kConv2d: {
+      if (!InferLayerShape(cfg, in, &out, &ignored) || out.size() != 3 || in.size() != 3) return 0;
+      const double window = static_cast<double>(cfg.kernel * cfg.kernel) * last;
+      return 2.0 * window * static_cast<double>(NumElements(out));
+    }
+    case K::kCausalSelfAttention:
+      // Four d x d projections per position, then scores Q K^T and their weighted sum of V
+      // over every pair of positions (the mask is applied to a full matrix).
+      return 2.0 * 4.0 * positions * last * last + 2.0 * 2.0 * positions * positions * last;
+    case K::kResidual: {
+      double n = 0;
+      Shape cur = in;
+      for (const LayerConfig& b : cfg.body) {
+        n += LayerForwardFlops(b, cur);
+        Shape next;
+        if (InferLayerShape(b, cur, &next, &ignored)) cur = next;
+      }
+      return n;
+    }
+    default:
+      return 0;  // elementwise, normalisation, pooling and lookups: no multiply-adds
+  }
+}
+
 void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers) {
   for (size_t i = 0; i + 1 < layers.size(); ++i) {
     auto* linear = dynamic_cast<Linear*>(layers[i].get());

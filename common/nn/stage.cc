@@ -64,6 +64,25 @@ int64_t StageParameterCount(const StageConfig& config, const Shape& in, int64_t 
   return n;
 }
 
+StageFlops StageForwardFlops(const StageConfig& config, const Shape& in, int64_t classes) {
+  StageFlops f;
+  Shape cur = in;
+  std::string error;
+  auto walk = [&](const std::vector<LayerConfig>& layers, double* sum) {
+    for (const LayerConfig& l : layers) {
+      *sum += LayerForwardFlops(l, cur);
+      Shape next;
+      if (!InferLayerShape(l, cur, &next, &error)) return false;
+      cur = next;
+    }
+    return true;
+  };
+  if (!walk(config.layers, &f.layers)) return {};
+  std::vector<LayerConfig> head;
+  if (!HeadLayers(config.head, cur, classes, &head, &error) || !walk(head, &f.head)) return {};
+  return f;
+}
+
 Stage::Slot& Stage::slot(int i) {
   if (static_cast<size_t>(i) >= slots_.size()) slots_.resize(i + 1);
   return slots_[i];

@@ -116,6 +116,14 @@ class Stage {
 // included, from shapes alone (0 when the shapes do not fit).
 int64_t StageParameterCount(const StageConfig& config, const Shape& in, int64_t classes);
 
+// One example's forward FLOPs through a stage's layers and through its head, from shapes
+// alone (LayerForwardFlops); both 0 when the shapes do not fit.
+struct StageFlops {
+  double layers = 0;
+  double head = 0;
+};
+StageFlops StageForwardFlops(const StageConfig& config, const Shape& in, int64_t classes);
+
 // Every participant derives a stage's seed the same way, so a worker that builds stage k
 // alone gets the weights the reference trainer has.
 uint64_t StageSeed(uint64_t model_seed, int stage_index);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/job/plan.h"
+#include "common/job/report.h"
 #include "common/job/run.h"
 #include "google/protobuf/text_format.h"
 #include "services/common/exit_codes.h"
@@ -35,7 +36,7 @@ int Profile(const char* command, const char* usage, const Args& args, v1::Profil
   int rc = 0;
   if (!ParseCommand(command, usage, args, c, {}, &path, &rc)) return rc;
   v1::JobOverrides overrides = c->overrides();
-  overrides.clear_stages();
+  if (!c->json()) overrides.clear_stages();  // --json describes the job's stages as regrouped
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(path, overrides);
   if (!loaded.ok()) {
     return Fail(IsDataError(loaded.status()) ? kExitBadData : kExitBadJob,
@@ -126,15 +127,43 @@ int ProjectCommandMain(const Args& args) {
   link.cores = c.cores();
   link.replicas = job.replicas();
   const int64_t share = ReplicaRows(job.batch_size(), job.replicas(), 0);
-  std::cout << absl::StrFormat(
-      "project: %s on %s, batch %d%s, link %s, latency %.0f us, cores %s\n", job.name(), device,
-      job.batch_size(),
-      link.replicas > 1 ? absl::StrFormat(" in %d replicas of %d", link.replicas, share) : "",
-      link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", c.link_gbps())
-                                : std::string("unlimited"),
-      1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per worker");
-  std::cout << "stages  slowest stage ms  largest hop MiB"
-            << (link.replicas > 1 ? "  exchange ms" : "") << "  predicted examples/s\n";
+  v1::ProjectReport out;
+  out.set_job(job.name());
+  out.set_device(device);
+  out.set_batch(static_cast<int32_t>(share));
+  if (c.json()) {
+    // The job's own stages: consecutive units that come from one job stage.
+    Partition own;
+    for (size_t u = 0; u < profile.size(); ++u) {
+      if (u == 0 || profile[u].stage != profile[u - 1].stage) {
+        own.sizes.push_back(0);
+        out.add_stages()->set_name(job.stages(profile[u].stage).name());
+      }
+      ++own.sizes.back();
+      v1::StageProfile* sp = out.mutable_stages(out.stages_size() - 1);
+      sp->set_seconds(sp->seconds() + profile[u].seconds);
+      sp->set_forward_flops(sp->forward_flops() + profile[u].forward_flops);
+      sp->set_head_seconds(std::max(0.0, profile[u].head_seconds));  // the last unit's
+      sp->set_head_forward_flops(profile[u].head_forward_flops);
+      sp->set_units(sp->units() + 1);
+    }
+    const std::vector<double> hops = HopBytes(job, own, share);
+    const std::vector<double> params = ExchangeBytes(job, own);
+    for (int k = 0; k < out.stages_size(); ++k) {
+      out.mutable_stages(k)->set_hop_bytes(k < static_cast<int>(hops.size()) ? hops[k] : 0);
+      out.mutable_stages(k)->set_parameter_bytes(params[k]);
+    }
+  } else {
+    std::cout << absl::StrFormat(
+        "project: %s on %s, batch %d%s, link %s, latency %.0f us, cores %s\n", job.name(), device,
+        job.batch_size(),
+        link.replicas > 1 ? absl::StrFormat(" in %d replicas of %d", link.replicas, share) : "",
+        link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", c.link_gbps())
+                                  : std::string("unlimited"),
+        1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per worker");
+    std::cout << "stages  slowest stage ms  largest hop MiB"
+              << (link.replicas > 1 ? "  exchange ms" : "") << "  predicted examples/s\n";
+  }
   for (absl::string_view part : absl::StrSplit(c.project_stages(), ',')) {
     int k = 0;
     if (!absl::SimpleAtoi(part, &k) || k < 1) {
@@ -147,11 +176,21 @@ int ProjectCommandMain(const Args& args) {
     link.exchange_bytes = ExchangeBytes(job, *p);
     std::vector<double> exchange = ExchangeSeconds(link, p->stage_seconds.size());
     const double slowest_exchange = *std::max_element(exchange.begin(), exchange.end());
+    const double rate = PredictExamplesPerSecond(p->stage_seconds, hops, job.batch_size(), link);
+    if (c.json()) {
+      v1::StageCountProjection* pr = out.add_projections();
+      pr->set_stages(k);
+      pr->set_slowest_stage_seconds(p->bottleneck());
+      pr->set_largest_hop_bytes(largest);
+      pr->set_exchange_seconds(slowest_exchange);
+      pr->set_examples_per_second(rate);
+      continue;
+    }
     std::cout << absl::StrFormat(
         "%6d  %16.3f  %15.2f%s  %20.0f\n", k, 1e3 * p->bottleneck(), largest / (1 << 20),
-        link.replicas > 1 ? absl::StrFormat("  %11.3f", 1e3 * slowest_exchange) : "",
-        PredictExamplesPerSecond(p->stage_seconds, hops, job.batch_size(), link));
+        link.replicas > 1 ? absl::StrFormat("  %11.3f", 1e3 * slowest_exchange) : "", rate);
   }
+  if (c.json()) std::cout << ToJson(out) << "\n";
   return kExitOk;
 }
 

@@ -118,7 +118,13 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         # --reuse reads the runs back instead of training again.
         logs = [os.path.join(out, "runs", d, "run.log") for d in os.listdir(os.path.join(out, "runs"))]
         before = {p: os.path.getmtime(p) for p in logs}
+        # The frontier sweep's section of the results file survives a rewrite.
+        block = ("<!-- frontier: begin (written by deploy/frontier.py) -->\nthe frontier\n"
+                 "<!-- frontier: end -->\n")
+        with open(results, "a") as f:
+            f.write("\n" + block)
         r = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True)
+        check(open(results).read().count(block) == 1, "the frontier section was lost")
         check(r.returncode == 0, f"--reuse failed: {r.stderr}")
         check(all(os.path.getmtime(p) == t for p, t in before.items()), "--reuse reran runs")
         check(list(csv.DictReader(open(os.path.join(out, "results.csv")))) == rows,

@@ -502,6 +502,31 @@ TEST(JobFiles, OverridesApplyBeforeTheJobIsChecked) {
   EXPECT_EQ(j->seed(), 0u);
 }
 
+TEST(JobFiles, BatchSizeLearningRateAndEvaluationOverrides) {
+  std::string path = ::testing::TempDir() + "/sweep.textproto";
+  std::ofstream(path) << "rule: GREEDY batch_size: 32 data { synthetic { shape: [4] } }\n"
+                         "schedule { kind: COSINE lr: 0.002 min_lr: 0.0002 }\n"
+                         "stages { layers { linear { out_features: 4 } } }\n";
+  v1::JobOverrides o;
+  o.set_batch_size(256);
+  o.set_lr(0.008);
+  o.set_eval_every_steps(50);
+  absl::StatusOr<v1::Job> j = LoadJobWithOverrides(path, o);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->batch_size(), 256);
+  EXPECT_FLOAT_EQ(j->schedule().lr(), 0.008f);
+  EXPECT_FLOAT_EQ(j->schedule().min_lr(), 0.0008f);  // scaled with the peak
+  EXPECT_EQ(j->eval_every_steps(), 50);
+  // Without them the job's own values stay.
+  j = LoadJobWithOverrides(path, {});
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->batch_size(), 32);
+  EXPECT_FLOAT_EQ(j->schedule().lr(), 0.002f);
+  EXPECT_EQ(j->eval_every_steps(), 0);
+  o.set_lr(NAN);
+  EXPECT_EQ(LoadJobWithOverrides(path, o).status().message(), "--lr: must be a finite number >= 0");
+}
+
 TEST(ProgressPrinter, ShowsElapsedTimeAndAnEtaFromTheStepsSinceTheFirstLine) {
   std::ostringstream out;
   ProgressPrinter printer(out, /*live=*/false, /*enabled=*/true);

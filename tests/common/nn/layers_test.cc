@@ -6,6 +6,7 @@
 
 #include "common/core/rng.h"
 #include "common/nn/layer.h"
+#include "common/nn/stage.h"
 #include "tests/common/test_util.h"
 
 namespace localpar {
@@ -400,6 +401,45 @@ TEST(LayerShapes, MismatchesAreReportedWithBothShapes) {
   EXPECT_NE(error.find("image input"), std::string::npos) << error;
   EXPECT_FALSE(InferLayerShape(Cfg(K::kMaxPool, 0, 5, 1, 0), {3, 3, 1}, &out, &error));
   EXPECT_NE(error.find("does not fit"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace localpar
+
+namespace localpar {
+namespace {
+
+// Forward FLOPs from shapes, against counts worked out by hand: 2 per multiply-add.
+TEST(LayerFlops, CountTwoPerMultiplyAddOfEachLayerKind) {
+  using K = LayerConfig::Kind;
+  // Linear on a 3x3x2 image flattened (18 features) to 4: 18 x 4 multiply-adds.
+  EXPECT_EQ(LayerForwardFlops(Cfg(K::kLinear, 4), {3, 3, 2}), 2.0 * 18 * 4);
+  // Dense per position: 5 positions of 8 features to 6.
+  EXPECT_EQ(LayerForwardFlops(Cfg(K::kDense, 6), {5, 8}), 2.0 * 5 * 8 * 6);
+  // Conv 3x3, stride 2, padding 1, 2 to 7 channels on 9x9: a 5x5 output, 3*3*2 per output.
+  EXPECT_EQ(LayerForwardFlops(Cfg(K::kConv2d, 7, 3, 2, 1), {9, 9, 2}), 2.0 * 5 * 5 * 7 * 18);
+  // Attention over 4 positions of width 6: four 6x6 projections per position, then 4x4
+  // scores of 6 multiply-adds and the 4x4 weighted sums of 6-wide values.
+  LayerConfig attn = Cfg(K::kCausalSelfAttention);
+  attn.heads = 2;
+  EXPECT_EQ(LayerForwardFlops(attn, {4, 6}), 2.0 * (4 * 4 * 36 + 2 * 4 * 4 * 6));
+  // Elementwise layers and lookups: none.
+  EXPECT_EQ(LayerForwardFlops(Cfg(K::kRelu), {10}), 0);
+  LayerConfig emb = Cfg(K::kEmbedding);
+  emb.vocab = 256;
+  emb.dim = 8;
+  EXPECT_EQ(LayerForwardFlops(emb, {4}), 0);
+  // A residual block adds up its body: layer norm (0), dense 6 -> 24, gelu, dense 24 -> 6.
+  LayerConfig res = Cfg(K::kResidual);
+  res.body = {Cfg(K::kLayerNorm), Cfg(K::kDense, 24), Cfg(K::kGelu), Cfg(K::kDense, 6)};
+  EXPECT_EQ(LayerForwardFlops(res, {4, 6}), 2.0 * (4 * 6 * 24 + 4 * 24 * 6));
+  // A stage: linear 8 -> 16 and a ReLU, then a linear head to 10 classes.
+  StageConfig stage;
+  stage.layers = {Cfg(K::kLinear, 16), Cfg(K::kRelu)};
+  stage.head.kind = HeadConfig::Kind::kLinear;
+  const StageFlops f = StageForwardFlops(stage, {8}, 10);
+  EXPECT_EQ(f.layers, 2.0 * 8 * 16);
+  EXPECT_EQ(f.head, 2.0 * 16 * 10);
 }
 
 }  // namespace

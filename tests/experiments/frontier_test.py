@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""The frontier sweep (deploy/frontier.py): its logic against hand-computed values, FLOP
+counting from a real job against counts worked out by hand, and a small sweep end to end.
+
+Usage: frontier_test.py LOCALPAR_BINARY SOURCE_DIR
+"""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def check(cond, message):
+    if not cond:
+        print(f"FAIL: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+
+
+def test_logic(fr):
+    # Target detection: the first evaluation that meets the target, either direction.
+    pts = [(10, 0.5), (20, 0.79), (30, 0.81), (40, 0.9)]
+    check(fr.first_reaching(pts, 0.8, True) == (30, 0.81), "first accuracy >= 0.8")
+    check(fr.first_reaching(pts, 0.95, True) is None, "an accuracy never reached")
+    bpb = [(10, 4.2), (20, 3.9), (30, 3.7), (40, 3.75)]
+    check(fr.first_reaching(bpb, 3.8, False) == (30, 3.7), "first bits/byte <= 3.8")
+    check(fr.first_reaching(bpb, 3.9, False) == (20, 3.9), "a target met exactly counts")
+    # Examples seen: 100 examples in batches of 32 are 4 steps an epoch (the last one 4 rows),
+    # so 10 steps are 2 whole epochs and 2 batches.
+    check(fr.examples_seen(10, 32, 100) == 2 * 100 + 2 * 32, "examples after 10 steps")
+    check(fr.examples_seen(8, 32, 100) == 200, "examples after 2 epochs")
+    # Training FLOPs: 3 x forward; local rules train every head, backprop only the last.
+    stages = [{"forward_flops": 100, "head_forward_flops": 10},
+              {"forward_flops": 200, "head_forward_flops": 20}]
+    check(fr.training_flops_per_example(stages, "local") == 3 * (100 + 10 + 200 + 20), "local")
+    check(fr.training_flops_per_example(stages, "overlap") == 990, "overlap")
+    check(fr.training_flops_per_example(stages, "data_parallel") == 3 * (300 + 20), "dp")
+    check(fr.training_flops_per_example(stages, "pipelined_backprop") == 960, "pipelined")
+    # A ring all-reduce of 1 MB over 4 replicas at 1 GB/s and 10 us: 1.5 ms + 60 us.
+    check(close(fr.allreduce_seconds(1e6, 4, 1e9, 1e-5), 1.5e-3 + 6e-5), "all-reduce")
+    check(fr.allreduce_seconds(1e6, 1, 1e9, 1e-5) == 0, "no all-reduce without replicas")
+    # Step times: stage 0 takes 1 s + a 0.1 s head, stage 1 2 s + 0.2 s.
+    st = [{"seconds": 1.0, "head_seconds": 0.1, "parameter_bytes": 0},
+          {"seconds": 2.0, "head_seconds": 0.2, "parameter_bytes": 0}]
+    check(close(fr.step_seconds("local", st, 1, 1, 1e9, 0), 2.2), "local: the slowest stage")
+    check(close(fr.step_seconds("overlap", st, 1, 1, 1e9, 0), 3.3), "overlap: the slowest pair")
+    check(close(fr.step_seconds("data_parallel", st, 1, 1, 1e9, 0), 3.2),
+          "data parallel: every layer and the last head")
+    check(close(fr.step_seconds("pipelined_backprop", st, 1, 4, 1e9, 0), (4 + 2 - 1) * 2.2),
+          "GPipe: (M + K - 1) slots of the slowest stage")
+    check(close(fr.step_seconds("local", st, 1, 1, 1e9, 0, cores=1), 3.3),
+          "two stages on one core take their sum")
+    st[1]["parameter_bytes"] = 4e6  # 2 replicas: (2 - 1) / 2 x 2 x 4 MB at 1 GB/s = 4 ms
+    check(close(fr.step_seconds("local", st, 2, 1, 1e9, 0), 2.2 + 4e-3), "local + all-reduce")
+    check(fr.pipeline_fill("local", 4) == 3 and fr.pipeline_fill("data_parallel", 4) == 0,
+          "pipeline fill")
+    # The Pareto front of (compute, time) points.
+    check(fr.pareto([(1, 5), (2, 2), (3, 3), (5, 1), (2, 2)]) == [0, 1, 3, 4], "pareto front")
+    # Learning rates: base x sqrt(B / base_batch) x factor.
+    grid = fr.lr_grid({"base": 1e-3, "base_batch": 128, "factors": [1, 2]}, 512)
+    check(all(close(a, b) for a, b in zip(grid, [2e-3, 4e-3])), f"lr grid {grid}")
+
+
+def write_job(path, train_examples):
+    with open(path, "w") as f:
+        f.write(f'''name: "tiny"
+rule: GREEDY
+batch_size: 16
+seed: 2
+data {{ synthetic {{ train_examples: {train_examples} test_examples: 128 shape: [16] classes: 4
+                    seed: 3 noise: 0.5 }} }}
+optimizer {{ sgd {{ momentum: 0.9 }} }}
+schedule {{ lr: 0.05 }}
+stages {{ layers {{ linear {{ out_features: 32 }} }} layers {{ relu {{}} }} head {{ kind: LINEAR }} }}
+stages {{ layers {{ linear {{ out_features: 8 }} }} layers {{ relu {{}} }}
+         head {{ kind: MLP hidden: 16 }} }}
+''')
+
+
+def main():
+    localpar, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    sys.path.insert(0, os.path.join(source, "deploy"))
+    import frontier as fr
+    test_logic(fr)
+
+    with tempfile.TemporaryDirectory(prefix="localpar_frontier_") as tmp:
+        job = os.path.join(tmp, "tiny.textproto")
+        write_job(job, 2048)
+        # FLOPs from the job's shapes, by hand: 16 -> 32 (1024), head 32 -> 4 (256);
+        # 32 -> 8 (512), MLP head 8 -> 16 -> 4 (256 + 128).
+        out = subprocess.run([localpar, "project", job, "--json", "--project_stages=1,2"],
+                             capture_output=True, text=True)
+        check(out.returncode == 0, f"project --json: {out.stderr}")
+        prof = json.loads(out.stdout)
+        got = [(s["forward_flops"], s["head_forward_flops"]) for s in prof["stages"]]
+        check(got == [(1024, 256), (512, 384)], f"forward FLOPs {got}")
+        check(prof["stages"][0]["parameter_bytes"] == 4 * ((16 + 1) * 32 + (32 + 1) * 4),
+              "parameter bytes")
+        check(prof["stages"][0]["hop_bytes"] == 4 * 16 * 32, "hop bytes of a batch of 16")
+        check(all(s["seconds"] > 0 and s["head_seconds"] > 0 for s in prof["stages"]), "times")
+        merged = json.loads(subprocess.run([localpar, "project", job, "--json", "--stages=1",
+                                            "--project_stages=1"],
+                                           capture_output=True, text=True).stdout)
+        check(len(merged["stages"]) == 1 and merged["stages"][0]["forward_flops"] == 1536
+              and merged["stages"][0]["head_forward_flops"] == 384, "--stages=1 merges")
+
+        spec = os.path.join(tmp, "spec.json")
+        methods = [
+            {"label": "data parallel", "rule": "BACKPROP", "stages": 1, "cost": "data_parallel"},
+            {"label": "pipelined K=2", "rule": "BACKPROP", "stages": 2, "train_stages": 1,
+             "cost": "pipelined_backprop"},
+            {"label": "GREEDY K=2", "rule": "GREEDY", "stages": 2, "cost": "local"},
+            {"label": "OVERLAP K=2", "rule": "OVERLAP", "stages": 2, "cost": "overlap"},
+        ]
+        with open(spec, "w") as f:
+            json.dump({"name": "t", "parallel": 2,
+                       "models": [{"job": job, "targets": [0.5, 0.9], "batch_sizes": [16, 64],
+                                   "device_batch": 16,
+                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
+                                   "max_examples": 4000000, "eval_every_examples": 256}],
+                       "methods": methods,
+                       "cluster_checks": [{"model": "tiny", "method": "GREEDY K=2", "batch": 64,
+                                           "steps": 20}]}, f)
+        out = os.path.join(tmp, "out")
+        results = os.path.join(tmp, "doc", "RESULTS.md")
+        os.makedirs(os.path.dirname(results))
+        with open(results, "w") as f:
+            f.write("# Results\n\nkept above\n")
+        cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--out", out,
+               "--localpar", localpar, "--results", results]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        check(r.returncode == 0, f"frontier failed:\n{r.stderr}")
+
+        rows = list(csv.DictReader(open(os.path.join(out, "frontier.csv"))))
+        check(len(rows) == 4 * 2 * 2, f"{len(rows)} points, want 16")
+        runs = {}
+        for d in os.listdir(os.path.join(out, "runs")):
+            runs[d] = json.load(open(os.path.join(out, "runs", d, "run.json")))
+        check(len(runs) == 3 * 2 * 2, f"{len(runs)} runs: pipelined backprop shares backprop's")
+        for run in runs.values():
+            # A target that is met stops the run long before its 4000000 examples.
+            check(run["stopped_at_target"], f"run not stopped at its target: {run}")
+            check(run["points"][-1]["step"] < 4000000 // run["batch"], "ran to the end")
+        for row in rows:
+            if row["reached"] != "True":
+                continue
+            b, target = int(row["batch"]), float(row["target"])
+            rule = row["rule"]
+            k = 1 if rule == "BACKPROP" else 2
+            # The fastest learning rate's first evaluation at the target.
+            best = None
+            for lr in fr.lr_grid({"base": 0.05, "base_batch": 32, "factors": [1, 2]}, b):
+                run = runs[f"tiny-{rule}-K{k}-b{b}-lr{lr:.6g}"]
+                hit = fr.first_reaching([(p["step"], p["metrics"][-1]) for p in run["points"]],
+                                        target, True)
+                if hit and (best is None or hit[0] < best):
+                    best = hit[0]
+            check(int(row["steps"]) == best, f"{row['method']} B={b}: steps {row['steps']}")
+            check(int(row["examples"]) == fr.examples_seen(best, b, 2048), "examples")
+            per = {"BACKPROP": 3 * (1536 + 384), "GREEDY": 3 * (1536 + 256 + 384),
+                   "OVERLAP": 3 * (1536 + 256 + 384)}[rule]
+            check(float(row["flops_per_example"]) == per, f"{row['method']}: FLOPs per example")
+            check(close(float(row["compute_flops"]), int(row["examples"]) * per),
+                  "compute = examples x FLOPs per example")
+            fill = 1 if rule in ("GREEDY", "OVERLAP") else 0
+            check(close(float(row["time_seconds"]), (best + fill) * float(row["step_seconds"])),
+                  "time = (steps + fill) x step")
+            devices = {"data parallel": b // 16, "pipelined K=2": 2}.get(row["method"], 2 * b // 16)
+            check(int(row["devices"]) == devices, f"{row['method']} B={b}: devices")
+        checks = list(csv.DictReader(open(os.path.join(out, "checks.csv"))))
+        check(len(checks) == 1 and float(checks[0]["measured_step_ms"]) > 0, "cluster check")
+        md = open(results).read()
+        check(md.startswith("# Results\n\nkept above\n"), "the rest of RESULTS.md was lost")
+        for t in ("50%", "90%"):
+            check(f"### To {t}" in md, f"no table for the {t} target")
+        for plot in ("tiny_frontier_0_5.svg", "tiny_frontier_0_9.svg", "tiny_heads_by_depth.svg"):
+            path = os.path.join(tmp, "doc", "results", plot)
+            check(os.path.exists(path) and "<svg" in open(path).read(), f"no plot {plot}")
+            check(f"](results/{plot})" in md, f"RESULTS.md does not show {plot}")
+
+        # Again with --reuse: nothing reruns, and the section is replaced, not appended.
+        before = {d: os.path.getmtime(os.path.join(out, "runs", d, "run.json")) for d in runs}
+        r = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True)
+        check(r.returncode == 0, f"--reuse failed: {r.stderr}")
+        check(all(os.path.getmtime(os.path.join(out, "runs", d, "run.json")) == t
+                  for d, t in before.items()), "--reuse reran runs")
+        check(open(results).read().count("frontier: begin") == 1, "section appended twice")
+
+        # A bad sweep file names the field.
+        with open(spec, "w") as f:
+            json.dump({"models": [{"job": job, "targets": [0.5], "batch_sizes": [24],
+                                   "device_batch": 16, "max_examples": 10,
+                                   "eval_every_examples": 10,
+                                   "lr": {"base": 1, "base_batch": 1, "factors": [1]}}],
+                       "methods": methods}, f)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        check(r.returncode == 2 and "models[0].batch_sizes" in r.stderr, f"bad spec: {r.stderr}")
+    print("frontier_test: ok")
+
+
+if __name__ == "__main__":
+    main()
