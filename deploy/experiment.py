@@ -197,6 +197,11 @@ def quote(s):
     return '"' + s.replace('"', "'") + '"'
 
 
+def text(s):
+    """A title or label for gnuplot's enhanced text mode: underscores stay underscores."""
+    return quote(s.replace("\\", "/").replace("_", "\\\\_"))
+
+
 def line_plot(plots_dir, name, series, title, xlabel, ylabel, style, extra=""):
     """One SVG: a line per (label, points) in `series`; returns its file name."""
     data = f"{name}.dat"
@@ -206,14 +211,14 @@ def line_plot(plots_dir, name, series, title, xlabel, ylabel, style, extra=""):
             for x, y in points or [(0, "NaN")]:
                 f.write(f"{x} {y}\n")
             f.write("\n\n")
-    plots = ", ".join(f"{quote(data)} index {i} using 1:2 with {style} title {quote(label)}"
+    plots = ", ".join(f"{quote(data)} index {i} using 1:2 with {style} title {text(label)}"
                       for i, (label, _) in enumerate(series))
     out = f"{name}.svg"
     gnuplot(f"""set terminal svg size 720,420 dynamic background rgb 'white'
 set output {quote(out)}
-set title {quote(title)}
-set xlabel {quote(xlabel)}
-set ylabel {quote(ylabel)}
+set title {text(title)}
+set xlabel {text(xlabel)}
+set ylabel {text(ylabel)}
 set key outside right
 set grid
 {extra}
