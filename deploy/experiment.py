@@ -45,14 +45,19 @@ def fail(message):
     sys.exit(2)
 
 
-def load_spec(path):
+def read_json(path):
+    """A JSON file, or exit 2 naming the file and, for bad JSON, the line and column."""
     try:
         with open(path) as f:
-            spec = json.load(f)
+            return json.load(f)
     except OSError as e:
         fail(f"{path}: {e.strerror}")
     except json.JSONDecodeError as e:
         fail(f"{path}:{e.lineno}:{e.colno}: {e.msg}")
+
+
+def load_spec(path):
+    spec = read_json(path)
     base = os.path.dirname(os.path.abspath(path))
     if not isinstance(spec.get("models"), list) or not spec["models"]:
         fail(f"{path}: models: a non-empty list is required")
@@ -255,24 +260,34 @@ def plot_model(name, rows, curves, text, plots_dir):
     ]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__,
+def parse_args(doc, spec_help, results_help, reuse_help, extra=None):
+    """The command line both runners share; `extra` adds a runner's own flags."""
+    p = argparse.ArgumentParser(description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", help="experiment file (JSON)")
+    p.add_argument("spec", help=spec_help)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--localpar", default="build/ci/localpar", help="the localpar binary")
-    p.add_argument("--results", help="also write the Markdown report to this path")
+    p.add_argument("--results", help=results_help)
     p.add_argument("--results_plots", help="where --results' plots are copied "
                    "(default: results/ next to it)")
-    p.add_argument("--reuse", action="store_true",
-                   help="read back runs that already have a report instead of rerunning them")
-    p.add_argument("--verbose", action="store_true", help="echo every progress line")
+    p.add_argument("--reuse", action="store_true", help=reuse_help)
     p.add_argument("--command", default=None,
-                   help="the command line to print in RESULTS.md (default: this one)")
+                   help="the command line to print in the report (default: this one)")
+    if extra:
+        extra(p)
     args = p.parse_args()
     if not os.access(args.localpar, os.X_OK):
         fail(f"{args.localpar}: not an executable; build first or pass --localpar")
     args.localpar = os.path.abspath(args.localpar)
+    return args
+
+
+def main():
+    args = parse_args(
+        __doc__, "experiment file (JSON)", "also write the Markdown report to this path",
+        "read back runs that already have a report instead of rerunning them",
+        lambda p: p.add_argument("--verbose", action="store_true",
+                                 help="echo every progress line"))
     spec = load_spec(args.spec)
     os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
     results_plots = None

@@ -45,7 +45,6 @@ frontier.csv, heads.csv, checks.csv, plots/*.svg and FRONTIER.md; with --results
 Markdown also replaces the frontier section of that file and the plots are copied next to it.
 """
 
-import argparse
 import csv
 import json
 import math
@@ -180,13 +179,9 @@ def pareto(points):
 
 
 def load_spec(path):
-    try:
-        with open(path) as f:
-            spec = json.load(f)
-    except OSError as e:
-        fail(f"{path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        fail(f"{path}:{e.lineno}:{e.colno}: {e.msg}")
+    spec = experiment.read_json(path)
+    if not isinstance(spec, dict):
+        fail(f"{path}: a JSON object is required")
     base = os.path.dirname(os.path.abspath(path))
     for key in ("models", "methods"):
         if not isinstance(spec.get(key), list) or not spec[key]:
@@ -411,22 +406,9 @@ plot {", ".join(plots)}
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", help="sweep file (JSON)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--localpar", default="build/ci/localpar", help="the localpar binary")
-    p.add_argument("--results", help="replace the frontier section of this Markdown file")
-    p.add_argument("--results_plots", help="where --results' plots are copied "
-                   "(default: results/ next to it)")
-    p.add_argument("--reuse", action="store_true",
-                   help="read back runs and profiles that already exist instead of redoing them")
-    p.add_argument("--command", default=None,
-                   help="the command line to print in the report (default: this one)")
-    args = p.parse_args()
-    if not os.access(args.localpar, os.X_OK):
-        fail(f"{args.localpar}: not an executable; build first or pass --localpar")
-    args.localpar = os.path.abspath(args.localpar)
+    args = experiment.parse_args(
+        __doc__, "sweep file (JSON)", "replace the frontier section of this Markdown file",
+        "read back runs and profiles that already exist instead of redoing them")
     spec = load_spec(args.spec)
     args.spec = spec
     hw = spec["hardware"]

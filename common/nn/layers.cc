@@ -777,6 +777,25 @@ bool InferLayerShape(const LayerConfig& cfg, const Shape& in, Shape* out, std::s
   return result("unknown layer kind");
 }
 
+namespace {
+
+// f(layer, its input shape) added up over a residual block's body, each layer taking the
+// shape the one before it makes.
+template <typename T>
+T SumOverBody(const LayerConfig& cfg, const Shape& in, T (*f)(const LayerConfig&, const Shape&)) {
+  T n = 0;
+  Shape cur = in;
+  std::string ignored;
+  for (const LayerConfig& b : cfg.body) {
+    n += f(b, cur);
+    Shape next;
+    if (InferLayerShape(b, cur, &next, &ignored)) cur = next;
+  }
+  return n;
+}
+
+}  // namespace
+
 int64_t LayerParameterCount(const LayerConfig& cfg, const Shape& in) {
   using K = LayerConfig::Kind;
   const int64_t last = in.empty() ? 0 : in.back();
@@ -795,17 +814,8 @@ int64_t LayerParameterCount(const LayerConfig& cfg, const Shape& in) {
       return cfg.vocab * cfg.dim;
     case K::kCausalSelfAttention:
       return 4 * last * last + 4 * last;  // qkv and output projections
-    case K::kResidual: {
-      int64_t n = 0;
-      Shape cur = in;
-      for (const LayerConfig& b : cfg.body) {
-        n += LayerParameterCount(b, cur);
-        Shape next;
-        std::string ignored;
-        if (InferLayerShape(b, cur, &next, &ignored)) cur = next;
-      }
-      return n;
-    }
+    case K::kResidual:
+      return SumOverBody<int64_t>(cfg, in, LayerParameterCount);
     default:
       return 0;
   }
@@ -832,16 +842,8 @@ double LayerForwardFlops(const LayerConfig& cfg, const Shape& in) {
       // Four d x d projections per position, then scores Q K^T and their weighted sum of V
       // over every pair of positions (the mask is applied to a full matrix).
       return 2.0 * 4.0 * positions * last * last + 2.0 * 2.0 * positions * positions * last;
-    case K::kResidual: {
-      double n = 0;
-      Shape cur = in;
-      for (const LayerConfig& b : cfg.body) {
-        n += LayerForwardFlops(b, cur);
-        Shape next;
-        if (InferLayerShape(b, cur, &next, &ignored)) cur = next;
-      }
-      return n;
-    }
+    case K::kResidual:
+      return SumOverBody<double>(cfg, in, LayerForwardFlops);
     default:
       return 0;  // elementwise, normalisation, pooling and lookups: no multiply-adds
   }

@@ -76,6 +76,32 @@ void Describe(const char* what, const Partition& p, const std::vector<UnitProfil
   std::cerr << absl::StrFormat("  %-9s slowest stage %.3f ms: %s\n", what, 1e3 * p.bottleneck(), s);
 }
 
+// The job's own stages (consecutive units that come from one job stage) with their
+// measured times, FLOPs, parameter bytes and activation bytes per batch of `rows`.
+void AddJobStages(const v1::Job& job, const std::vector<UnitProfile>& profile, int64_t rows,
+                  v1::ProjectReport* out) {
+  Partition own;
+  for (size_t u = 0; u < profile.size(); ++u) {
+    if (u == 0 || profile[u].stage != profile[u - 1].stage) {
+      own.sizes.push_back(0);
+      out->add_stages()->set_name(job.stages(profile[u].stage).name());
+    }
+    ++own.sizes.back();
+    v1::StageProfile* sp = out->mutable_stages(out->stages_size() - 1);
+    sp->set_seconds(sp->seconds() + profile[u].seconds);
+    sp->set_forward_flops(sp->forward_flops() + profile[u].forward_flops);
+    sp->set_head_seconds(std::max(0.0, profile[u].head_seconds));  // the last unit's
+    sp->set_head_forward_flops(profile[u].head_forward_flops);
+    sp->set_units(sp->units() + 1);
+  }
+  const std::vector<double> hops = HopBytes(job, own, rows);
+  const std::vector<double> params = ExchangeBytes(job, own);
+  for (int k = 0; k < out->stages_size(); ++k) {
+    out->mutable_stages(k)->set_hop_bytes(k < static_cast<int>(hops.size()) ? hops[k] : 0);
+    out->mutable_stages(k)->set_parameter_bytes(params[k]);
+  }
+}
+
 }  // namespace
 
 // The proposed job on stdout, the reasoning on stderr.
@@ -132,27 +158,7 @@ int ProjectCommandMain(const Args& args) {
   out.set_device(device);
   out.set_batch(static_cast<int32_t>(share));
   if (c.json()) {
-    // The job's own stages: consecutive units that come from one job stage.
-    Partition own;
-    for (size_t u = 0; u < profile.size(); ++u) {
-      if (u == 0 || profile[u].stage != profile[u - 1].stage) {
-        own.sizes.push_back(0);
-        out.add_stages()->set_name(job.stages(profile[u].stage).name());
-      }
-      ++own.sizes.back();
-      v1::StageProfile* sp = out.mutable_stages(out.stages_size() - 1);
-      sp->set_seconds(sp->seconds() + profile[u].seconds);
-      sp->set_forward_flops(sp->forward_flops() + profile[u].forward_flops);
-      sp->set_head_seconds(std::max(0.0, profile[u].head_seconds));  // the last unit's
-      sp->set_head_forward_flops(profile[u].head_forward_flops);
-      sp->set_units(sp->units() + 1);
-    }
-    const std::vector<double> hops = HopBytes(job, own, share);
-    const std::vector<double> params = ExchangeBytes(job, own);
-    for (int k = 0; k < out.stages_size(); ++k) {
-      out.mutable_stages(k)->set_hop_bytes(k < static_cast<int>(hops.size()) ? hops[k] : 0);
-      out.mutable_stages(k)->set_parameter_bytes(params[k]);
-    }
+    AddJobStages(job, profile, share, &out);
   } else {
     std::cout << absl::StrFormat(
         "project: %s on %s, batch %d%s, link %s, latency %.0f us, cores %s\n", job.name(), device,
