@@ -40,8 +40,11 @@ FRONTIER_BEGIN = "<!-- frontier: begin (written by deploy/frontier.py) -->"
 FRONTIER_END = "<!-- frontier: end -->"
 
 
+PROGRAM = "experiment"  # the name errors start with (deploy/frontier.py sets its own)
+
+
 def fail(message):
-    print(f"experiment: {message}", file=sys.stderr)
+    print(f"{PROGRAM}: {message}", file=sys.stderr)
     sys.exit(2)
 
 

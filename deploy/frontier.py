@@ -59,6 +59,8 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import experiment  # noqa: E402  (shared helpers: fail, data figures, gnuplot)
 
+experiment.PROGRAM = "frontier"
+
 COSTS = ("data_parallel", "pipelined_backprop", "local", "overlap")
 SECTION_BEGIN = experiment.FRONTIER_BEGIN
 SECTION_END = experiment.FRONTIER_END
@@ -122,8 +124,10 @@ def step_seconds(cost, stages, replicas, micro_batches, link_bytes_per_s, latenc
     """One training step under the cost model.
 
     `stages` are the profile's stages for the per-device batch (seconds: forward, backward
-    and update of the layers; head_seconds: the head's). One device per stage and replica,
-    unless `cores` > 0: then the K stages share that many cores (the measured cluster).
+    and update of the layers; head_seconds: the head's; input_grad_seconds: the gradient for
+    the stage's input, which rules that send gradients upstream add to every stage but the
+    first). One device per stage and replica, unless `cores` > 0: then the K stages share
+    that many cores (the measured cluster).
 
     data_parallel: one stage of everything, `replicas` devices each on its share, then an
       all-reduce of all parameters.
@@ -134,15 +138,17 @@ def step_seconds(cost, stages, replicas, micro_batches, link_bytes_per_s, latenc
     overlap (synchronous OVERLAP): a stage waits for the next stage's gradient of the same
       batch, so a step costs the slowest pair of neighbouring stages.
     """
-    t = [s["seconds"] + s["head_seconds"] for s in stages]
+    upstream = cost in ("data_parallel", "pipelined_backprop", "overlap")
+    own = [s["seconds"] + (s.get("input_grad_seconds", 0.0) if upstream and k else 0.0)
+           for k, s in enumerate(stages)]
+    t = [o + s["head_seconds"] for o, s in zip(own, stages)]
     exchange = max(allreduce_seconds(s["parameter_bytes"], replicas, link_bytes_per_s, latency_s)
                    for s in stages)
-    if cost == "data_parallel":
-        body = sum(s["seconds"] for s in stages) + stages[-1]["head_seconds"]
-        return body + exchange
-    if cost == "pipelined_backprop":
-        body = [s["seconds"] for s in stages]
-        body[-1] += stages[-1]["head_seconds"]
+    if cost in ("data_parallel", "pipelined_backprop"):
+        body = list(own)
+        body[-1] += stages[-1]["head_seconds"]  # backprop trains the last head only
+        if cost == "data_parallel":
+            return sum(body) + exchange
         if cores > 0:
             return max(max(body), sum(body) / cores) * micro_batches
         return (micro_batches + len(stages) - 1) * max(body) + exchange
@@ -519,7 +525,7 @@ def main():
         cost = "local" if a["cost"] == "data_parallel" else a["cost"]
         predicted = step_seconds(cost, prof, 1, 1, link, latency, cores=cores)
         if a["rule"] == "BACKPROP":  # one batch, forward through every stage, back, update
-            predicted = sum(s["seconds"] for s in prof) + prof[-1]["head_seconds"]
+            predicted = step_seconds("data_parallel", prof, 1, 1, link, latency)
         report = cluster_check(args, m, a, c["batch"], lr, c["steps"], args.out)
         measured = c["batch"] / report["examples_per_second"]
         check_rows.append({"model": m["name"], "method": a["label"], "batch": c["batch"],
@@ -596,7 +602,9 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
         "**Cost model** (ideal hardware: as many devices as the batch needs). Every device "
         "computes `device_batch` examples per step; stage times are the medians `localpar "
         "project --json` measured on this machine for that many rows (forward, backward and "
-        f"update), and links carry {hw['link_gbps']} Gbit/s with {hw['latency_us']} us latency.\n"
+        "update, plus the gradient for the stage's input under backprop and OVERLAP, which "
+        "send one upstream from every stage but the first), and links carry "
+        f"{hw['link_gbps']} Gbit/s with {hw['latency_us']} us latency.\n"
         "- *data parallel*: R = B / device_batch replicas of the whole network; a step is one "
         "replica's pass plus a ring all-reduce of every parameter, 2 (R - 1) / R x the bytes.\n"
         "- *pipelined backprop* (GPipe): K stages, M = B / device_batch micro-batches; a step "
@@ -702,9 +710,9 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
                   + (f"; {100 * max(plain):.0f}% without OVERLAP" if plain else "") + ". "
                   "The model counts the stages' compute only. A cluster adds activation "
                   "transfers over gRPC, the coordinator's work and the thread hand-offs of K "
-                  "workers that share the cores; synchronous OVERLAP also runs the next "
-                  "stage's input-gradient pass and waits for its round trip every step, which "
-                  "the layer profile does not time.\n")
+                  "workers that share the cores; synchronous OVERLAP also waits for the next "
+                  "stage's gradient to come back every step, a round trip "
+                  "the profile's median stage times do not include.\n")
     return "\n".join(md) + "\n"
 
 

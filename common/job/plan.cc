@@ -73,7 +73,8 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
     std::unique_ptr<Stage> stage;
     Tensor x;
     bool head_fits = true;
-    std::vector<double> layer_t, head_t;
+    std::vector<double> layer_t, head_t, backward_t, backward_dx_t;
+    Tensor dx;
   };
   std::vector<Timed> timed(units.size());
   std::vector<UnitProfile> out(units.size());
@@ -115,7 +116,8 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
   // `repeats` times, so the proposed split stays put from run to run.
   ForwardContext ctx{true, 1};
   for (int r = 0; r <= repeats; ++r) {
-    for (Timed& t : timed) {
+    for (size_t u = 0; u < timed.size(); ++u) {
+      Timed& t = timed[u];
       Stage& stage = *t.stage;
       auto t0 = Clock::now();
       stage.Forward(t.x, 0, ctx);
@@ -125,18 +127,33 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
       backend.Synchronize();
       auto t2 = Clock::now();
       stage.Backward(0, stage.head_grad(0), nullptr);
+      backend.Synchronize();
+      auto t2b = Clock::now();
       stage.Step(1e-6f);  // the update is part of every stage's batch
       backend.Synchronize();
       auto t3 = Clock::now();
+      // The same backward pass with the gradient for the input as well, which a unit needs
+      // when a unit before it takes its gradient (the first unit of all never does).
+      Clock::duration with_dx{};
+      if (u > 0) {
+        auto t4 = Clock::now();
+        stage.Backward(0, stage.head_grad(0), &t.dx);
+        backend.Synchronize();
+        with_dx = Clock::now() - t4;
+      }
       if (r == 0) continue;  // warm-up: first-touch allocation
       t.layer_t.push_back(std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count());
       t.head_t.push_back(std::chrono::duration<double>(t2 - t1).count());
+      t.backward_t.push_back(std::chrono::duration<double>(t2b - t2).count());
+      t.backward_dx_t.push_back(std::chrono::duration<double>(with_dx).count());
     }
   }
   for (size_t u = 0; u < units.size(); ++u) {
     out[u].seconds = Median(timed[u].layer_t);
     out[u].head_seconds = timed[u].head_fits ? Median(timed[u].head_t) : -1.0;
     out[u].layers = static_cast<int>(units[u].size());
+    out[u].input_grad_seconds =
+        u == 0 ? 0.0 : std::max(0.0, Median(timed[u].backward_dx_t) - Median(timed[u].backward_t));
   }
   return out;
 }
@@ -152,16 +169,25 @@ absl::Status CheckStages(const std::vector<UnitProfile>& units, int stages) {
   return absl::OkStatus();
 }
 
-// Per-batch time of a stage made of units [a, b].
+// Running sums of each unit's time with the gradient it passes to the unit before it.
+std::vector<double> Prefix(const std::vector<UnitProfile>& units) {
+  std::vector<double> prefix(units.size() + 1, 0.0);
+  for (size_t i = 0; i < units.size(); ++i) {
+    prefix[i + 1] = prefix[i] + units[i].seconds + units[i].input_grad_seconds;
+  }
+  return prefix;
+}
+
+// Per-batch time of a stage made of units [a, b]: inside it every unit but the first passes
+// a gradient back.
 double StageCost(const std::vector<UnitProfile>& units, const std::vector<double>& prefix, int a,
                  int b) {
   if (units[b].head_seconds < 0) return std::numeric_limits<double>::infinity();
-  return prefix[b + 1] - prefix[a] + units[b].head_seconds;
+  return prefix[b + 1] - prefix[a] - units[a].input_grad_seconds + units[b].head_seconds;
 }
 
 Partition Costed(const std::vector<UnitProfile>& units, std::vector<int> sizes) {
-  std::vector<double> prefix(units.size() + 1, 0.0);
-  for (size_t i = 0; i < units.size(); ++i) prefix[i + 1] = prefix[i] + units[i].seconds;
+  const std::vector<double> prefix = Prefix(units);
   Partition p;
   int a = 0;
   for (int s : sizes) {
@@ -178,8 +204,7 @@ absl::StatusOr<Partition> BestPartition(const std::vector<UnitProfile>& units, i
   if (absl::Status s = CheckStages(units, stages); !s.ok()) return s;
   const int n = static_cast<int>(units.size());
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> prefix(n + 1, 0.0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + units[i].seconds;
+  const std::vector<double> prefix = Prefix(units);
   // best[s][i]: the smallest possible slowest stage covering units [0, i) with s stages.
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
   std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, -1));

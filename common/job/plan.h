@@ -23,6 +23,11 @@ struct UnitProfile {
   // stage ended here (0 where a head cannot go).
   double forward_flops = 0;
   double head_forward_flops = 0;
+  // What the backward pass adds, per batch, when it also computes the gradient for the
+  // unit's input (0 for the first unit, which never passes one on). `seconds` leaves it
+  // out: a stage's first unit needs it only under a rule that sends gradients upstream,
+  // and a stage's cost adds it for its later units.
+  double input_grad_seconds = 0;
 };
 
 // Times each unit of `job` on `backend` with batches of `batch` examples: the median of

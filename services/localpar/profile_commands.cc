@@ -82,13 +82,17 @@ void AddJobStages(const v1::Job& job, const std::vector<UnitProfile>& profile, i
                   v1::ProjectReport* out) {
   Partition own;
   for (size_t u = 0; u < profile.size(); ++u) {
-    if (u == 0 || profile[u].stage != profile[u - 1].stage) {
+    const bool first = u == 0 || profile[u].stage != profile[u - 1].stage;
+    if (first) {
       own.sizes.push_back(0);
       out->add_stages()->set_name(job.stages(profile[u].stage).name());
     }
     ++own.sizes.back();
     v1::StageProfile* sp = out->mutable_stages(out->stages_size() - 1);
-    sp->set_seconds(sp->seconds() + profile[u].seconds);
+    // Inside a stage every unit but the first passes a gradient back to the one before it.
+    sp->set_seconds(sp->seconds() + profile[u].seconds +
+                    (first ? 0.0 : profile[u].input_grad_seconds));
+    if (first) sp->set_input_grad_seconds(profile[u].input_grad_seconds);
     sp->set_forward_flops(sp->forward_flops() + profile[u].forward_flops);
     sp->set_head_seconds(std::max(0.0, profile[u].head_seconds));  // the last unit's
     sp->set_head_forward_flops(profile[u].head_forward_flops);

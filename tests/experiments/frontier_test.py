@@ -46,14 +46,16 @@ def test_logic(fr):
     # A ring all-reduce of 1 MB over 4 replicas at 1 GB/s and 10 us: 1.5 ms + 60 us.
     check(close(fr.allreduce_seconds(1e6, 4, 1e9, 1e-5), 1.5e-3 + 6e-5), "all-reduce")
     check(fr.allreduce_seconds(1e6, 1, 1e9, 1e-5) == 0, "no all-reduce without replicas")
-    # Step times: stage 0 takes 1 s + a 0.1 s head, stage 1 2 s + 0.2 s.
-    st = [{"seconds": 1.0, "head_seconds": 0.1, "parameter_bytes": 0},
-          {"seconds": 2.0, "head_seconds": 0.2, "parameter_bytes": 0}]
+    # Step times: stage 0 takes 1 s + a 0.1 s head, stage 1 2 s + 0.2 s, and 0.3 s more for
+    # the gradient of its input where a rule sends it upstream (stage 0's 0.5 never counts).
+    st = [{"seconds": 1.0, "head_seconds": 0.1, "parameter_bytes": 0, "input_grad_seconds": 0.5},
+          {"seconds": 2.0, "head_seconds": 0.2, "parameter_bytes": 0, "input_grad_seconds": 0.3}]
     check(close(fr.step_seconds("local", st, 1, 1, 1e9, 0), 2.2), "local: the slowest stage")
-    check(close(fr.step_seconds("overlap", st, 1, 1, 1e9, 0), 3.3), "overlap: the slowest pair")
-    check(close(fr.step_seconds("data_parallel", st, 1, 1, 1e9, 0), 3.2),
-          "data parallel: every layer and the last head")
-    check(close(fr.step_seconds("pipelined_backprop", st, 1, 4, 1e9, 0), (4 + 2 - 1) * 2.2),
+    check(close(fr.step_seconds("overlap", st, 1, 1, 1e9, 0), 1.1 + 2.5),
+          "overlap: the slowest pair, with the gradient sent upstream")
+    check(close(fr.step_seconds("data_parallel", st, 1, 1, 1e9, 0), 1 + 2.3 + 0.2),
+          "data parallel: every layer, the inner input gradient and the last head")
+    check(close(fr.step_seconds("pipelined_backprop", st, 1, 4, 1e9, 0), (4 + 2 - 1) * 2.5),
           "GPipe: (M + K - 1) slots of the slowest stage")
     check(close(fr.step_seconds("local", st, 1, 1, 1e9, 0, cores=1), 3.3),
           "two stages on one core take their sum")
@@ -105,6 +107,9 @@ def main():
               "parameter bytes")
         check(prof["stages"][0]["hop_bytes"] == 4 * 16 * 32, "hop bytes of a batch of 16")
         check(all(s["seconds"] > 0 and s["head_seconds"] > 0 for s in prof["stages"]), "times")
+        check(prof["stages"][0]["input_grad_seconds"] == 0 and
+              prof["stages"][1]["input_grad_seconds"] > 0,
+              "the input gradient is timed for every stage but the first")
         merged = json.loads(subprocess.run([localpar, "project", job, "--json", "--stages=1",
                                             "--project_stages=1"],
                                            capture_output=True, text=True).stdout)

@@ -216,7 +216,9 @@ TEST(Plan, TheBalancedSplitIsTheBestOfEveryContiguousSplit) {
   std::vector<UnitProfile> units;
   std::vector<std::pair<double, double>> t = {{9, 1}, {1, 1}, {1, -1},  {4, 0.5},
                                               {2, 2}, {7, 1}, {1, 0.1}, {3, 1}};
+  // Inside a stage each unit but the first also passes a gradient back: 0.25 x i more.
   for (auto [s, h] : t) units.push_back({"u", s, h});
+  for (size_t i = 0; i < units.size(); ++i) units[i].input_grad_seconds = 0.25 * i;
   for (int stages = 1; stages <= 5; ++stages) {
     absl::StatusOr<Partition> best = BestPartition(units, stages);
     ASSERT_TRUE(best.ok()) << best.status();
@@ -226,7 +228,8 @@ TEST(Plan, TheBalancedSplitIsTheBestOfEveryContiguousSplit) {
       if (__builtin_popcount(mask) != stages - 1) continue;
       double worst = 0, cur = 0;
       for (int i = 0; i < 8; ++i) {
-        cur += t[i].first;
+        const bool first_of_stage = i == 0 || (mask >> (i - 1) & 1);
+        cur += t[i].first + (first_of_stage ? 0.0 : 0.25 * i);
         if (i == 7 || (mask >> i & 1)) {
           worst = std::max(worst, t[i].second < 0 ? 1e18 : cur + t[i].second);
           cur = 0;
