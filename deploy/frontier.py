@@ -169,6 +169,30 @@ def pipeline_fill(cost, stages):
     return stages - 1 if cost in ("local", "overlap") else 0
 
 
+def heads_at_common_step(runs, text):
+    """Each method's heads at the last evaluation every run (all methods, all learning rates)
+    reached, since runs stop at the target at different steps: {method: (step, lr, metrics)},
+    at the learning rate whose last head is best there."""
+    runs = {k: [r for r in v if r["points"]] for k, v in runs.items()}
+    lasts = [r["points"][-1]["step"] for v in runs.values() for r in v]
+    if not lasts:
+        return {}
+    common = min(lasts)
+    out = {}
+    for method, candidates in runs.items():
+        best = None
+        for r in candidates:
+            pt = [p for p in r["points"] if p["step"] <= common][-1:]
+            if not pt:
+                continue
+            v = pt[0]["metrics"][-1]
+            if best is None or (v < best[2][-1] if text else v > best[2][-1]):
+                best = (pt[0]["step"], r["lr"], pt[0]["metrics"])
+        if best:
+            out[method] = best
+    return out
+
+
 def pareto(points):
     """Indices of `points` ((compute, time), lower is better in both) that no other point
     beats in both coordinates."""
@@ -500,19 +524,17 @@ def main():
                                     "time_seconds": (steps + pipeline_fill(a["cost"], a["stages"]))
                                     * step_s})
                     rows.append(row)
-                # Per-depth heads at the reference batch: the run's last evaluation.
-                if b == m["reference_batch"] and a["cost"] != "pipelined_backprop":
-                    finals = [results[(m["name"], a["rule"], a["train_stages"], b, f"{lr:.6g}")]
-                              for lr in lr_grid(m["lr"], b)]
-                    finals = [r for r in finals if r["points"]]
-                    if finals:
-                        key = (lambda r: r["points"][-1]["metrics"][-1])
-                        r = (min if text else max)(finals, key=key)
-                        last = r["points"][-1]
-                        for k, v in enumerate(last["metrics"]):
-                            head_rows.append({"model": m["name"], "method": a["label"],
-                                              "stage": k + 1, "stages": len(last["metrics"]),
-                                              "step": last["step"], "lr": r["lr"], "metric": v})
+        # Per-depth heads at the reference batch, all at one step that every run reached.
+        b = m["reference_batch"]
+        runs = {a["label"]: [results[(m["name"], a["rule"], a["train_stages"], b, f"{lr:.6g}")]
+                             for lr in lr_grid(m["lr"], b)]
+                for a in spec["methods"] if a["cost"] != "pipelined_backprop"}
+        for method, (step, lr, metrics) in heads_at_common_step(runs, text).items():
+            for k, v in enumerate(metrics):
+                head_rows.append({"model": m["name"], "method": method, "stage": k + 1,
+                                  "stages": len(metrics), "step": step, "lr": lr, "metric": v,
+                                  "examples": examples_seen(step, b,
+                                                            m["data"]["train_examples"])})
 
     # 4. The cluster checks: the cost model on this machine against real clusters.
     check_rows = []
@@ -538,7 +560,7 @@ def main():
                "examples", "flops_per_example", "compute_flops", "step_seconds", "time_seconds",
                "devices"])
     write_csv(os.path.join(args.out, "heads.csv"), head_rows,
-              ["model", "method", "stages", "stage", "step", "lr", "metric"])
+              ["model", "method", "stages", "stage", "step", "examples", "lr", "metric"])
     write_csv(os.path.join(args.out, "checks.csv"), check_rows,
               ["model", "method", "batch", "steps", "predicted_step_ms", "measured_step_ms",
                "error"])
@@ -681,12 +703,16 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
                 if pts:
                     series.append((a["label"], [(f"{x:.4f}", f"{y:.4f}") for x, y in pts]))
             metric = "held-out bits per byte" if text else "test accuracy (%)"
+            seen = hrows[0]["examples"]
             fname = experiment.line_plot(
                 plots_dir, f"{m['name']}_heads_by_depth", series,
-                f"{m['name']}: each stage's head at the end of its run, B = {m['reference_batch']}",
-                "depth (stage / stages)", metric, "linespoints", "set xrange [0:1.05]")
-            md.append(f"\nEach stage's head against depth at B = {m['reference_batch']} (the "
-                      f"run's last evaluation, best learning rate):\n")
+                f"{m['name']}: each stage's head after {seen} examples, B = "
+                f"{m['reference_batch']}", "depth (stage / stages)", metric, "linespoints",
+                "set xrange [0:1.05]")
+            md.append(f"\nEach stage's head against depth at B = {m['reference_batch']}, after "
+                      f"{seen} training examples (step {hrows[0]['step']}: the last evaluation "
+                      f"that every run reached, since runs stop at the target), at each "
+                      f"method's best learning rate there:\n")
             md.append(f"![{fname}](plots/{fname})\n")
             md.append(overlap_text(hrows, text))
     if check_rows:
@@ -816,7 +842,17 @@ def overlap_text(hrows, text):
         if h["stage"] == h["stages"]:
             by[h["method"]] = h["metric"]
     parts = [f"{k}: {v:.3f}" if text else f"{k}: {100 * v:.2f}%" for k, v in by.items()]
-    return "Last head: " + "; ".join(parts) + ".\n"
+    out = "Last head: " + "; ".join(parts) + "."
+    overlap = {k: v for k, v in by.items() if k.startswith("OVERLAP")}
+    for k, v in overlap.items():
+        greedy = by.get(k.replace("OVERLAP", "GREEDY"))
+        if greedy is not None:
+            d = v - greedy
+            out += (f" OVERLAP against GREEDY with as many stages: {d:+.3f} bits/byte"
+                    if text else
+                    f" OVERLAP against GREEDY with as many stages: {100 * d:+.2f} points")
+            out += f" ({'better' if (d < 0 if text else d > 0) else 'worse'})."
+    return out + "\n"
 
 
 if __name__ == "__main__":

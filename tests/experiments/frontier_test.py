@@ -63,6 +63,16 @@ def test_logic(fr):
     check(close(fr.step_seconds("local", st, 2, 1, 1e9, 0), 2.2 + 4e-3), "local + all-reduce")
     check(fr.pipeline_fill("local", 4) == 3 and fr.pipeline_fill("data_parallel", 4) == 0,
           "pipeline fill")
+    # Heads against depth at the last evaluation every run reached (step 20 here), at the
+    # learning rate whose last head is best there.
+    def run(lr, pts):
+        return {"lr": lr, "points": [{"step": s, "metrics": m} for s, m in pts]}
+    runs = {"A": [run(1, [(10, [0.5, 0.4]), (20, [0.6, 0.5]), (30, [0.7, 0.9])]),
+                  run(2, [(10, [0.5, 0.6]), (20, [0.6, 0.55])])],
+            "B": [run(1, [(10, [0.3]), (20, [0.7]), (30, [0.8])]), run(2, [])]}
+    got = fr.heads_at_common_step(runs, False)
+    check(got == {"A": (20, 2, [0.6, 0.55]), "B": (20, 1, [0.7])}, f"heads at step 20: {got}")
+    check(fr.heads_at_common_step(runs, True)["A"] == (20, 1, [0.6, 0.5]), "lower is better")
     # The Pareto front of (compute, time) points.
     check(fr.pareto([(1, 5), (2, 2), (3, 3), (5, 1), (2, 2)]) == [0, 1, 3, 4], "pareto front")
     # Learning rates: base x sqrt(B / base_batch) x factor.
