@@ -294,22 +294,34 @@ def profile(args, model, stages, batch, out_dir):
     return json.loads(out.stdout)
 
 
-def read_points(metrics_path, stages, text):
-    """Evaluations from metrics.jsonl: {step: [metric of each stage]}, in step order."""
-    points = {}
-    if not os.path.exists(metrics_path):
-        return []
-    with open(metrics_path) as f:
-        for line in f:
+class EvalPoints:
+    """The evaluations in a run's metrics.jsonl as it grows: each update() reads only the
+    lines written since the last one and returns {step: [metric of each stage]} as
+    (step, metrics) pairs in step order, for the steps every stage has reported."""
+
+    def __init__(self, path, stages, text):
+        self.path, self.stages, self.text = path, stages, text
+        self.offset, self.partial, self.points = 0, "", {}
+
+    def update(self):
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+            self.offset = f.tell()
+        lines = (self.partial + chunk).split("\n")
+        self.partial = lines.pop()  # a line still being written, or "" after a newline
+        for line in lines:
             try:
                 p = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by the stop
             if p.get("kind") not in ("eval", "test"):
                 continue
-            value = p["bits_per_byte"] if text else p["accuracy"]
-            points.setdefault(p["step"], [None] * stages)[p["stage"]] = value
-    return [(s, v) for s, v in sorted(points.items()) if None not in v]
+            value = p["bits_per_byte"] if self.text else p["accuracy"]
+            self.points.setdefault(p["step"], [None] * self.stages)[p["stage"]] = value
+        return [(s, v) for s, v in sorted(self.points.items()) if None not in v]
 
 
 def train_run(args, model, method, batch, lr, run_dir):
@@ -338,9 +350,10 @@ def train_run(args, model, method, batch, lr, run_dir):
         log.write(" ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        evals = EvalPoints(metrics, method["train_stages"], text)
         while proc.poll() is None:
             time.sleep(0.5)
-            points = read_points(metrics, method["train_stages"], text)
+            points = evals.update()
             if first_reaching([(s, v[-1]) for s, v in points], strictest, not text):
                 proc.send_signal(signal.SIGTERM)  # reached: the rest would be wasted compute
                 stopped = True
@@ -348,7 +361,7 @@ def train_run(args, model, method, batch, lr, run_dir):
     code = proc.returncode
     if code != 0 and not stopped:
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
-    points = read_points(metrics, method["train_stages"], text)
+    points = evals.update()
     result = {
         "rule": method["rule"], "stages": method["train_stages"], "batch": batch, "lr": lr,
         "seed": model["seed"], "stopped_at_target": stopped,
@@ -544,10 +557,9 @@ def main():
         a = next(x for x in spec["methods"] if x["label"] == c["method"])
         lr = lr_grid(m["lr"], c["batch"])[0]
         prof = profile(args, m, a["train_stages"], c["batch"], args.out)["stages"]
-        cost = "local" if a["cost"] == "data_parallel" else a["cost"]
+        # BACKPROP without micro-batches: each batch forward through every stage and back.
+        cost = "data_parallel" if a["rule"] == "BACKPROP" else a["cost"]
         predicted = step_seconds(cost, prof, 1, 1, link, latency, cores=cores)
-        if a["rule"] == "BACKPROP":  # one batch, forward through every stage, back, update
-            predicted = step_seconds("data_parallel", prof, 1, 1, link, latency)
         report = cluster_check(args, m, a, c["batch"], lr, c["steps"], args.out)
         measured = c["batch"] / report["examples_per_second"]
         check_rows.append({"model": m["name"], "method": a["label"], "batch": c["batch"],
