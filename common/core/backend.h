@@ -21,6 +21,14 @@ enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1 };
 enum class GemmPrecision : uint8_t { kF32 = 0, kTF32 = 1, kBF16 = 2 };
 const char* GemmPrecisionName(GemmPrecision p);
 
+// One NHWC convolution: n images of h x w x c, out_channels filters of kernel x kernel x c
+// (weights HWIO: [kernel * kernel * c, out_channels]) with one stride and one zero padding
+// on every side, giving n x oh x ow x out_channels.
+struct ConvGeometry {
+  int64_t n, h, w, c, out_channels, kernel, stride, pad, oh, ow;
+  int64_t fan_in() const { return kernel * kernel * c; }
+};
+
 // All pointers below point into this backend's memory. Matrices are row-major and
 // contiguous. Image tensors are NHWC. Kernels that "accumulate" add into their output;
 // all others overwrite it. Each op's CPU and CUDA kernels live side by side in
@@ -59,6 +67,17 @@ class Backend {
 #include "common/core/backend_ops.inc"
 #undef LP_OP
 
+  // The convolution as im2col plus GEMM, a group of images at a time so the column buffer
+  // (the workspace) stays bounded; the backward passes recompute the columns. CUDA's way,
+  // and the CPU's where oneDNN is absent or the GEMMs round their operands.
+  static int64_t ConvIm2ColWorkspaceFloats(const ConvGeometry& g);
+  void ConvForwardIm2Col(const ConvGeometry& g, const float* x, const float* w, const float* bias,
+                         float* y, float* workspace);
+  void ConvBackwardDataIm2Col(const ConvGeometry& g, const float* dy, const float* w, float* dx,
+                              float* workspace);
+  void ConvBackwardWeightsIm2Col(const ConvGeometry& g, const float* x, const float* dy, float* dw,
+                                 float* db, float* workspace);
+
  protected:
   // ", bf16 GEMMs" (for Describe) unless the GEMMs are exact float32.
   std::string GemmPrecisionSuffix() const;
@@ -70,7 +89,8 @@ class Backend {
 };
 
 struct CpuOptions {
-  // Threads for OpenBLAS GEMMs; elementwise kernels are single-threaded and deterministic.
+  // Threads for OpenBLAS GEMMs and oneDNN convolutions; elementwise kernels are
+  // single-threaded and deterministic.
   int threads = 1;
   // Where memory comes from, when not aligned_alloc / free (both or neither): the CUDA
   // backend's page-locked host memory for staging.

@@ -1,6 +1,9 @@
 // The CPU backend: OpenBLAS (or a portable fallback) for GEMM, plain loops for the rest.
 #pragma once
 
+#include <memory>
+#include <mutex>
+
 #include "common/core/backend.h"
 
 namespace localpar {
@@ -26,6 +29,16 @@ class CpuBackend final : public Backend {
 
  private:
   CpuOptions options_;
+#ifdef LOCALPAR_HAVE_DNNL
+  // oneDNN's engine and convolution primitives (ops/conv.cc), made on the first convolution.
+  struct DnnlConvs;
+  struct DnnlPlan;
+  // oneDNN's state and, through *plan, the geometry's primitives; nullptr where the im2col
+  // path serves instead.
+  DnnlConvs* DnnlPlanFor(const ConvGeometry& g, DnnlPlan** plan);
+  std::once_flag dnnl_once_;
+  std::shared_ptr<DnnlConvs> dnnl_;
+#endif
 };
 
 }  // namespace localpar

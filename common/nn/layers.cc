@@ -355,8 +355,6 @@ class Dropout final : public Layer {
 };
 
 // ---------------------------------------------------------------------------------------
-// NHWC convolution as im2col + GEMM, processed in groups of images so the column buffer
-// stays bounded; the backward pass recomputes the columns instead of storing them.
 // The sliding window of a convolution or pooling layer over [height, width, channels].
 struct ImageWindow {
   ImageWindow(const Shape& in, int64_t kernel_size, int64_t stride_size, int64_t pad)
@@ -371,6 +369,7 @@ struct ImageWindow {
   const int64_t height, width, channels, kernel, stride, padding, out_height, out_width;
 };
 
+// NHWC convolution; the backend's Conv ops do the work (ops/conv).
 class Conv2d final : public Layer {
  public:
   Conv2d(Backend& b, const Shape& in, int64_t out_ch, int64_t k, int64_t stride, int64_t pad,
@@ -382,70 +381,52 @@ class Conv2d final : public Layer {
     weight_ = MakeParam(b, "weight",
                         UniformInit(b, {fan_in, out_channels_}, bound, HashCombine(seed, 1)));
     bias_ = MakeParam(b, "bias", UniformInit(b, {out_channels_}, bound, HashCombine(seed, 2)));
-    int64_t per_image = window_.out_height * window_.out_width * fan_in;
-    group_ = std::max<int64_t>(1, kColumnBudget / std::max<int64_t>(1, per_image));
   }
   const char* kind() const override { return "conv2d"; }
 
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
-    int64_t n = x.rows();
-    c.out.Ensure(backend_, {n, window_.out_height, window_.out_width, out_channels_});
-    int64_t fan_in = window_.kernel * window_.kernel * window_.channels;
-    for (int64_t i0 = 0; i0 < n; i0 += group_) {
-      int64_t g = std::min(group_, n - i0);
-      col_.Ensure(backend_, {g * window_.out_height * window_.out_width, fan_in});
-      backend_.Im2Col(x.f32() + i0 * window_.height * window_.width * window_.channels, col_.f32(),
-                      g, window_.height, window_.width, window_.channels, window_.kernel,
-                      window_.kernel, window_.stride, window_.padding, window_.out_height,
-                      window_.out_width);
-      backend_.Gemm(false, false, g * window_.out_height * window_.out_width, out_channels_, fan_in,
-                    1.0f, col_.f32(), weight_.value.f32(), 0.0f,
-                    c.out.f32() + i0 * window_.out_height * window_.out_width * out_channels_);
-    }
-    backend_.AddRowVector(c.out.f32(), bias_.value.f32(),
-                          n * window_.out_height * window_.out_width, out_channels_);
+    const ConvGeometry g = Geometry(x.rows());
+    c.out.Ensure(backend_, {g.n, g.oh, g.ow, g.out_channels});
+    backend_.ConvForward(g, x.f32(), weight_.value.f32(), bias_.value.f32(), c.out.f32(),
+                         Workspace(g));
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
-    int64_t n = x.rows();
-    int64_t fan_in = window_.kernel * window_.kernel * window_.channels;
-    backend_.SumRows(dy.f32(), bias_.grad.f32(), n * window_.out_height * window_.out_width,
-                     out_channels_);
+    const ConvGeometry g = Geometry(x.rows());
+    backend_.ConvBackwardWeights(g, x.f32(), dy.f32(), weight_.grad.f32(), bias_.grad.f32(),
+                                 Workspace(g));
     if (dx) {
       dx->Ensure(backend_, x.shape());
-      backend_.Fill(dx->f32(), 0.0f, dx->numel());
-    }
-    for (int64_t i0 = 0; i0 < n; i0 += group_) {
-      int64_t g = std::min(group_, n - i0);
-      int64_t rows = g * window_.out_height * window_.out_width;
-      const float* dyg = dy.f32() + i0 * window_.out_height * window_.out_width * out_channels_;
-      col_.Ensure(backend_, {rows, fan_in});
-      backend_.Im2Col(x.f32() + i0 * window_.height * window_.width * window_.channels, col_.f32(),
-                      g, window_.height, window_.width, window_.channels, window_.kernel,
-                      window_.kernel, window_.stride, window_.padding, window_.out_height,
-                      window_.out_width);
-      backend_.Gemm(true, false, fan_in, out_channels_, rows, 1.0f, col_.f32(), dyg, 1.0f,
-                    weight_.grad.f32());
-      if (dx) {
-        backend_.Gemm(false, true, rows, fan_in, out_channels_, 1.0f, dyg, weight_.value.f32(),
-                      0.0f, col_.f32());
-        backend_.Col2Im(
-            col_.f32(), dx->f32() + i0 * window_.height * window_.width * window_.channels, g,
-            window_.height, window_.width, window_.channels, window_.kernel, window_.kernel,
-            window_.stride, window_.padding, window_.out_height, window_.out_width);
-      }
+      backend_.ConvBackwardData(g, dy.f32(), weight_.value.f32(), dx->f32(), Workspace(g));
     }
   }
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
 
  private:
-  static constexpr int64_t kColumnBudget = 8 << 20;  // floats in the column buffer
+  ConvGeometry Geometry(int64_t n) const {
+    return {n,
+            window_.height,
+            window_.width,
+            window_.channels,
+            out_channels_,
+            window_.kernel,
+            window_.stride,
+            window_.padding,
+            window_.out_height,
+            window_.out_width};
+  }
+  // The backend's scratch for this geometry, reused by every batch (forward and backward
+  // never overlap).
+  float* Workspace(const ConvGeometry& g) {
+    workspace_.Ensure(backend_, {std::max<int64_t>(1, backend_.ConvWorkspaceFloats(g))});
+    return workspace_.f32();
+  }
+
   Backend& backend_;
   const ImageWindow window_;
   const int64_t out_channels_;
-  int64_t group_ = 1;
   Param weight_, bias_;
-  Tensor col_;  // scratch, reused by every batch (forward and backward never overlap)
+  Tensor workspace_;
 };
 
 // ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// im2col and its adjoint for NHWC convolution, on CUDA (the GEMM is ops/gemm).
+// NHWC convolution on CUDA: im2col, cuBLAS GEMM (ops/gemm) and the adjoint col2im.
 #include "common/core/cuda_common.cuh"
 
 namespace localpar {
@@ -67,6 +67,25 @@ void CudaBackend::Col2Im(const float* col, float* dx, int64_t n, int64_t h, int6
   Col2ImKernel<<<Blocks(n * h * w * c), kBlock, 0, StreamOf(this)>>>(col, dx, n, h, w, c, kh, kw,
                                                                      stride, pad, oh, ow);
   LP_CUDA_LAUNCH_CHECK();
+}
+
+int64_t CudaBackend::ConvWorkspaceFloats(const ConvGeometry& g) {
+  return ConvIm2ColWorkspaceFloats(g);
+}
+
+void CudaBackend::ConvForward(const ConvGeometry& g, const float* x, const float* w,
+                              const float* bias, float* y, float* workspace) {
+  ConvForwardIm2Col(g, x, w, bias, y, workspace);
+}
+
+void CudaBackend::ConvBackwardData(const ConvGeometry& g, const float* dy, const float* w,
+                                   float* dx, float* workspace) {
+  ConvBackwardDataIm2Col(g, dy, w, dx, workspace);
+}
+
+void CudaBackend::ConvBackwardWeights(const ConvGeometry& g, const float* x, const float* dy,
+                                      float* dw, float* db, float* workspace) {
+  ConvBackwardWeightsIm2Col(g, x, dy, dw, db, workspace);
 }
 
 }  // namespace localpar

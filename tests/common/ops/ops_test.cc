@@ -2,6 +2,7 @@
 // for the loss, hand-checked values, and every CUDA kernel against its CPU twin.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/core/tensor.h"
@@ -396,6 +397,167 @@ TEST(CudaParity, OptimizerSteps) {
     return all;
   };
   EXPECT_TRUE(AllClose(run(*gpu), run(*cpu), 1e-6f, 1e-5f));
+}
+
+// ---- convolution -----------------------------------------------------------------------------
+
+// The convolution, its input gradient and its weight and bias gradients, summed in double
+// straight from the definition: an independent reference for every backend's Conv ops.
+struct ConvReference {
+  std::vector<float> y, dx, dw, db;
+};
+ConvReference NaiveConv(const ConvGeometry& g, const std::vector<float>& x,
+                        const std::vector<float>& w, const std::vector<float>& bias,
+                        const std::vector<float>& dy) {
+  std::vector<double> y(g.n * g.oh * g.ow * g.out_channels), dx(x.size()), dw(w.size()),
+      db(bias.size());
+  for (int64_t b = 0; b < g.n; ++b) {
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        for (int64_t o = 0; o < g.out_channels; ++o) {
+          const int64_t yi = ((b * g.oh + oy) * g.ow + ox) * g.out_channels + o;
+          double acc = bias[o];
+          db[o] += dy[yi];
+          for (int64_t ky = 0; ky < g.kernel; ++ky) {
+            for (int64_t kx = 0; kx < g.kernel; ++kx) {
+              const int64_t iy = oy * g.stride - g.pad + ky, ix = ox * g.stride - g.pad + kx;
+              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+              for (int64_t ch = 0; ch < g.c; ++ch) {
+                const int64_t xi = ((b * g.h + iy) * g.w + ix) * g.c + ch;
+                const int64_t wi = ((ky * g.kernel + kx) * g.c + ch) * g.out_channels + o;
+                acc += static_cast<double>(x[xi]) * w[wi];
+                dx[xi] += static_cast<double>(dy[yi]) * w[wi];
+                dw[wi] += static_cast<double>(dy[yi]) * x[xi];
+              }
+            }
+          }
+          y[yi] = acc;
+        }
+      }
+    }
+  }
+  auto to_float = [](const std::vector<double>& v) {
+    return std::vector<float>(v.begin(), v.end());
+  };
+  return {to_float(y), to_float(dx), to_float(dw), to_float(db)};
+}
+
+ConvGeometry MakeGeometry(int64_t n, int64_t h, int64_t w, int64_t c, int64_t oc, int64_t k,
+                          int64_t stride, int64_t pad) {
+  return {n,
+          h,
+          w,
+          c,
+          oc,
+          k,
+          stride,
+          pad,
+          (h + 2 * pad - k) / stride + 1,
+          (w + 2 * pad - k) / stride + 1};
+}
+
+// Runs the three Conv ops (or, with im2col, the im2col path) on `be`. dx starts as garbage
+// (the op overwrites it); dw and db start at `grad0` (the op accumulates into them).
+ConvReference RunConv(Backend& be, const ConvGeometry& g, const std::vector<float>& x,
+                      const std::vector<float>& w, const std::vector<float>& bias,
+                      const std::vector<float>& dy, const std::vector<float>& grad0, bool im2col) {
+  const int64_t nx = g.n * g.h * g.w * g.c, ny = g.n * g.oh * g.ow * g.out_channels;
+  const int64_t nw = g.fan_in() * g.out_channels;
+  Tensor xt = Tensor::FromHost(be, {nx}, x), wt = Tensor::FromHost(be, {nw}, w),
+         bt = Tensor::FromHost(be, {g.out_channels}, bias), dyt = Tensor::FromHost(be, {ny}, dy);
+  Tensor y = Tensor::Empty(be, {ny}), dx = Tensor::FromHost(be, {nx}, RandomVector(nx, 99)),
+         dw = Tensor::FromHost(be, {nw}, std::vector<float>(grad0.begin(), grad0.begin() + nw)),
+         db = Tensor::FromHost(be, {g.out_channels},
+                               std::vector<float>(grad0.begin() + nw, grad0.end()));
+  const int64_t ws = im2col ? Backend::ConvIm2ColWorkspaceFloats(g) : be.ConvWorkspaceFloats(g);
+  Tensor workspace = Tensor::Empty(be, {std::max<int64_t>(1, ws)});
+  if (im2col) {
+    be.ConvForwardIm2Col(g, xt.f32(), wt.f32(), bt.f32(), y.f32(), workspace.f32());
+    be.ConvBackwardWeightsIm2Col(g, xt.f32(), dyt.f32(), dw.f32(), db.f32(), workspace.f32());
+    be.ConvBackwardDataIm2Col(g, dyt.f32(), wt.f32(), dx.f32(), workspace.f32());
+  } else {
+    be.ConvForward(g, xt.f32(), wt.f32(), bt.f32(), y.f32(), workspace.f32());
+    be.ConvBackwardWeights(g, xt.f32(), dyt.f32(), dw.f32(), db.f32(), workspace.f32());
+    be.ConvBackwardData(g, dyt.f32(), wt.f32(), dx.f32(), workspace.f32());
+  }
+  return {y.ToHost(), dx.ToHost(), dw.ToHost(), db.ToHost()};
+}
+
+std::unique_ptr<Backend> CpuWithThreads(int threads) {
+  CpuOptions options;
+  options.threads = threads;
+  return MakeCpuBackend(options);
+}
+
+class ConvTest : public ::testing::TestWithParam<ConvGeometry> {};
+
+// Padded and unpadded, strided with a dropped edge, one input channel (the stem), 1x1, and
+// channel counts that fill the vector registers of the blocked kernels.
+INSTANTIATE_TEST_SUITE_P(Geometries, ConvTest,
+                         ::testing::Values(MakeGeometry(3, 7, 6, 2, 5, 3, 2, 1),
+                                           MakeGeometry(2, 7, 6, 2, 3, 3, 2, 0),
+                                           MakeGeometry(2, 6, 6, 1, 32, 3, 1, 1),
+                                           MakeGeometry(2, 5, 4, 16, 16, 1, 1, 0),
+                                           MakeGeometry(2, 9, 9, 32, 32, 3, 1, 1),
+                                           MakeGeometry(3, 8, 8, 32, 64, 3, 2, 1)),
+                         [](const ::testing::TestParamInfo<ConvGeometry>& info) {
+                           const ConvGeometry& g = info.param;
+                           return "n" + std::to_string(g.n) + "_" + std::to_string(g.h) + "x" +
+                                  std::to_string(g.w) + "x" + std::to_string(g.c) + "_to_" +
+                                  std::to_string(g.out_channels) + "_k" + std::to_string(g.kernel) +
+                                  "s" + std::to_string(g.stride) + "p" + std::to_string(g.pad);
+                         });
+
+TEST_P(ConvTest, EveryPathMatchesTheDirectDefinitionOnEveryBackend) {
+  const ConvGeometry g = GetParam();
+  const int64_t nw = g.fan_in() * g.out_channels;
+  auto x = RandomVector(g.n * g.h * g.w * g.c, 1), w = RandomVector(nw, 2),
+       bias = RandomVector(g.out_channels, 3),
+       dy = RandomVector(g.n * g.oh * g.ow * g.out_channels, 4),
+       grad0 = RandomVector(nw + g.out_channels, 5);
+  ConvReference ref = NaiveConv(g, x, w, bias, dy);
+  for (size_t i = 0; i < ref.dw.size(); ++i) ref.dw[i] += grad0[i];
+  for (size_t i = 0; i < ref.db.size(); ++i) ref.db[i] += grad0[ref.dw.size() + i];
+
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  backends.push_back(CpuWithThreads(2));
+  if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
+  for (auto& be : backends) {
+    for (bool im2col : {false, true}) {
+      SCOPED_TRACE(be->Describe() + (im2col ? ", im2col path" : ", the backend's Conv ops"));
+      ConvReference got = RunConv(*be, g, x, w, bias, dy, grad0, im2col);
+      EXPECT_TRUE(AllClose(got.y, ref.y, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(got.dx, ref.dx, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(got.dw, ref.dw, 1e-4f, 1e-4f));
+      EXPECT_TRUE(AllClose(got.db, ref.db, 1e-4f, 1e-4f));
+    }
+  }
+}
+
+// The determinism the cluster's bitwise parity rests on: the same inputs and thread count
+// give the same bits on every call, including through a second backend (a worker's and the
+// reference trainer's are different objects), with one and with two threads.
+TEST_P(ConvTest, RepeatedCallsAreBitwiseIdenticalForAFixedThreadCount) {
+  const ConvGeometry g = GetParam();
+  const int64_t nw = g.fan_in() * g.out_channels;
+  auto x = RandomVector(g.n * g.h * g.w * g.c, 11), w = RandomVector(nw, 12),
+       bias = RandomVector(g.out_channels, 13),
+       dy = RandomVector(g.n * g.oh * g.ow * g.out_channels, 14),
+       grad0 = std::vector<float>(nw + g.out_channels, 0.0f);
+  for (int threads : {1, 2}) {
+    auto a = CpuWithThreads(threads), b = CpuWithThreads(threads);
+    ConvReference first = RunConv(*a, g, x, w, bias, dy, grad0, false);
+    int call = 0;
+    for (Backend* be : {a.get(), a.get(), b.get()}) {
+      ConvReference again = RunConv(*be, g, x, w, bias, dy, grad0, false);
+      SCOPED_TRACE("call " + std::to_string(++call));
+      EXPECT_EQ(again.y, first.y) << threads << " thread(s)";
+      EXPECT_EQ(again.dx, first.dx) << threads << " thread(s)";
+      EXPECT_EQ(again.dw, first.dw) << threads << " thread(s)";
+      EXPECT_EQ(again.db, first.db) << threads << " thread(s)";
+    }
+  }
 }
 
 }  // namespace
