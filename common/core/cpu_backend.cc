@@ -8,6 +8,9 @@
 #ifdef LOCALPAR_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
+#ifdef LOCALPAR_HAVE_DNNL
+#include <omp.h>
+#endif
 
 namespace localpar {
 
@@ -18,9 +21,17 @@ CpuBackend::CpuBackend(const CpuOptions& options) : options_(options) {
 #endif
 }
 
+#ifdef LOCALPAR_HAVE_DNNL
+void CpuBackend::UseOwnThreads() const {
+  omp_set_num_threads(options_.threads > 0 ? options_.threads : 1);
+}
+#endif
+
 std::string CpuBackend::Describe() const {
   const std::string precision = GemmPrecisionSuffix();
-#ifdef LOCALPAR_HAVE_OPENBLAS
+#if defined(LOCALPAR_HAVE_DNNL)
+  return "cpu (oneDNN, " + std::to_string(options_.threads) + " thread(s)" + precision + ")";
+#elif defined(LOCALPAR_HAVE_OPENBLAS)
   return "cpu (OpenBLAS, " + std::to_string(options_.threads) + " thread(s)" + precision + ")";
 #else
   return "cpu (portable GEMM" + precision + ")";

@@ -1,4 +1,5 @@
-// The CPU backend: OpenBLAS (or a portable fallback) for GEMM, plain loops for the rest.
+// The CPU backend: oneDNN or OpenBLAS (or a portable fallback) for GEMM, oneDNN (or im2col)
+// for convolutions, plain loops for the rest.
 #pragma once
 
 #include <memory>
@@ -30,6 +31,8 @@ class CpuBackend final : public Backend {
  private:
   CpuOptions options_;
 #ifdef LOCALPAR_HAVE_DNNL
+  // Sets the calling thread's OpenMP thread count (oneDNN's) to options_.threads.
+  void UseOwnThreads() const;
   // oneDNN's engine and convolution primitives (ops/conv.cc), made on the first convolution.
   struct DnnlConvs;
   struct DnnlPlan;

@@ -6,8 +6,6 @@
 #include "common/core/cpu_backend.h"
 
 #ifdef LOCALPAR_HAVE_DNNL
-#include <omp.h>
-
 #include <map>
 #include <mutex>
 #include <optional>
@@ -231,7 +229,7 @@ CpuBackend::DnnlConvs* CpuBackend::DnnlPlanFor(const ConvGeometry& g, DnnlPlan**
   std::lock_guard<std::mutex> lock(dnnl_->mu);
   // Before the plan is made, too: a primitive fixes how it splits its work (and so the
   // order of its sums) among the calling thread's OpenMP threads when it is created.
-  omp_set_num_threads(options_.threads > 0 ? options_.threads : 1);
+  UseOwnThreads();
   *plan = dnnl_->PlanFor(g);
   return *plan ? dnnl_.get() : nullptr;
 }

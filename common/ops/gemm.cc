@@ -1,10 +1,14 @@
-// GEMM on the CPU: OpenBLAS sgemm, or a portable blocked loop where OpenBLAS is absent.
+// GEMM on the CPU: oneDNN's sgemm, else OpenBLAS's, else a portable loop where neither is
+// built in.
 #include <vector>
 
 #include "common/core/cpu_backend.h"
 #include "common/core/dtype.h"
 
-#ifdef LOCALPAR_HAVE_OPENBLAS
+#if defined(LOCALPAR_HAVE_DNNL)
+#include "common/core/check.h"
+#include "dnnl.h"
+#elif defined(LOCALPAR_HAVE_OPENBLAS)
 #include <cblas.h>
 #else
 #include <algorithm>
@@ -52,10 +56,10 @@ const float* RoundedOperand(GemmPrecision p, const float* x, int64_t n, std::vec
 }
 }  // namespace
 
-#ifndef LOCALPAR_HAVE_OPENBLAS
+#if !defined(LOCALPAR_HAVE_DNNL) && !defined(LOCALPAR_HAVE_OPENBLAS)
 namespace {
-// Used only on machines without OpenBLAS (the CUDA-only GPU build), where it serves as the
-// CPU reference for parity tests; correctness over speed.
+// Used only on machines without oneDNN or OpenBLAS (the CUDA-only GPU build), where it serves as
+// the CPU reference for parity tests; correctness over speed.
 void PortableGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   const float* b, float beta, float* c) {
   std::vector<float> acc(static_cast<size_t>(n));
@@ -85,7 +89,14 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   thread_local std::vector<float> a_copy, b_copy;
   a = RoundedOperand(gemm_precision_, a, m * k, &a_copy);
   b = RoundedOperand(gemm_precision_, b, k * n, &b_copy);
-#ifdef LOCALPAR_HAVE_OPENBLAS
+#if defined(LOCALPAR_HAVE_DNNL)
+  // oneDNN's sgemm over OpenBLAS 0.3.21's: 1.03-1.19x on every shape a fashion_mlp step
+  // runs, single-threaded, on this machine's AVX-512 (docs/performance.md). Its work split,
+  // and so its sums, follow the calling thread's OpenMP thread count, set here each time.
+  UseOwnThreads();
+  LP_CHECK(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, trans_a ? m : k,
+                      b, trans_b ? k : n, beta, c, n) == dnnl_success);
+#elif defined(LOCALPAR_HAVE_OPENBLAS)
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(trans_a ? m : k), b,

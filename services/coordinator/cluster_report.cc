@@ -35,6 +35,9 @@ v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
   f.set_activation_bytes_per_example(static_cast<double>(s.activation_bytes_per_example()));
   for (const auto& e : s.epochs())
     f.add_resident_bytes_by_epoch(static_cast<double>(e.resident_bytes()));
+  *f.mutable_phase_seconds() = s.phase_seconds();
+  f.set_bytes_received(static_cast<double>(s.bytes_received()));
+  f.set_bytes_sent(static_cast<double>(s.bytes_sent()));
   return f;
 }
 

@@ -53,6 +53,12 @@ void WorkerStats::Reject(const std::string& reason) {
 
 void WorkerStats::AddBytes(bool sent, int64_t n) {
   if (metrics_) metrics_->AddBytes(sent, n);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sent) {
+    stats_.set_bytes_sent(stats_.bytes_sent() + n);
+  } else {
+    stats_.set_bytes_received(stats_.bytes_received() + n);
+  }
 }
 
 void WorkerStats::RecordTrainStep(const StepRecord& r) {
@@ -77,6 +83,13 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
   recent_.Add(r.head);
   if (r.updated) stats_.set_steps(stats_.steps() + 1);
   stats_.set_examples(stats_.examples() + r.rows);
+  v1::PhaseSeconds& phases = *stats_.mutable_phase_seconds();
+  phases.set_receive_wait(phases.receive_wait() + r.receive_wait);
+  phases.set_forward(phases.forward() + r.times.forward);
+  phases.set_backward(phases.backward() + r.times.backward);
+  phases.set_update(phases.update() + r.times.update);
+  phases.set_send_wait(phases.send_wait() + r.send_wait);
+  phases.set_allreduce(phases.allreduce() + r.times.exchange);
   stats_.set_allreduce_seconds(r.exchange_seconds);
   stats_.set_allreduce_bytes(r.exchange_bytes);
   train_seconds_ += static_cast<double>(r.end_ns - r.start_ns) * 1e-9;

@@ -7,9 +7,11 @@ For fashion_mlp and fashion_resnet (deploy/jobs), GREEDY and BACKPROP:
   - one core: `localpar train --threads=1` against a PyTorch twin, with both thread pools
     pinned (torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1: the first alone leaves
     OpenBLAS's own pool on every core);
-  - two cores: `localpar run` (a local cluster, one worker per stage; wall time, its final
-    evaluation included; the job's 4 stages or --stages=2, whichever is faster) against
-    PyTorch's best two-core setting of the ones tried.
+  - two cores: `localpar run` (a local cluster, one worker per stage; wall time from the
+    coordinator's start, its final evaluation included; the job's 4 stages or --stages=2,
+    whichever is faster) against PyTorch's best two-core setting of the three tried.
+Both sides must count the same parameters (batch norm's running statistics included), or
+the benchmark stops: the twin is checked, not trusted.
 The twin is built from the job file itself (proto/job.proto, parsed with protobuf), so it has
 the job's layers and heads: GREEDY detaches each stage's output and trains every head on
 its own stage; BACKPROP backpropagates the last head through everything and trains the
@@ -152,6 +154,11 @@ def torch_child(args):
         stages.append(nn.Sequential(*mods))
         heads.append(head(st.head, shape, 10))
     params = [p for m in stages + heads for p in m.parameters()]
+    # localpar counts batch norm's running statistics among a stage's parameters; PyTorch
+    # keeps them as buffers.
+    counted = sum(p.numel() for p in params) + sum(
+        b.numel() for m in stages + heads for name, b in m.named_buffers()
+        if name.endswith(("running_mean", "running_var")))
     adamw = job.optimizer.adamw
     opt = torch.optim.AdamW(params, lr=job.schedule.lr or 1e-3,
                             weight_decay=adamw.weight_decay, betas=(0.9, 0.999), eps=1e-8)
@@ -180,7 +187,8 @@ def torch_child(args):
     t = time.perf_counter()
     for _ in range(args.steps):
         step()
-    print(json.dumps({"examples_per_second": args.steps * batch / (time.perf_counter() - t)}))
+    print(json.dumps({"examples_per_second": args.steps * batch / (time.perf_counter() - t),
+                      "parameters": counted}))
 
 
 def torch_rate(gen, job, rule, steps, threads, openblas):
@@ -190,7 +198,7 @@ def torch_rate(gen, job, rule, steps, threads, openblas):
                        capture_output=True, text=True, env=env, timeout=1800)
     if p.returncode != 0:
         raise SystemExit(f"torch_compare: PyTorch failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])["examples_per_second"]
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 # ---- the localpar side --------------------------------------------------------------------
@@ -205,7 +213,7 @@ def localpar_rate(build, work, job, rule, steps, command, extra=()):
         raise SystemExit(f"torch_compare: {' '.join(args)} exited {p.returncode}:\n"
                          f"{p.stderr[-3000:]}")
     with open(os.path.join(out, "report.json")) as f:
-        return json.load(f)["examples_per_second"]
+        return json.load(f)
 
 
 def main():
@@ -244,17 +252,26 @@ def main():
                 best = {"lp1": 0, "pt1": 0, "lp2": 0, "pt2": 0}
                 best_setting, lp_setting = "", ""
                 for _ in range(args.rounds):
-                    best["lp1"] = max(best["lp1"], localpar_rate(build, work, job, rule,
-                                                                 steps, "train"))
-                    best["pt1"] = max(best["pt1"], torch_rate(gen, job, rule, steps, 1, 1))
+                    lp = localpar_rate(build, work, job, rule, steps, "train")
+                    pt = torch_rate(gen, job, rule, steps, 1, 1)
+                    if lp["parameters"] != pt["parameters"]:
+                        raise SystemExit(f"torch_compare: the PyTorch twin of {case} has "
+                                         f"{pt['parameters']} parameters, localpar's network "
+                                         f"{lp['parameters']:.0f}: not the same network")
+                    best["lp1"] = max(best["lp1"], lp["examples_per_second"])
+                    best["pt1"] = max(best["pt1"], pt["examples_per_second"])
                     # The job's 4 stages, or regrouped into 2 (one worker per core).
                     for extra, name in (((), "4 workers"), (("--stages=2",), "--stages=2")):
-                        r = localpar_rate(build, work, job, rule, 3 * steps, "run", extra)
+                        r = localpar_rate(build, work, job, rule, 3 * steps, "run",
+                                          extra)["examples_per_second"]
                         if r > best["lp2"]:
                             best["lp2"], lp_setting = r, name
-                    for threads, openblas, name in ((1, 2, "default OpenBLAS pool, 1 torch "
-                                                     "thread"), (2, 2, "2 threads each")):
-                        r = torch_rate(gen, job, rule, steps, threads, openblas)
+                    for threads, openblas, name in (
+                            (1, 2, "1 torch thread, OpenBLAS's default pool"),
+                            (2, 1, "2 torch threads, 1 OpenBLAS thread"),
+                            (2, 2, "2 threads each")):
+                        r = torch_rate(gen, job, rule, steps, threads,
+                                       openblas)["examples_per_second"]
                         if r > best["pt2"]:
                             best["pt2"], best_setting = r, name
                 rows.append((case, rule, best, best_setting, lp_setting))

@@ -587,6 +587,42 @@ TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
   EXPECT_EQ(depth[0], cap[0]);
 }
 
+// The per-stage phase figures in report.json. Each link's bytes are counted by the sender
+// and by the receiver, two processes that must agree exactly. With the last stage 50 ms
+// slower per batch, the stage before it spends its time waiting to hand batches on, and the
+// slow stage does not wait for input.
+TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameBytes) {
+  TempDir dir;
+  // 80 batches of 1 MiB activations (more than the queues and socket buffers between two
+  // stages hold), light to compute: 1024 rows of width 256.
+  std::string job = dir.Write("job.textproto", PipelineJob(1, 1024 * 80, 256, 1024));
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet", "--slow_stage=3",
+                       "--slow_ms=50", "--out=" + dir.path()},
+                      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string report = ReadFile(dir.path() + "/report.json");
+  v1::RunReport parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(report, &parsed).ok()) << report;
+  ASSERT_EQ(parsed.stage_reports_size(), 4);
+  for (int k = 0; k < 4; ++k) {
+    const v1::StageFigures& f = parsed.stage_reports(k);
+    const v1::PhaseSeconds& p = f.phase_seconds();
+    EXPECT_GT(p.forward(), 0) << "stage " << k;
+    EXPECT_GT(p.backward(), 0) << "stage " << k;
+    EXPECT_GT(p.update(), 0) << "stage " << k;
+    EXPECT_LT(p.receive_wait() + p.forward() + p.backward() + p.update() + p.send_wait(),
+              parsed.wall_seconds())
+        << "stage " << k;
+    if (k < 3) {
+      EXPECT_GT(f.bytes_sent(), 80.0 * 1024 * 256 * 4) << "stage " << k;
+      EXPECT_EQ(f.bytes_sent(), parsed.stage_reports(k + 1).bytes_received()) << "link " << k;
+    }
+  }
+  // About 70 of the 80 batches wait 50 ms each for the slow stage to take them.
+  EXPECT_GT(parsed.stage_reports(2).phase_seconds().send_wait(), 1.5) << report;
+  EXPECT_LT(parsed.stage_reports(3).phase_seconds().receive_wait(), 0.5) << report;
+}
+
 TEST(AsyncOverlap, TrainsAndKeepsTheMeasuredDelayWithinItsBound) {
   TempDir dir;
   std::string job = dir.Write("job.textproto", SmallJob("OVERLAP", 1));
