@@ -9,23 +9,28 @@ namespace localpar {
 void CpuBackend::MaxPoolForward(const float* x, float* y, int32_t* argmax, int64_t n, int64_t h,
                                 int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
                                 int64_t oh, int64_t ow) {
+  // Channels innermost, updated by selects: the window's pixels in the same order as the
+  // CUDA kernel (the first of equal maxima wins), with a vectorisable loop over channels.
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t oy = 0; oy < oh; ++oy) {
       for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t o = ((b * oh + oy) * ow + ox) * c;
+        float* best = y + o;
+        int32_t* best_i = argmax + o;
         for (int64_t ch = 0; ch < c; ++ch) {
-          float best = -FLT_MAX;
-          int32_t best_i = -1;
-          ForEachInWindow(oy, ox, h, w, k, stride, pad, [&](int64_t iy, int64_t ix) {
-            float v = x[((b * h + iy) * w + ix) * c + ch];
-            if (best_i < 0 || v > best) {
-              best = v;
-              best_i = static_cast<int32_t>(iy * w + ix);
-            }
-          });
-          int64_t o = ((b * oh + oy) * ow + ox) * c + ch;
-          y[o] = best_i < 0 ? 0.0f : best;
-          argmax[o] = best_i;
+          best[ch] = -FLT_MAX;
+          best_i[ch] = -1;
         }
+        ForEachInWindow(oy, ox, h, w, k, stride, pad, [&](int64_t iy, int64_t ix) {
+          const float* v = x + ((b * h + iy) * w + ix) * c;
+          const int32_t at = static_cast<int32_t>(iy * w + ix);
+          for (int64_t ch = 0; ch < c; ++ch) {
+            const bool take = best_i[ch] < 0 || v[ch] > best[ch];
+            best[ch] = take ? v[ch] : best[ch];
+            best_i[ch] = take ? at : best_i[ch];
+          }
+        });
+        for (int64_t ch = 0; ch < c; ++ch) best[ch] = best_i[ch] < 0 ? 0.0f : best[ch];
       }
     }
   }
