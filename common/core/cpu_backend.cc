@@ -9,7 +9,9 @@
 #include <cblas.h>
 #endif
 #ifdef LOCALPAR_HAVE_DNNL
-#include <omp.h>
+#include <dlfcn.h>
+
+#include "common/core/check.h"
 #endif
 
 namespace localpar {
@@ -22,8 +24,16 @@ CpuBackend::CpuBackend(const CpuOptions& options) : options_(options) {
 }
 
 #ifdef LOCALPAR_HAVE_DNNL
+// oneDNN runs on the OpenMP runtime it was built with (libgomp, for Debian's), which it
+// loads itself. Its thread count is set through that runtime's own entry point, found at
+// run time: this code is not compiled with OpenMP, and no second runtime (clang's libomp,
+// in the sanitizer build) is linked beside it.
 void CpuBackend::UseOwnThreads() const {
-  omp_set_num_threads(options_.threads > 0 ? options_.threads : 1);
+  using SetNumThreads = void (*)(int);
+  static const auto set_num_threads =
+      reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  LP_CHECK_MSG(set_num_threads != nullptr, "oneDNN's OpenMP runtime has no omp_set_num_threads");
+  set_num_threads(options_.threads > 0 ? options_.threads : 1);
 }
 #endif
 
