@@ -588,7 +588,7 @@ TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
 }
 
 // The per-stage phase figures in report.json. Each link's bytes are counted by the sender
-// and by the receiver, two processes that must agree exactly. With the last stage 50 ms
+// and by the receiver, two processes that must agree exactly. With the last stage 100 ms
 // slower per batch, the stage before it spends its time waiting to hand batches on, and the
 // slow stage does not wait for input.
 TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameBytes) {
@@ -597,7 +597,7 @@ TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameByte
   // stages hold), light to compute: 1024 rows of width 256.
   std::string job = dir.Write("job.textproto", PipelineJob(1, 1024 * 80, 256, 1024));
   auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet", "--slow_stage=3",
-                       "--slow_ms=50", "--out=" + dir.path()},
+                       "--slow_ms=100", "--out=" + dir.path()},
                       120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::string report = ReadFile(dir.path() + "/report.json");
@@ -618,9 +618,12 @@ TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameByte
       EXPECT_EQ(f.bytes_sent(), parsed.stage_reports(k + 1).bytes_received()) << "link " << k;
     }
   }
-  // About 70 of the 80 batches wait 50 ms each for the slow stage to take them.
-  EXPECT_GT(parsed.stage_reports(2).phase_seconds().send_wait(), 1.5) << report;
-  EXPECT_LT(parsed.stage_reports(3).phase_seconds().receive_wait(), 0.5) << report;
+  // About 70 of the 80 batches wait 100 ms each for the slow stage to take them, while the
+  // slow stage waits for input only as the pipeline fills, and when a busy machine
+  // deschedules the stages before it (up to 1.1 s with three copies of this test at once).
+  const double held = parsed.stage_reports(2).phase_seconds().send_wait();
+  EXPECT_GT(held, 3.0) << report;
+  EXPECT_LT(parsed.stage_reports(3).phase_seconds().receive_wait(), 0.4 * held) << report;
 }
 
 TEST(AsyncOverlap, TrainsAndKeepsTheMeasuredDelayWithinItsBound) {

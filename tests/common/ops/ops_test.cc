@@ -508,13 +508,21 @@ INSTANTIATE_TEST_SUITE_P(Geometries, ConvTest,
                                   "s" + std::to_string(g.stride) + "p" + std::to_string(g.pad);
                          });
 
+// Random input, weights, bias and output gradient for geometry g.
+struct ConvInputs {
+  std::vector<float> x, w, bias, dy;
+};
+ConvInputs RandomConvInputs(const ConvGeometry& g, uint64_t seed) {
+  return {RandomVector(g.n * g.h * g.w * g.c, seed),
+          RandomVector(g.fan_in() * g.out_channels, seed + 1),
+          RandomVector(g.out_channels, seed + 2),
+          RandomVector(g.n * g.oh * g.ow * g.out_channels, seed + 3)};
+}
+
 TEST_P(ConvTest, EveryPathMatchesTheDirectDefinitionOnEveryBackend) {
   const ConvGeometry g = GetParam();
-  const int64_t nw = g.fan_in() * g.out_channels;
-  auto x = RandomVector(g.n * g.h * g.w * g.c, 1), w = RandomVector(nw, 2),
-       bias = RandomVector(g.out_channels, 3),
-       dy = RandomVector(g.n * g.oh * g.ow * g.out_channels, 4),
-       grad0 = RandomVector(nw + g.out_channels, 5);
+  const auto [x, w, bias, dy] = RandomConvInputs(g, 1);
+  const auto grad0 = RandomVector(g.fan_in() * g.out_channels + g.out_channels, 5);
   ConvReference ref = NaiveConv(g, x, w, bias, dy);
   for (size_t i = 0; i < ref.dw.size(); ++i) ref.dw[i] += grad0[i];
   for (size_t i = 0; i < ref.db.size(); ++i) ref.db[i] += grad0[ref.dw.size() + i];
@@ -540,11 +548,8 @@ TEST_P(ConvTest, EveryPathMatchesTheDirectDefinitionOnEveryBackend) {
 // reference trainer's are different objects), with one and with two threads.
 TEST_P(ConvTest, RepeatedCallsAreBitwiseIdenticalForAFixedThreadCount) {
   const ConvGeometry g = GetParam();
-  const int64_t nw = g.fan_in() * g.out_channels;
-  auto x = RandomVector(g.n * g.h * g.w * g.c, 11), w = RandomVector(nw, 12),
-       bias = RandomVector(g.out_channels, 13),
-       dy = RandomVector(g.n * g.oh * g.ow * g.out_channels, 14),
-       grad0 = std::vector<float>(nw + g.out_channels, 0.0f);
+  const auto [x, w, bias, dy] = RandomConvInputs(g, 11);
+  const std::vector<float> grad0(g.fan_in() * g.out_channels + g.out_channels, 0.0f);
   for (int threads : {1, 2}) {
     auto a = CpuWithThreads(threads), b = CpuWithThreads(threads);
     ConvReference first = RunConv(*a, g, x, w, bias, dy, grad0, false);
