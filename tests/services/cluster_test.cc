@@ -358,7 +358,10 @@ struct RecoveryRun {
   // Starts the run, waits `delay_ms`, sends `signal` to child `index` of the launcher
   // (the workers in stage order, a stage's replicas together, then the coordinator), and
   // waits for the run to end.
-  testing::ProcessResult KillAndFinish(int index, int delay_ms, int signal = SIGKILL) {
+  // With `after_a_checkpoint`, the delay counts from the first committed checkpoint (a
+  // directory with a MANIFEST) rather than from the processes' start, however slow they are.
+  testing::ProcessResult KillAndFinish(int index, int delay_ms, int signal = SIGKILL,
+                                       bool after_a_checkpoint = false) {
     pid_t launcher = testing::StartProcess(
         {bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt, "--checkpoint_every_steps=3",
          "--slow_stage=3", "--slow_ms=15", "--out=" + dir.path() + "/run"},
@@ -367,6 +370,17 @@ struct RecoveryRun {
     for (int i = 0; i < 500 && children.size() < processes; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       children = testing::LaunchedProcesses(launcher);
+    }
+    if (after_a_checkpoint) {
+      bool committed = false;
+      for (int i = 0; i < 3000 && !committed; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        std::error_code ec;
+        for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
+          if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) committed = true;
+        }
+      }
+      EXPECT_TRUE(committed) << "no checkpoint committed in " << ckpt << " within 30 s";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     EXPECT_EQ(children.size(), processes);
@@ -418,7 +432,9 @@ TEST(Recovery, AKilledReplicaIsRestartedAndEveryStageRollsBackBitwiseEqual) {
 TEST(Recovery, AKilledCoordinatorIsRestartedFromTheLastManifestBitwiseEqual) {
   RecoveryRun run;
   v1::ModelWeights want = run.Uninterrupted();
-  auto r = run.KillAndFinish(4, 600);
+  // Killed once a checkpoint is committed, so there is always one to resume from (under
+  // the sanitizers a fixed delay from start-up could come before the first).
+  auto r = run.KillAndFinish(4, 50, SIGKILL, true);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("coordinator was killed by signal 9; restarting it"), std::string::npos)
       << r.output;
@@ -443,7 +459,7 @@ TEST(Recovery, AStoppedWorkerIsKilledRestartedAndTheRunEndsBitwiseEqual) {
 TEST(Recovery, AStoppedCoordinatorIsKilledRestartedAndResumes) {
   RecoveryRun run;
   v1::ModelWeights want = run.Uninterrupted();
-  auto r = run.KillAndFinish(4, 600, SIGSTOP);
+  auto r = run.KillAndFinish(4, 50, SIGSTOP, true);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("coordinator answered no health check for 5 s"), std::string::npos)
       << r.output;
