@@ -338,6 +338,20 @@ INSTANTIATE_TEST_SUITE_P(Rules, ResumeMatchesUninterrupted,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
 
+// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST. Tests that
+// need a checkpoint to exist before they break something wait on this, not on a fixed delay
+// from start-up, which the sanitizer build under load can outrun.
+void WaitForACommittedCheckpoint(const std::string& ckpt) {
+  for (int i = 0; i < 3000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
+      if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
+    }
+  }
+  ADD_FAILURE() << "no checkpoint committed in " << ckpt << " within 30 s";
+}
+
 // Long enough (12 epochs, a slowed last stage) to be interrupted mid-run.
 struct RecoveryRun {
   TempDir dir;
@@ -358,8 +372,8 @@ struct RecoveryRun {
   // Starts the run, waits `delay_ms`, sends `signal` to child `index` of the launcher
   // (the workers in stage order, a stage's replicas together, then the coordinator), and
   // waits for the run to end.
-  // With `after_a_checkpoint`, the delay counts from the first committed checkpoint (a
-  // directory with a MANIFEST) rather than from the processes' start, however slow they are.
+  // With `after_a_checkpoint`, the delay counts from the first committed checkpoint rather
+  // than from the processes' start, however slow they are.
   testing::ProcessResult KillAndFinish(int index, int delay_ms, int signal = SIGKILL,
                                        bool after_a_checkpoint = false) {
     pid_t launcher = testing::StartProcess(
@@ -371,17 +385,7 @@ struct RecoveryRun {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       children = testing::LaunchedProcesses(launcher);
     }
-    if (after_a_checkpoint) {
-      bool committed = false;
-      for (int i = 0; i < 3000 && !committed; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        std::error_code ec;
-        for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
-          if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) committed = true;
-        }
-      }
-      EXPECT_TRUE(committed) << "no checkpoint committed in " << ckpt << " within 30 s";
-    }
+    if (after_a_checkpoint) WaitForACommittedCheckpoint(ckpt);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     EXPECT_EQ(children.size(), processes);
     if (children.size() == processes) kill(children[index], signal);
@@ -503,7 +507,8 @@ TEST(Recovery, AWorkerThatNeverReturnsStopsTheJobNamingTheStageAndCheckpoint) {
                              "--workers=" + list, "--quiet", "--checkpoint_dir=" + run.ckpt,
                              "--checkpoint_every_steps=3", "--recovery_timeout_s=2"},
                             run.dir.path() + "/coordinator.log");
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  WaitForACommittedCheckpoint(run.ckpt);  // so the message has one to name
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   kill(workers[1], SIGKILL);
   EXPECT_EQ(testing::WaitProcess(coordinator, 60), 5);
   std::string log = ReadFile(run.dir.path() + "/coordinator.log");
