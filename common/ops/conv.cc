@@ -128,15 +128,23 @@ void CpuBackend::Col2Im(const float* col, float* dx, int64_t n, int64_t h, int64
 // thread count a primitive gives the same bits on every call, which the determinism tests
 // check (OpsConv.*, and every cluster-versus-reference test with a conv job). Weights stay
 // HWIO in our tensors; each primitive is handed them in the blocked layout it asked for,
-// reordered on every call (a few thousand floats, cheap beside the convolution).
+// reordered on every call (a few thousand floats, cheap beside the convolution) by a
+// reorder primitive made with the plan.
 struct CpuBackend::DnnlPlan {
+  // A primitive's own layout of the weights (or of their gradient) and the reorder between
+  // it and HWIO; both empty when the primitive takes HWIO as it is.
+  struct Staging {
+    dnnl::memory buffer;
+    dnnl::reorder reorder;
+    explicit operator bool() const { return static_cast<bool>(buffer); }
+  };
   dnnl::memory::desc src, dst, user_weights, bias;
   dnnl::convolution_forward fwd;
-  dnnl::memory fwd_weights;  // the forward's layout of the weights; empty when HWIO
+  Staging fwd_weights;  // HWIO into the forward's layout
   dnnl::convolution_backward_data bwd_data;
-  dnnl::memory bwd_data_weights;  // likewise for the backward data pass
+  Staging bwd_data_weights;  // HWIO into the backward data pass's layout
   dnnl::convolution_backward_weights bwd_weights;
-  dnnl::memory diff_weights;  // the weight gradient's own layout; empty when HWIO
+  Staging diff_weights;  // the weight gradient's layout back into HWIO
 };
 
 struct CpuBackend::DnnlConvs {
@@ -176,14 +184,14 @@ struct CpuBackend::DnnlConvs {
                                         plan->bias, plan->dst, strides, padding, padding),
         engine);
     plan->fwd = dnnl::convolution_forward(fwd);
-    plan->fwd_weights = StagingFor(fwd.weights_desc(), *plan);
+    plan->fwd_weights = StagingFor(plan->user_weights, fwd.weights_desc(), *plan);
 
     dnnl::convolution_backward_data::primitive_desc bwd_data(
         dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, plan->src,
                                               any_weights, plan->dst, strides, padding, padding),
         engine, fwd);
     plan->bwd_data = dnnl::convolution_backward_data(bwd_data);
-    plan->bwd_data_weights = StagingFor(bwd_data.weights_desc(), *plan);
+    plan->bwd_data_weights = StagingFor(plan->user_weights, bwd_data.weights_desc(), *plan);
 
     dnnl::convolution_backward_weights::primitive_desc bwd_weights(
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, plan->src,
@@ -191,13 +199,18 @@ struct CpuBackend::DnnlConvs {
                                                  padding, padding),
         engine, fwd);
     plan->bwd_weights = dnnl::convolution_backward_weights(bwd_weights);
-    plan->diff_weights = StagingFor(bwd_weights.diff_weights_desc(), *plan);
+    plan->diff_weights = StagingFor(bwd_weights.diff_weights_desc(), plan->user_weights, *plan);
     return plan;
   }
 
-  // A buffer in a primitive's own weight layout, or none when that layout is HWIO.
-  dnnl::memory StagingFor(const dnnl::memory::desc& wanted, const Plan& plan) {
-    return wanted == plan.user_weights ? dnnl::memory() : dnnl::memory(wanted, engine);
+  // A buffer in the primitive's side of `from` -> `to` (whichever is not HWIO) and the
+  // reorder between them; neither when both are HWIO.
+  Plan::Staging StagingFor(const dnnl::memory::desc& from, const dnnl::memory::desc& to,
+                           const Plan& plan) {
+    if (from == to) return {};
+    const dnnl::memory::desc& own = from == plan.user_weights ? to : from;
+    return {dnnl::memory(own, engine),
+            dnnl::reorder(dnnl::reorder::primitive_desc(engine, from, engine, to))};
   }
 
   // A memory object over caller-owned data (oneDNN takes non-const handles; none of the
@@ -208,11 +221,11 @@ struct CpuBackend::DnnlConvs {
 
   // The HWIO `weights` as a primitive wants them: themselves, or reordered into `staging`
   // (empty when the primitive takes HWIO).
-  dnnl::memory WeightsAs(const Plan& plan, const float* weights, dnnl::memory& staging) {
+  dnnl::memory WeightsAs(const Plan& plan, const float* weights, Plan::Staging& staging) {
     dnnl::memory user = Wrap(plan.user_weights, weights);
     if (!staging) return user;
-    dnnl::reorder(user, staging).execute(stream, user, staging);
-    return staging;
+    staging.reorder.execute(stream, user, staging.buffer);
+    return staging.buffer;
   }
 
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -279,13 +292,13 @@ void CpuBackend::ConvBackwardWeights(const ConvGeometry& g, const float* x, cons
     std::lock_guard<std::mutex> lock(d->mu);
     // oneDNN overwrites its outputs: they land in the workspace and are added below.
     dnnl::memory hwio = d->Wrap(plan.user_weights, workspace);
-    dnnl::memory diff = plan.diff_weights ? plan.diff_weights : hwio;
+    dnnl::memory diff = plan.diff_weights ? plan.diff_weights.buffer : hwio;
     plan.bwd_weights.execute(d->stream,
                              {{DNNL_ARG_SRC, d->Wrap(plan.src, x)},
                               {DNNL_ARG_DIFF_DST, d->Wrap(plan.dst, dy)},
                               {DNNL_ARG_DIFF_WEIGHTS, diff},
                               {DNNL_ARG_DIFF_BIAS, d->Wrap(plan.bias, workspace + weight_floats)}});
-    if (plan.diff_weights) dnnl::reorder(diff, hwio).execute(d->stream, diff, hwio);
+    if (plan.diff_weights) plan.diff_weights.reorder.execute(d->stream, diff, hwio);
     d->stream.wait();
   }
   Axpy(1.0f, workspace, dw, weight_floats);
