@@ -198,6 +198,18 @@ void JobRunner::EventLoop(PipelineLink& link) {
       acked_cv_.notify_all();
     } else if (up->has_saved()) {
       checkpointer_.OnSaved(up->saved());
+    } else if (up->has_error() && up->error().stage() < 0) {
+      // Only a worker with no configuration answers as stage -1. Mid-run that is a stage
+      // restarted after this link was opened, which its upstream neighbour reached again
+      // before anyone saw the old one go: the pipeline is broken even though every stream
+      // is still up, and it is recovered (or given up) like any other break.
+      if (metrics_) metrics_->AddError();
+      if (!link.broken()) {
+        std::cerr << "\nlocalpar: a stage answered item " << up->error().seq()
+                  << " unconfigured: " << up->error().message() << "\n";
+        link.Break(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "a stage restarted mid-run and lost its configuration"));
+      }
     } else if (up->has_error() && !checkpointer_.OnError(up->error())) {
       std::cerr << "\nlocalpar: " << pool_.Name(up->error().stage(), up->error().replica())
                 << " refused item " << up->error().seq() << ": " << up->error().message() << "\n";

@@ -96,6 +96,16 @@ std::optional<v1::UpItem> PipelineLink::Next() {
   return std::nullopt;
 }
 
+void PipelineLink::Break(const grpc::Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(break_mu_);
+    if (!break_status_.ok()) return;
+    break_status_ = why;
+  }
+  broken_ = true;
+  for (auto& c : chains_) c->ctx.TryCancel();
+}
+
 grpc::Status PipelineLink::Finish() {
   if (!finished_) {
     finished_ = true;
@@ -103,12 +113,10 @@ grpc::Status PipelineLink::Finish() {
     for (auto& c : chains_) {
       if (c->reader.joinable()) c->reader.join();
     }
-    status_ = grpc::Status::OK;
+    std::lock_guard<std::mutex> lock(break_mu_);
+    status_ = break_status_;
     for (auto& c : chains_) {
-      if (!c->status.ok()) {
-        status_ = c->status;
-        break;
-      }
+      if (status_.ok() && !c->status.ok()) status_ = c->status;
     }
   }
   return status_;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -44,6 +45,10 @@ class PipelineLink {
   // failure, or OK.
   grpc::Status Finish();
   bool broken() const { return broken_; }
+  // Ends the link as a failed stream would, for a break learnt in band (a stage that came
+  // back up the pipeline unconfigured): sending stops, every stream is cancelled, and
+  // Finish returns `why`.
+  void Break(const grpc::Status& why);
 
  private:
   struct Chain {
@@ -61,6 +66,8 @@ class PipelineLink {
   std::map<uint64_t, int> acks_;  // seq -> chains that acknowledged it (Next's thread only)
   bool finished_ = false;
   grpc::Status status_;
+  std::mutex break_mu_;  // Break may come from the event loop while Finish runs
+  grpc::Status break_status_;
 };
 
 }  // namespace localpar
