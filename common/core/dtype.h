@@ -21,18 +21,6 @@ inline size_t DTypeSize(DType t) {
   return 0;
 }
 
-inline const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kI32:
-      return "i32";
-  }
-  return "?";
-}
-
 // Round-to-nearest-even; NaN stays NaN.
 inline uint16_t FloatToBf16(float f) {
   uint32_t u;

@@ -37,19 +37,6 @@ absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channe
   return pixels;
 }
 
-absl::Status WritePng(const std::string& path, const uint8_t* pixels, int64_t height, int64_t width,
-                      int channels) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  image.width = static_cast<png_uint_32>(width);
-  image.height = static_cast<png_uint_32>(height);
-  image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
-  if (!png_image_write_to_file(&image, path.c_str(), 0, pixels, 0, nullptr)) {
-    return absl::InternalError(absl::StrCat(path, ": cannot write the PNG (", image.message, ")"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
                                             const std::vector<std::string>& classes) {
   namespace fs = std::filesystem;

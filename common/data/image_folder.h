@@ -29,8 +29,5 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
 // Decodes one PNG to `channels` channels (1 or 3).
 absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
                                              int64_t* width);
-// Writes 8-bit pixels [height, width, channels] (1 or 3) as a PNG (tests, examples).
-absl::Status WritePng(const std::string& path, const uint8_t* pixels, int64_t height, int64_t width,
-                      int channels);
 
 }  // namespace localpar

@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "common/data/user_data.h"
 #include "common/nn/model.h"
-#include "common/nn/trainer.h"
+#include "common/nn/step.h"
 #include "proto/job.pb.h"
 
 namespace localpar {
@@ -58,7 +58,7 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages);
 std::string JobFingerprint(const v1::Job& job, const std::string& settings);
 
 ModelConfig ToModelConfig(const v1::Job& job);
-TrainerOptions ToTrainerOptions(const v1::Job& job, int64_t total_steps);
+StepSettings ToStepSettings(const v1::Job& job, int64_t total_steps);
 
 // The most replicas of a stage a job may ask for (Job.replicas).
 constexpr int kMaxReplicas = 64;

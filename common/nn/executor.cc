@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "common/core/check.h"
-#include "common/nn/trainer.h"
+#include "common/nn/step.h"
 
 namespace localpar {
 namespace {
@@ -44,7 +44,7 @@ void StageExecutor::Begin(const StepContext& ctx) {
   for (size_t i = 0; i < program_->size(); ++i) {
     const Op op = (*program_)[i].op;
     if (op == Op::kHead) last_head_ = i;
-    if (op == Op::kBackwardHead || op == Op::kBackwardReturned) last_backward_ = i;
+    if (op == Op::kBackwardFromHead || op == Op::kBackwardReturned) last_backward_ = i;
   }
   micro_.assign(static_cast<size_t>(ctx.train ? ctx.micro_batches : 1), MicroBatch());
   stats_ = HeadStats();
@@ -103,7 +103,7 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
       if (announce_final_ && next_ == last_head_) ports.GradientsFinal(stage_, -1);
       break;
     }
-    case Op::kBackwardHead:
+    case Op::kBackwardFromHead:
       Backward(a, stage_.head_grad(slot), ports);
       break;
     case Op::kAwaitGradient: {

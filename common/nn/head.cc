@@ -1,48 +1,30 @@
 // Auxiliary heads expand to ordinary layers.
 #include "common/nn/head.h"
 
-namespace localpar {
+#include "common/nn/layers/conv.h"
+#include "common/nn/layers/elementwise.h"
+#include "common/nn/layers/linear.h"
+#include "common/nn/layers/norm.h"
 
-const char* HeadKindName(HeadConfig::Kind kind) {
-  switch (kind) {
-    case HeadConfig::Kind::kLinear:
-      return "linear";
-    case HeadConfig::Kind::kPoolLinear:
-      return "pool_linear";
-    case HeadConfig::Kind::kMlp:
-      return "mlp";
-    case HeadConfig::Kind::kConvPoolLinear:
-      return "conv_pool_linear";
-    case HeadConfig::Kind::kLanguageModel:
-      return "language_model";
-  }
-  return "?";
-}
+namespace localpar {
 
 bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
                 std::vector<LayerConfig>* layers, std::string* error) {
-  using K = LayerConfig::Kind;
-  auto layer = [](K kind, int64_t out = 0) {
-    LayerConfig c;
-    c.kind = kind;
-    c.out_features = out;
-    return c;
-  };
   layers->clear();
   bool image = in.size() == 3;
   switch (head.kind) {
     case HeadConfig::Kind::kLinear:
       break;
     case HeadConfig::Kind::kPoolLinear:
-      if (image) layers->push_back(layer(K::kGlobalAvgPool));
+      if (image) layers->push_back(GlobalAvgPoolConfig());
       break;
     case HeadConfig::Kind::kMlp:
       if (head.hidden <= 0) {
         *error = "head.hidden must be > 0";
         return false;
       }
-      layers->push_back(layer(K::kLinear, head.hidden));
-      layers->push_back(layer(K::kRelu));
+      layers->push_back(LinearConfig(head.hidden));
+      layers->push_back(ReluConfig());
       break;
     case HeadConfig::Kind::kConvPoolLinear: {
       if (!image) {
@@ -53,12 +35,9 @@ bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
         *error = "head.channels must be > 0";
         return false;
       }
-      LayerConfig conv = layer(K::kConv2d, head.channels);
-      conv.kernel = 3;
-      conv.padding = 1;
-      layers->push_back(conv);
-      layers->push_back(layer(K::kRelu));
-      layers->push_back(layer(K::kGlobalAvgPool));
+      layers->push_back(Conv2dConfig(head.channels, /*kernel=*/3, /*stride=*/1, /*padding=*/1));
+      layers->push_back(ReluConfig());
+      layers->push_back(GlobalAvgPoolConfig());
       break;
     }
     case HeadConfig::Kind::kLanguageModel:
@@ -67,11 +46,11 @@ bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
                  ShapeString(in);
         return false;
       }
-      layers->push_back(layer(K::kLayerNorm));
-      layers->push_back(layer(K::kDense, classes));  // one prediction per position
+      layers->push_back(LayerNormConfig());
+      layers->push_back(DenseConfig(classes));  // one prediction per position
       return true;
   }
-  layers->push_back(layer(K::kLinear, classes));
+  layers->push_back(LinearConfig(classes));
   return true;
 }
 

@@ -21,8 +21,6 @@ struct HeadConfig {
   int64_t channels = 32;
 };
 
-const char* HeadKindName(HeadConfig::Kind kind);
-
 // The head's layers for a stage whose output has per-example shape `in`; the last layer
 // produces `classes` logits. Returns false with *error when the head cannot fit.
 bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,

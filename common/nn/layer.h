@@ -1,7 +1,10 @@
-// Layers: forward/backward units with parameters, built from plain config structs.
+// Layers: forward/backward units with parameters, built from plain config structs. Every
+// layer kind lives in one family file under common/nn/layers/ and is found through the
+// registry (layer_kind.h); nothing outside those files knows a kind by name.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,51 +39,44 @@ struct ForwardContext {
   uint64_t seed = 0;  // varies per step: drives dropout masks
 };
 
+// One layer as a job file describes it: its kind (job.proto's Layer field name) and its
+// settings by job.proto's field names, numbers all (a float setting survives the trip
+// through double exactly). A family reads the settings it has and ignores the rest.
 struct LayerConfig {
-  enum class Kind {
-    kLinear,
-    kRelu,
-    kGelu,
-    kLayerNorm,
-    kDropout,
-    kConv2d,
-    kMaxPool,
-    kAvgPool,
-    kGlobalAvgPool,
-    kFlatten,
-    kEmbedding,
-    kResidual,
-    kBatchNorm,            // per channel (last dimension) over the batch and positions
-    kDense,                // linear over the last dimension only (per position)
-    kPositionalEncoding,   // adds fixed sinusoids to [positions, dim]
-    kCausalSelfAttention,  // multi-head, causal, with input and output projections
-  };
-  Kind kind = Kind::kLinear;
-  int64_t out_features = 0;  // linear: output features; conv2d: output channels
-  int64_t in_features = 0;   // linear: optional check against the incoming shape (0 = infer)
-  int64_t kernel = 3;        // conv2d, pools
-  int64_t stride = 1;
-  int64_t padding = 0;
-  float dropout = 0.0f;
-  float eps = 1e-5f;
-  int64_t vocab = 0;  // embedding
-  int64_t dim = 0;
-  int64_t heads = 1;              // attention
-  float momentum = 0.1f;          // batch norm running statistics
-  std::vector<LayerConfig> body;  // residual
+  std::string kind;
+  std::map<std::string, double> settings;
+  std::vector<LayerConfig> body;  // composite kinds (residual)
+
+  LayerConfig() = default;
+  explicit LayerConfig(std::string k, std::map<std::string, double> s = {})
+      : kind(std::move(k)), settings(std::move(s)) {}
+  bool has(const std::string& name) const { return settings.count(name) > 0; }
+  double Number(const std::string& name, double fallback = 0) const;
+  int64_t Int(const std::string& name, int64_t fallback = 0) const;
+  void Set(const std::string& name, double value) { settings[name] = value; }
+  // Sets `name` to `value` when it is missing or 0 (a job file's "use the default").
+  void Default(const std::string& name, double value);
 };
 
-const char* LayerKindName(LayerConfig::Kind kind);
+// A parameter's layout as PyTorch stores it: its shape, and where each element comes from
+// (element to_ours[i] of our tensor is element i of PyTorch's; empty: the same order).
+struct ExportLayout {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> to_ours;
+};
 
-// The positional_encoding layer's fixed sinusoids, [positions, dim] row-major:
-// PE[t, 2i] = sin(t / 10000^(2i/dim)), PE[t, 2i+1] = cos(same).
-std::vector<float> PositionalEncodingTable(int64_t positions, int64_t dim);
+class OnnxGraph;
+
+// What a GEMM layer may apply in its epilogue on behalf of the activation after it.
+enum class Epilogue { kNone, kRelu };
 
 class Layer {
  public:
   virtual ~Layer() = default;
+  // The kind's name (job.proto's field): "linear", "conv2d", ...
   virtual const char* kind() const = 0;
-  const Shape& output_shape() const { return out_shape_; }  // without the batch dimension
+  const Shape& input_shape() const { return in_shape_; }  // without the batch dimension
+  const Shape& output_shape() const { return out_shape_; }
 
   // Writes cache.out (and whatever backward needs) for input x of shape [N, input...].
   virtual void Forward(const Tensor& x, LayerCache& cache, const ForwardContext& ctx) = 0;
@@ -88,9 +84,31 @@ class Layer {
   // is non-null, sets it to the gradient with respect to x (it may alias dy's storage).
   virtual void Backward(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) = 0;
   virtual std::vector<Param*> params() { return {}; }
+  // Composite layers: the layers inside, in order (their parameters are this one's).
+  virtual std::vector<const Layer*> children() const { return {}; }
+  // True for a layer that reads token ids (an embedding): a network starting with one takes
+  // integer ids, not values to normalise.
+  virtual bool reads_token_ids() const { return false; }
+
+  // Export: `p` (one of params()) in PyTorch's layout; default: as stored.
+  virtual ExportLayout TorchLayout(const Param& p) const;
+  // Emits this layer into an ONNX graph on input x (NHWC, as localpar computes); returns the
+  // output's name. Evaluation semantics: dropout is the identity, batch norm uses its
+  // running statistics.
+  virtual std::string EmitOnnx(OnnxGraph& graph, const std::string& x) const = 0;
+
+  // Fusion (FuseActivations): an activation says which epilogue it is; a GEMM layer that
+  // can apply it takes it, and the activation then passes its input through.
+  virtual Epilogue as_epilogue() const { return Epilogue::kNone; }
+  virtual bool TakeEpilogue(Epilogue) { return false; }
+  virtual void PassThrough() {}
 
  protected:
-  Shape out_shape_;
+  Shape in_shape_, out_shape_;
+
+ private:
+  friend std::unique_ptr<Layer> MakeLayer(Backend&, const LayerConfig&, const Shape&, uint64_t,
+                                          std::string*);
 };
 
 // Builds a layer for per-example input shape `in`; on a shape mismatch returns nullptr and
@@ -98,12 +116,12 @@ class Layer {
 std::unique_ptr<Layer> MakeLayer(Backend& backend, const LayerConfig& config, const Shape& in,
                                  uint64_t seed, std::string* error);
 
-// Lets a Linear layer apply the ReLU right after it in its own GEMM epilogue (one pass over
-// the output instead of two); the ReLU layer then passes its input through. Parameters,
-// shapes and results are unchanged, so it is applied to every stage and head as built.
+// Lets each GEMM apply the activation right after it in its own epilogue (one pass over the
+// output instead of two). Parameters, shapes and results are unchanged, so it is applied to
+// every stage and head as built.
 void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers);
 
-// Shape-only validation without allocating anything.
+// Shape-only validation without allocating anything; errors start with the kind's name.
 bool InferLayerShape(const LayerConfig& config, const Shape& in, Shape* out, std::string* error);
 
 // How many values the layer's parameters hold (trainable or not) for input shape `in`,
@@ -111,8 +129,23 @@ bool InferLayerShape(const LayerConfig& config, const Shape& in, Shape* out, std
 int64_t LayerParameterCount(const LayerConfig& config, const Shape& in);
 
 // Floating-point operations of one example's forward pass, from shapes alone: 2 per
-// multiply-add of linear, dense, convolution and attention layers (residual blocks add up
-// their bodies). Elementwise layers, normalisation, pooling and embedding lookups count 0.
+// multiply-add of GEMM-like layers (composite layers add up their bodies). Elementwise
+// layers, normalisation, pooling and lookups count 0.
 double LayerForwardFlops(const LayerConfig& config, const Shape& in);
+
+// Kinds that are shorthand for several layers (a transformer block) replaced by them,
+// inside composite bodies too; `*cur` follows the shapes. Every other kind is copied.
+void ExpandLayer(const LayerConfig& config, Shape* cur, std::vector<LayerConfig>* out);
+
+// A setting that is wrong whatever the shapes: the field (relative to the kind, "" for the
+// kind as a whole) and why. Empty `why`: nothing wrong.
+struct LayerIssue {
+  std::string field;
+  std::string why;
+};
+// An unknown kind is an issue too (field "", naming the kinds there are).
+LayerIssue CheckLayerSettings(const LayerConfig& config);
+// Fills the kind's documented defaults for settings left at zero, in composite bodies too.
+void ApplyLayerDefaults(LayerConfig& config);
 
 }  // namespace localpar

@@ -23,7 +23,7 @@ enum class Op {
   kForward,            // run the stage's layers on it
   kSendActivations,    // hand the output to the next stage
   kHead,               // score the head; in kLocal mode also d(head loss)/d(output)
-  kBackwardHead,       // backpropagate the head's gradient through the layers
+  kBackwardFromHead,   // backpropagate the head's gradient through the layers
   kAwaitGradient,      // wait for the gradient the next stage returns for micro-batch m
   kBackwardReturned,   // backpropagate that gradient through the layers
   kSendInputGradient,  // return d/d(input) of the last backward on m to the stage before

@@ -74,6 +74,9 @@ class Stage {
 
   std::vector<Param*> params();  // the layers' in order, then the head's
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  const Layer& layer(int i) const { return *layers_[i]; }
+  int num_head_layers() const { return static_cast<int>(head_.size()); }
+  const Layer& head_layer(int i) const { return *head_[i]; }
   std::vector<Param*> layer_params(int layer) { return layers_[layer]->params(); }
   std::vector<Param*> head_params();
   int64_t num_parameters();

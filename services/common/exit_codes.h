@@ -1,5 +1,10 @@
-// Exit codes of localpar, localpar_coordinator and localpar_worker.
+// Exit codes of localpar, localpar_coordinator and localpar_worker, and errors that carry
+// theirs: functions return absl::Status with the exit code as a payload, and each program's
+// main prints the error and maps it to its exit code in one place.
 #pragma once
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace localpar {
 
@@ -13,5 +18,20 @@ enum ExitCode {
   kExitTrainingFailed = 6,  // the loss went non-finite, or the run trained on nothing
   kExitInterrupted = 130,
 };
+
+// `s` with `code` attached (OK stays OK).
+absl::Status WithExitCode(absl::Status s, ExitCode code);
+// The code attached to `s`; kExitOk for OK; a data error (IsDataError) is kExitBadData;
+// otherwise kExitFailure.
+ExitCode ExitCodeOf(const absl::Status& s);
+
+// Shorthands: a bad flag or setting (2), a job that does not hold together (3), a data set
+// that cannot be read (4), a worker that was lost (5), a run that trained nothing (6).
+absl::Status UsageError(absl::string_view message);
+absl::Status JobError(absl::string_view message);
+absl::Status WorkerLostError(absl::string_view message);
+absl::Status TrainingFailedError(absl::string_view message);
+// Failures the program does not attribute to any of those (1).
+absl::Status FailureError(absl::string_view message);
 
 }  // namespace localpar

@@ -3,6 +3,7 @@
 
 #include <iostream>
 
+#include "common/io/atomic_file.h"
 #include "services/common/exit_codes.h"
 
 #ifndef LOCALPAR_VERSION
@@ -101,6 +102,25 @@ bool ParseProgramFlags(const std::string& program, const std::string& usage,
   }
   *positional = std::move(parsed->positional);
   return true;
+}
+
+absl::Status CheckRunSettings(const v1::CoordinatorConfig& c) {
+  if (c.resume() && c.checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  }
+  if (c.stop_after_steps() > 0 && c.checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError(
+        "--stop_after_steps needs --checkpoint_dir (the run stops at a checkpoint to resume from)");
+  }
+  if (!c.out().empty()) {
+    if (absl::Status s = CheckWritableDirectory(c.out(), "--out"); !s.ok()) return s;
+  }
+  if (!c.checkpoint_dir().empty()) {
+    if (absl::Status s = CheckWritableDirectory(c.checkpoint_dir(), "--checkpoint_dir"); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace localpar

@@ -13,6 +13,10 @@
 namespace localpar {
 
 v1::CoordinatorConfig CoordinatorDefaults();
+// What a coordinator's settings refuse before any work: settings that contradict each other,
+// and output or checkpoint directories that cannot be written. The coordinator and the
+// launcher (before it starts anything) both check it.
+absl::Status CheckRunSettings(const v1::CoordinatorConfig& config);
 v1::WorkerConfig WorkerDefaults();
 v1::RunCommand RunDefaults();
 v1::TrainCommand TrainDefaults();

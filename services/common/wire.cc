@@ -62,12 +62,12 @@ grpc::ByteBuffer FrameWithTensorBytes(int item_field, const google::protobuf::Me
 
 }  // namespace
 
-std::unique_ptr<DownStream> OpenDownStream(grpc::Channel& channel, grpc::ClientContext* ctx) {
-  static const std::string method = std::string("/") + v1::Worker::service_full_name() + "/Stream";
-  grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::BIDI_STREAMING);
-  return std::unique_ptr<DownStream>(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::UpItem>::Create(&channel, rpc,
-                                                                                      ctx));
+std::string WorkerStreamMethod() {
+  return std::string("/") + v1::Worker::service_full_name() + "/Stream";
+}
+
+bool ParseUpItem(grpc::ByteBuffer* bytes, v1::UpItem* item) {
+  return grpc::SerializationTraits<v1::UpItem>::Deserialize(bytes, item).ok();
 }
 
 grpc::ByteBuffer FrameItem(const v1::DownItem& item) { return SerializeItem(item); }

@@ -8,14 +8,16 @@
 
 #include <memory>
 
-#include "common/job/tensor_codec.h"
 #include "proto/localpar.grpc.pb.h"
+#include "services/common/wire_codec.h"
 
 namespace localpar {
 
-// Worker.Stream from the sending side, writing pre-framed DownItems.
-using DownStream = grpc::ClientReaderWriter<grpc::ByteBuffer, v1::UpItem>;
-std::unique_ptr<DownStream> OpenDownStream(grpc::Channel& channel, grpc::ClientContext* ctx);
+// Worker.Stream's full method name: a sender opens it as a ClientStream (client_stream.h)
+// and writes pre-framed DownItems.
+std::string WorkerStreamMethod();
+// An UpItem read from such a stream; false when the bytes are not one.
+bool ParseUpItem(grpc::ByteBuffer* bytes, v1::UpItem* item);
 
 // Worker.Stream from the serving side, writing pre-framed UpItems.
 using UpStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::DownItem>;

@@ -2,25 +2,24 @@
 #include "services/coordinator/checkpointer.h"
 
 #include <filesystem>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/peer_text.h"
 
 namespace localpar {
 
 using Clock = std::chrono::steady_clock;
 
 Checkpointer::Checkpointer(const v1::CoordinatorConfig& c, const v1::Job& job,
-                           std::string fingerprint, CoordinatorMetrics* metrics,
-                           std::function<v1::RunReport()> history)
+                           std::string fingerprint, CoordinatorMetrics* metrics, RunLedger& ledger,
+                           std::ostream& log)
     : dir_(c.checkpoint_dir()),
-      every_steps_(c.checkpoint_every_steps()),
-      every_seconds_(c.checkpoint_every_seconds()),
       keep_(std::max(1, c.keep_checkpoints())),
       job_(job),
       fingerprint_(std::move(fingerprint)),
       metrics_(metrics),
-      history_(std::move(history)) {}
+      ledger_(ledger),
+      log_(log) {}
 
 absl::Status Checkpointer::CheckFresh() const {
   if (!enabled()) return absl::OkStatus();
@@ -63,18 +62,10 @@ std::optional<FoundCheckpoint> Checkpointer::RollBack(std::ostream& log) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.clear();  // markers in flight died with the pipeline
   }
-  last_started_step_ = -1;
+  ledger_.ForgetCheckpointInFlight();
   absl::StatusOr<FoundCheckpoint> found = FindResume(log);
   if (!found.ok()) return std::nullopt;
   return *std::move(found);
-}
-
-bool Checkpointer::Due(int64_t step) {
-  if (!enabled()) return false;
-  if (requested_.exchange(false)) return true;
-  if (every_steps_ > 0 && step % every_steps_ == 0) return true;
-  return every_seconds_ > 0 &&
-         Clock::now() - last_start_ >= std::chrono::duration<double>(every_seconds_);
 }
 
 // The checkpoints whose snapshots every worker keeps (besides the new one): the committed
@@ -93,8 +84,7 @@ std::vector<uint64_t> Checkpointer::KeptIds() const {
 
 std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
                                                 const DataCursor& cursor, double train_examples) {
-  last_start_ = Clock::now();
-  last_started_step_ = step;
+  ledger_.CheckpointStarted(step);
   ++started_;
   uint64_t id;
   {
@@ -105,7 +95,7 @@ std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    std::cerr << "localpar: checkpoint " << dir << ": " << ec.message() << "\n";
+    log_ << "localpar: checkpoint " << dir << ": " << ec.message() << "\n";
     return std::nullopt;
   }
   Pending p{dir, {}, {}, train_examples, Clock::now()};
@@ -162,22 +152,22 @@ bool Checkpointer::Commit(Pending& p) {
     for (int r = 0; r < replicas; ++r) {
       auto s = p.snapshots.find({k, r});
       if (s == p.snapshots.end()) {
-        std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: stage " << k
-                  << (replicas > 1 ? " replica " + std::to_string(r) : "")
-                  << " did not report its snapshot\n";
+        log_ << "\nlocalpar: checkpoint " << p.dir << " not committed: stage " << k
+             << (replicas > 1 ? " replica " + std::to_string(r) : "")
+             << " did not report its snapshot\n";
         return false;
       }
       *(r == 0 ? p.manifest.add_stages() : p.manifest.add_replica_stages()) = s->second;
     }
   }
-  v1::RunReport history = history_ ? history_() : v1::RunReport();
+  v1::RunReport history = ledger_.History();
   history.set_train_examples(p.train_examples);
   p.manifest.set_report(history.SerializeAsString());
   p.manifest.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
                                      .count());
   if (absl::Status st = WriteManifest(p.dir, p.manifest); !st.ok()) {
-    std::cerr << "\nlocalpar: checkpoint " << p.dir << " not committed: " << st.message() << "\n";
+    log_ << "\nlocalpar: checkpoint " << p.dir << " not committed: " << st.message() << "\n";
     return false;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - p.started).count();
@@ -199,8 +189,8 @@ bool Checkpointer::OnError(const v1::ItemError& e) {
   const std::string dir = it->second.dir;
   pending_.erase(it);
   lock.unlock();
-  std::cerr << "\nlocalpar: checkpoint " << dir << " failed at stage " << e.stage() << ": "
-            << e.message() << "\n";
+  log_ << "\nlocalpar: checkpoint " << dir << " failed at stage " << e.stage() << ": "
+       << SanitizePeerText(e.message()) << "\n";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return true;

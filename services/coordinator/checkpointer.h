@@ -17,8 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/job/batch_plan.h"
-#include "common/job/checkpoint.h"
+#include "common/model_io/checkpoint.h"
+#include "common/run/batch_plan.h"
+#include "common/run/ledger.h"
 #include "proto/config.pb.h"
 #include "proto/localpar.pb.h"
 #include "proto/report.pb.h"
@@ -28,10 +29,11 @@ namespace localpar {
 
 class Checkpointer {
  public:
-  // `fingerprint` identifies the run (JobFingerprint); `history` gives the report so far
-  // when a checkpoint commits, so that a restarted coordinator reports the whole run.
+  // `fingerprint` identifies the run (JobFingerprint). The ledger says when one is due and
+  // gives the report so far when one commits, so that a restarted coordinator reports the
+  // whole run. Messages go to `log`.
   Checkpointer(const v1::CoordinatorConfig& config, const v1::Job& job, std::string fingerprint,
-               CoordinatorMetrics* metrics, std::function<v1::RunReport()> history);
+               CoordinatorMetrics* metrics, RunLedger& ledger, std::ostream& log);
 
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
@@ -49,16 +51,13 @@ class Checkpointer {
   // removed, and the newest committed checkpoint (if any) is what every stage rolls back to.
   std::optional<FoundCheckpoint> RollBack(std::ostream& log);
 
-  // Whether one is due after training step `step`: asked for (Request), every N steps, or
-  // every T seconds.
-  bool Due(int64_t step);
-  void Request() { requested_ = true; }
+  // Asks for one after the next complete training step (localpar checkpoint).
+  void Request() { ledger_.RequestCheckpoint(); }
   // The marker for a checkpoint after `step`, with the run then at `cursor` and
   // `train_examples` fed; nullopt when its directory cannot be made (that checkpoint is
   // skipped, and said so).
   std::optional<v1::DownItem> Start(uint64_t seq, int64_t step, const DataCursor& cursor,
                                     double train_examples);
-  int64_t last_started_step() const { return last_started_step_; }
 
   // From the event loop. OnSaved records a stage's snapshot; OnAck commits the checkpoint
   // whose marker `seq` was; OnError gives it up. Each returns false when `seq` was no
@@ -84,18 +83,14 @@ class Checkpointer {
   std::vector<uint64_t> KeptIds() const;
 
   const std::string dir_;
-  const int64_t every_steps_;
-  const double every_seconds_;
   const int keep_;
   const v1::Job& job_;
   const std::string fingerprint_;
   CoordinatorMetrics* const metrics_;
-  const std::function<v1::RunReport()> history_;
-  std::atomic<bool> requested_{false};
+  RunLedger& ledger_;
+  std::ostream& log_;
   uint64_t next_id_ = 1;
-  int64_t last_started_step_ = -1;
   std::atomic<int> started_{0}, committed_{0};
-  std::chrono::steady_clock::time_point last_start_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;  // the event loop commits while the feeder starts new ones
   std::map<uint64_t, Pending> pending_;
   std::string last_committed_;

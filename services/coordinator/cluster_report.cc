@@ -6,13 +6,6 @@
 namespace localpar {
 namespace {
 
-void SetHead(int stage, const v1::HeadStatistics& s, v1::HeadFigures* out) {
-  out->set_stage(stage);
-  out->set_loss(s.count() ? s.loss_sum() / s.count() : 0.0);
-  out->set_accuracy(s.count() ? s.correct() / s.count() : 0.0);
-  out->set_examples(static_cast<double>(s.count()));
-}
-
 v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
   v1::StageFigures f;
   f.set_stage(k);
@@ -43,37 +36,10 @@ v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
 
 }  // namespace
 
-void AddClusterFigures(const std::vector<v1::StatsResponse>& stats,
-                       const std::map<int, std::vector<v1::StatsResponse>>& at_epoch_end,
-                       const v1::RunReport& before, int epochs, v1::RunReport* report) {
-  const int stages = static_cast<int>(stats.size());
-  for (int e = 1; e <= epochs; ++e) {
-    auto it = at_epoch_end.find(e);
-    auto inherited = std::find_if(before.epochs().begin(), before.epochs().end(),
-                                  [&](const v1::EpochFigures& f) { return f.epoch() == e; });
-    if (it == at_epoch_end.end() && inherited != before.epochs().end()) {
-      *report->add_epochs() = *inherited;
-      continue;
-    }
-    const std::vector<v1::StatsResponse>& source =
-        it != at_epoch_end.end() && static_cast<int>(it->second.size()) == stages ? it->second
-                                                                                  : stats;
-    v1::EpochFigures* ef = report->add_epochs();
-    ef->set_epoch(e);
-    for (int k = 0; k < stages; ++k) {
-      v1::HeadFigures* train = ef->add_train();
-      v1::HeadFigures* test = ef->add_test();
-      train->set_stage(k);
-      test->set_stage(k);
-      for (const auto& es : source[k].epochs()) {
-        if (es.epoch() != e) continue;
-        SetHead(k, es.train(), train);
-        SetHead(k, es.eval(), test);
-        ef->set_seconds(std::max(ef->seconds(), es.train_seconds()));
-      }
-    }
+void AddStageReports(const std::vector<v1::StatsResponse>& stats, v1::RunReport* report) {
+  for (size_t k = 0; k < stats.size(); ++k) {
+    *report->add_stage_reports() = StageFiguresOf(static_cast<int>(k), stats[k]);
   }
-  for (int k = 0; k < stages; ++k) *report->add_stage_reports() = StageFiguresOf(k, stats[k]);
 }
 
 v1::Trace ClusterTrace(const std::vector<v1::StatsResponse>& stats) {

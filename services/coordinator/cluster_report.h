@@ -1,7 +1,6 @@
 // The report of a cluster run, assembled from the workers' statistics.
 #pragma once
 
-#include <map>
 #include <vector>
 
 #include "proto/localpar.pb.h"
@@ -9,13 +8,9 @@
 
 namespace localpar {
 
-// `stats`: every stage's statistics at the end of the run. `at_epoch_end`: those taken
-// when each epoch's evaluation finished, which survive a recovery (a worker that is
-// configured again forgets its figures); preferred where present. `before` holds the epochs
-// a resumed run inherited from its checkpoint. Fills epochs and stage_reports of `report`.
-void AddClusterFigures(const std::vector<v1::StatsResponse>& stats,
-                       const std::map<int, std::vector<v1::StatsResponse>>& at_epoch_end,
-                       const v1::RunReport& before, int epochs, v1::RunReport* report);
+// Each stage's own figures at the end of the run (throughput, memory, queues, phases, bytes)
+// from its statistics, as report.json's stage_reports. The epochs' figures are the ledger's.
+void AddStageReports(const std::vector<v1::StatsResponse>& stats, v1::RunReport* report);
 
 // trace.json: each stage's training-step compute intervals.
 v1::Trace ClusterTrace(const std::vector<v1::StatsResponse>& stats);

@@ -5,19 +5,21 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <iostream>
 #include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/core/cpu_backend.h"
 #include "common/io/atomic_file.h"
-#include "common/job/model_file.h"
-#include "common/job/run.h"
-#include "common/job/tensor_codec.h"
+#include "common/model_io/model_file.h"
+#include "common/model_io/tensor_proto.h"
+#include "common/nn/rule.h"
+#include "common/run/job_data.h"
+#include "common/run/ledger.h"
 #include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
+#include "services/common/program_config.h"
 #include "services/coordinator/job_runner.h"
 #include "services/coordinator/rendezvous_service.h"
 #include "services/coordinator/worker_pool.h"
@@ -27,9 +29,11 @@ namespace {
 
 // The Coordinator service (and, with replicas, the Rendezvous service) on `listen`; its
 // port goes to `port_file` and *bound.
-std::unique_ptr<grpc::Server> ServeStatus(const v1::CoordinatorConfig& c,
-                                          const SecurityOptions& security, StatusService* service,
-                                          RendezvousService* rendezvous, int* bound) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> ServeStatus(const v1::CoordinatorConfig& c,
+                                                          const SecurityOptions& security,
+                                                          StatusService* service,
+                                                          RendezvousService* rendezvous,
+                                                          int* bound) {
   grpc::EnableDefaultHealthCheckService(true);  // the launcher's liveness check
   grpc::ServerBuilder builder;
   ConfigureServer(builder);
@@ -39,12 +43,11 @@ std::unique_ptr<grpc::Server> ServeStatus(const v1::CoordinatorConfig& c,
   if (rendezvous) builder.RegisterService(rendezvous);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::cerr << "localpar: cannot serve status on " << c.status_listen() << "\n";
-    return nullptr;
+    return UsageError(absl::StrCat("--status_listen=", c.status_listen(), ": cannot serve there"));
   }
   if (!c.status_port_file().empty()) {
     if (absl::Status s = WritePortFile(c.status_port_file(), {port}); !s.ok()) {
-      std::cerr << "localpar: " << s.message() << "\n";
+      return FailureError(s.message());
     }
   }
   *bound = port;
@@ -69,32 +72,33 @@ std::string RendezvousAddress(const v1::CoordinatorConfig& c, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// Resumes when asked to (or, with resume_if_present, when there is something to resume);
-// false when asked to and it cannot. A fresh run refuses a directory with checkpoints in it.
-bool DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner) {
+// Resumes when asked to (or, with resume_if_present, when there is something to resume).
+// A fresh run refuses a directory with checkpoints in it (a usage error: another
+// --checkpoint_dir, or --resume).
+absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std::ostream& log) {
   Checkpointer& checkpointer = runner.checkpointer();
   bool resume = c.resume();
   if (c.resume_if_present() && !c.checkpoint_dir().empty()) {
     resume = FindLatestCheckpoint(c.checkpoint_dir(), checkpointer.fingerprint()).ok();
-    if (!resume)
-      std::cerr << "localpar: no checkpoint of this run in " << c.checkpoint_dir()
-                << "; starting fresh\n";
+    if (!resume) {
+      log << "localpar: no checkpoint of this run in " << c.checkpoint_dir()
+          << "; starting fresh\n";
+    }
   }
   if (!resume) {
-    if (c.resume_if_present()) return true;
+    if (c.resume_if_present()) return absl::OkStatus();
     absl::Status fresh = checkpointer.CheckFresh();
-    if (!fresh.ok()) std::cerr << "localpar: " << fresh.message() << "\n";
-    return fresh.ok();
+    return fresh.ok() ? fresh : UsageError(fresh.message());
   }
-  absl::StatusOr<FoundCheckpoint> found = checkpointer.FindResume(std::cerr);
+  absl::StatusOr<FoundCheckpoint> found = checkpointer.FindResume(log);
   if (!found.ok()) {
-    std::cerr << "localpar: cannot resume: " << found.status().message() << "\n";
-    return false;
+    return WithExitCode(absl::Status(found.status().code(),
+                                     absl::StrCat("cannot resume: ", found.status().message())),
+                        kExitFailure);
   }
-  std::cerr << "localpar: resuming from " << found->dir << " at step " << found->manifest.step()
-            << "\n";
+  log << "localpar: resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
   runner.ResumeFrom(*std::move(found));
-  return true;
+  return absl::OkStatus();
 }
 
 // What besides the job changes a run's arithmetic.
@@ -126,117 +130,112 @@ absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, con
 
 }  // namespace
 
-absl::Status CheckRunSettings(const v1::CoordinatorConfig& c) {
-  if (c.resume() && c.checkpoint_dir().empty()) {
-    return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
-  }
-  if (c.stop_after_steps() > 0 && c.checkpoint_dir().empty()) {
-    return absl::InvalidArgumentError(
-        "--stop_after_steps needs --checkpoint_dir (the run stops at a checkpoint to resume from)");
-  }
-  if (!c.out().empty()) {
-    if (absl::Status s = CheckWritableDirectory(c.out(), "--out"); !s.ok()) return s;
-  }
-  if (!c.checkpoint_dir().empty()) {
-    if (absl::Status s = CheckWritableDirectory(c.checkpoint_dir(), "--checkpoint_dir"); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
+namespace {
 
-int RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& security) {
-  ConfigureAllocatorForMessages();
-  if (absl::Status s = CheckRunSettings(c); !s.ok()) {
-    std::cerr << "localpar: " << s.message() << "\n";
-    return kExitUsage;
-  }
-  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(c.job(), c.overrides());
-  if (!job.ok()) {
-    std::cerr << "localpar: " << job.status().message() << "\n";
-    return IsDataError(job.status()) ? kExitBadData : kExitBadJob;
-  }
-  const int replicas = job->replicas();
-  if (c.workers_size() != job->stages_size() * replicas) {
-    std::cerr << "localpar: --workers lists " << c.workers_size() << " addresses but job "
-              << job->name() << " has " << job->stages_size() << " stages"
-              << (replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "") << "\n";
-    return kExitUsage;
+// What the job and the flags must agree on before anything starts.
+absl::Status CheckJobAgainstFlags(const v1::CoordinatorConfig& c, const v1::Job& job) {
+  const int replicas = job.replicas();
+  if (c.workers_size() != job.stages_size() * replicas) {
+    return UsageError(absl::StrCat("--workers lists ", c.workers_size(), " addresses but job ",
+                                   job.name(), " has ", job.stages_size(), " stages",
+                                   replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : ""));
   }
   if (replicas > 1) {
     std::set<std::string> seen;
     for (const std::string& w : c.workers()) {
       if (!seen.insert(w).second) {
-        std::cerr << "localpar: --workers lists " << w
-                  << " twice; every replica of every stage needs its own worker\n";
-        return kExitUsage;
+        return UsageError(absl::StrCat(
+            "--workers lists ", w, " twice; every replica of every stage needs its own worker"));
       }
     }
     if (c.status_listen().empty()) {
-      std::cerr << "localpar: replicas meet at the coordinator's service: --status_listen must "
-                   "not be empty\n";
-      return kExitUsage;
+      return UsageError(
+          "replicas meet at the coordinator's service: --status_listen must not be empty");
     }
-    if (c.replica_timeout_s() < 1) {
-      std::cerr << "localpar: --replica_timeout_s: must be >= 1\n";
-      return kExitUsage;
+    if (c.replica_timeout_s() < 1) return UsageError("--replica_timeout_s: must be >= 1");
+  }
+  if (c.overlap_max_delay() > 0 && !Rule(ToUpdateRule(job.rule())).allows_delay) {
+    return UsageError(
+        absl::StrCat("--overlap_max_delay does not apply to ", v1::UpdateRule_Name(job.rule())));
+  }
+  return absl::OkStatus();
+}
+
+// The Prometheus endpoint, when asked for.
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const v1::CoordinatorConfig& c) {
+  if (c.metrics_listen().empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> ms = MetricsServer::Start(c.metrics_listen());
+  if (!ms.ok()) return UsageError(ms.status().message());
+  if (!c.metrics_port_file().empty()) {
+    if (absl::Status s = WritePortFile(c.metrics_port_file(), {(*ms)->port()}); !s.ok()) {
+      return FailureError(s.message());
     }
   }
-  if (c.overlap_max_delay() > 0 && !Rule(ToUpdateRule(job->rule())).allows_delay) {
-    std::cerr << "localpar: --overlap_max_delay does not apply to "
-              << v1::UpdateRule_Name(job->rule()) << "\n";
-    return kExitUsage;
+  return ms;
+}
+
+}  // namespace
+
+absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& security,
+                            std::ostream& log) {
+  ConfigureAllocatorForMessages();
+  if (absl::Status s = CheckRunSettings(c); !s.ok()) return UsageError(s.message());
+  absl::StatusOr<v1::Job> job = LoadJobWithOverrides(c.job(), c.overrides());
+  if (!job.ok()) {
+    return WithExitCode(job.status(), IsDataError(job.status()) ? kExitBadData : kExitBadJob);
   }
+  if (absl::Status s = CheckJobAgainstFlags(c, *job); !s.ok()) return s;
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
-  if (!data.ok()) {
-    std::cerr << "localpar: " << data.status().message() << "\n";
-    return kExitBadData;
-  }
+  if (!data.ok()) return WithExitCode(data.status(), kExitBadData);
   if (absl::Status s = CheckReplicasFitData(*job, data->train.size()); !s.ok()) {
-    std::cerr << "localpar: invalid job file " << c.job() << ": " << s.message() << "\n";
-    return kExitBadJob;
+    return JobError(absl::StrCat("invalid job file ", c.job(), ": ", s.message()));
   }
-  std::unique_ptr<MetricsServer> metrics_server;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = ServeMetrics(c);
+  if (!metrics_server.ok()) return metrics_server.status();
   std::unique_ptr<CoordinatorMetrics> metrics;
-  if (!c.metrics_listen().empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> ms = MetricsServer::Start(c.metrics_listen());
-    if (!ms.ok()) {
-      std::cerr << "localpar: " << ms.status().message() << "\n";
-      return kExitUsage;
-    }
-    metrics_server = *std::move(ms);
-    metrics = std::make_unique<CoordinatorMetrics>(metrics_server->registry(), job->name());
-    if (!c.metrics_port_file().empty()) {
-      if (absl::Status s = WritePortFile(c.metrics_port_file(), {metrics_server->port()});
-          !s.ok()) {
-        std::cerr << "localpar: " << s.message() << "\n";
-      }
-    }
+  if (*metrics_server) {
+    metrics = std::make_unique<CoordinatorMetrics>((*metrics_server)->registry(), job->name());
   }
   std::optional<v1::ModelWeights> initial;
   if (!c.init_from().empty()) {
     absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job);
     if (!w.ok()) {
-      std::cerr << "localpar: --init_from: " << w.status().message() << "\n";
-      return w.status().code() == absl::StatusCode::kNotFound ? kExitUsage : kExitBadJob;
+      return WithExitCode(
+          absl::Status(w.status().code(), absl::StrCat("--init_from: ", w.status().message())),
+          w.status().code() == absl::StatusCode::kNotFound ? kExitUsage : kExitBadJob);
     }
     initial = *std::move(w);
   }
+  LedgerOptions lo;
+  lo.out_dir = c.out();
+  lo.progress = !c.quiet();
+  lo.live = isatty(STDERR_FILENO);
+  lo.log = &log;
+  lo.train_line_every_steps = 0;  // the monitor sees the last stage's step four times a second
+  lo.train_line_every_seconds = 1.0;
+  lo.checkpoint_every_steps = c.checkpoint_every_steps();
+  lo.checkpoint_every_seconds = c.checkpoint_every_seconds();
+  absl::StatusOr<std::unique_ptr<RunLedger>> ledger =
+      RunLedger::Open(*job, data->train.size(), data->test.size(), lo);
+  if (!ledger.ok()) return UsageError(absl::StrCat("--out: ", ledger.status().message()));
+  const int replicas = job->replicas();
   std::string fingerprint = JobFingerprint(*job, RunSettings(c, initial ? &*initial : nullptr));
-  JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint),
-                   metrics.get());
+  JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint), **ledger,
+                   metrics.get(), log);
   StatusService status(runner.status_board(), runner.checkpointer(), security);
   std::unique_ptr<RendezvousService> rendezvous;
   if (replicas > 1) rendezvous = std::make_unique<RendezvousService>(security);
   std::unique_ptr<grpc::Server> status_server;
   int status_port = 0;
-  if (!c.status_listen().empty() &&
-      !(status_server = ServeStatus(c, security, &status, rendezvous.get(), &status_port))) {
-    return kExitUsage;
+  if (!c.status_listen().empty()) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> served =
+        ServeStatus(c, security, &status, rendezvous.get(), &status_port);
+    if (!served.ok()) return served.status();
+    status_server = *std::move(served);
   }
   if (rendezvous) runner.UseRendezvous(rendezvous.get(), RendezvousAddress(c, status_port));
   if (initial) runner.InitFrom(*std::move(initial));
-  if (!DecideResume(c, runner)) return kExitFailure;
+  if (absl::Status s = DecideResume(c, runner, log); !s.ok()) return s;
   return runner.Run();
 }
 

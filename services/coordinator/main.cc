@@ -33,5 +33,8 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_coordinator: " << s.message() << "\n";
     return localpar::kExitUsage;
   }
-  return localpar::RunCoordinator(config, security);
+  // The one place the coordinator's errors are printed and mapped to exit codes.
+  absl::Status s = localpar::RunCoordinator(config, security, std::cerr);
+  if (!s.ok()) std::cerr << "localpar: " << s.message() << "\n";
+  return localpar::ExitCodeOf(s);
 }

@@ -1,6 +1,8 @@
 // The link to stage 0.
 #include "services/coordinator/pipeline_link.h"
 
+#include "services/coordinator/replica_stats.h"
+
 namespace localpar {
 namespace {
 
@@ -83,8 +85,15 @@ std::optional<v1::UpItem> PipelineLink::Next() {
     auto& [replica, up] = *p;
     if (replicas() == 1) return std::move(up);
     if (up.has_ack()) {
-      auto it = acks_.emplace(up.ack().seq(), 0).first;
-      if (++it->second < replicas()) continue;
+      // Every chain acknowledges each control item; its evaluation's figures add up.
+      auto [it, first] = acks_.try_emplace(up.ack().seq());
+      if (first) {
+        it->second.second = up.ack();
+      } else {
+        MergeReplicaScores(up.ack(), &it->second.second);
+      }
+      if (++it->second.first < replicas()) continue;
+      *up.mutable_ack() = std::move(it->second.second);
       acks_.erase(it);
     } else if (up.has_saved()) {
       up.mutable_saved()->mutable_snapshot()->set_replica(replica);  // the chain says which

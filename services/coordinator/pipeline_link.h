@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/job/run.h"
+#include "common/run/job_data.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/bounded_queue.h"
 #include "services/common/grpc_util.h"
@@ -63,7 +63,8 @@ class PipelineLink {
   BoundedQueue<std::pair<int, v1::UpItem>> replies_;
   std::atomic<int> open_{0};
   std::atomic<bool> broken_{false};
-  std::map<uint64_t, int> acks_;  // seq -> chains that acknowledged it (Next's thread only)
+  // seq -> (chains that acknowledged it, their acknowledgements merged); Next's thread only.
+  std::map<uint64_t, std::pair<int, v1::Ack>> acks_;
   bool finished_ = false;
   grpc::Status status_;
   std::mutex break_mu_;  // Break may come from the event loop while Finish runs

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "services/worker/item_check.h"
+#include "services/common/peer_text.h"
 
 namespace localpar {
 namespace {

@@ -20,10 +20,6 @@ v1::StatsResponse MergeReplicaStats(const std::vector<const v1::StatsResponse*>&
   out.set_replica(0);
   std::map<int, int> epoch_at;  // epoch number -> index in out.epochs
   for (int i = 0; i < out.epochs_size(); ++i) epoch_at[out.epochs(i).epoch()] = i;
-  std::map<uint64_t, int> marked_at;
-  for (int i = 0; i < out.recent_evaluations_size(); ++i) {
-    marked_at[out.recent_evaluations(i).seq()] = i;
-  }
   for (size_t r = 1; r < replicas.size(); ++r) {
     const v1::StatsResponse& s = *replicas[r];
     // The replicas step together; a step counts once it is everywhere.
@@ -50,19 +46,26 @@ v1::StatsResponse MergeReplicaStats(const std::vector<const v1::StatsResponse*>&
     // Bytes add up over the replicas' links; phase times stay replica 0's (they step together).
     out.set_bytes_received(out.bytes_received() + s.bytes_received());
     out.set_bytes_sent(out.bytes_sent() + s.bytes_sent());
-    for (const v1::MarkedEvaluation& m : s.recent_evaluations()) {
-      auto it = marked_at.find(m.seq());
-      if (it == marked_at.end()) {
-        marked_at[m.seq()] = out.recent_evaluations_size();
-        *out.add_recent_evaluations() = m;
-      } else {
-        AddHead(m.eval(), out.mutable_recent_evaluations(it->second)->mutable_eval());
-      }
-    }
     out.set_allreduce_seconds(std::max(out.allreduce_seconds(), s.allreduce_seconds()));
     out.set_allreduce_bytes(out.allreduce_bytes() + s.allreduce_bytes());
   }
   return out;
+}
+
+void MergeReplicaScores(const v1::Ack& from, v1::Ack* into) {
+  for (const v1::StageScore& f : from.scores()) {
+    v1::StageScore* same = nullptr;
+    for (v1::StageScore& t : *into->mutable_scores()) {
+      if (t.stage() == f.stage()) same = &t;
+    }
+    if (!same) {
+      *into->add_scores() = f;
+      continue;
+    }
+    AddHead(f.eval(), same->mutable_eval());
+    AddHead(f.train(), same->mutable_train());
+    same->set_train_seconds(std::max(same->train_seconds(), f.train_seconds()));
+  }
 }
 
 }  // namespace localpar

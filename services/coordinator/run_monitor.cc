@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <iostream>
 
 #include "common/job/job.h"
 
@@ -15,40 +14,16 @@ HeadStats FromProto(const v1::HeadStatistics& s) { return {s.loss_sum(), s.corre
 
 }  // namespace
 
-void EpochStatsStore::Put(int epoch, std::vector<v1::StatsResponse> stats) {
-  std::lock_guard<std::mutex> lock(mu_);
-  by_epoch_[epoch] = std::move(stats);
-}
-
-std::optional<std::vector<v1::StatsResponse>> EpochStatsStore::Get(int epoch) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_epoch_.find(epoch);
-  if (it == by_epoch_.end()) return std::nullopt;
-  return it->second;
-}
-
-std::map<int, std::vector<v1::StatsResponse>> EpochStatsStore::All() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return by_epoch_;
-}
-
-RunMonitor::RunMonitor(const v1::Job& job, int64_t total_steps, int64_t steps_per_epoch, bool quiet,
-                       WorkerPool& pool, StatusBoard& board, const Checkpointer& checkpointer,
-                       CoordinatorMetrics* metrics, const FeedProgress& feed,
-                       const EpochStatsStore& epochs)
+RunMonitor::RunMonitor(const v1::Job& job, RunLedger& ledger, WorkerPool& pool, StatusBoard& board,
+                       const Checkpointer& checkpointer, CoordinatorMetrics* metrics,
+                       const FeedProgress& feed)
     : job_(job),
-      total_steps_(total_steps),
-      steps_per_epoch_(steps_per_epoch),
+      ledger_(ledger),
       pool_(pool),
       board_(board),
       checkpointer_(checkpointer),
       metrics_(metrics),
-      feed_(feed),
-      epochs_(epochs),
-      progress_(std::cerr, isatty(STDERR_FILENO), !quiet),
-      schedule_(ToTrainerOptions(job, total_steps).schedule) {
-  progress_.set_bytes(job.data().has_text());
-}
+      feed_(feed) {}
 
 RunMonitor::~RunMonitor() { Stop(); }
 
@@ -64,30 +39,7 @@ void RunMonitor::Stop() {
   }
   cv_.notify_all();
   thread_.join();
-  progress_.Done();
-  PrintInterim();
-  PrintFinishedEpochs();
-}
-
-void RunMonitor::AddInterim(int64_t step, int epoch, std::vector<HeadStats> test) {
-  std::lock_guard<std::mutex> lock(interim_mu_);
-  interim_.push_back({step, epoch, std::move(test)});
-}
-
-void RunMonitor::PrintInterim() {
-  std::vector<Interim> pending;
-  {
-    std::lock_guard<std::mutex> lock(interim_mu_);
-    pending.swap(interim_);
-  }
-  for (const Interim& e : pending) {
-    progress_.InterimResult(e.step, e.epoch, e.test);
-    if (log_) {
-      const double uptime =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-      log_->Write(Point("eval", e.epoch, e.step, uptime, 0), e.test);
-    }
-  }
+  ledger_.Done();
 }
 
 void RunMonitor::Loop() {
@@ -107,12 +59,11 @@ void RunMonitor::Tick() {
   std::vector<std::optional<v1::StatsResponse>> workers;
   std::vector<std::optional<v1::StatsResponse>> stats = pool_.PollStats(false, 1, &workers);
   Publish(stats, workers, uptime);
-  PrintInterim();
-  PrintFinishedEpochs();
   if (metrics_) metrics_->SetCheckpointAge(checkpointer_.seconds_since_commit());
+  const int64_t steps_per_epoch = std::max<int64_t>(ledger_.steps_per_epoch(), 1);
   ProgressLine line;
   line.epochs = job_.epochs();
-  line.total_steps = total_steps_;
+  line.total_steps = ledger_.total_steps();
   line.elapsed_seconds = uptime;
   if (!stats.empty() && stats.back()) {
     line.step = stats.back()->steps();
@@ -121,58 +72,13 @@ void RunMonitor::Tick() {
   }
   // The epoch the last stage is in, as the bar and the step are (the feeder runs ahead).
   line.epoch = static_cast<int>(std::min<int64_t>(
-      job_.epochs(),
-      (std::max<int64_t>(line.step, 1) - 1) / std::max<int64_t>(steps_per_epoch_, 1) + 1));
+      job_.epochs(), (std::max<int64_t>(line.step, 1) - 1) / steps_per_epoch + 1));
   for (const auto& s : stats) line.recent.push_back(s ? FromProto(s->recent()) : HeadStats());
   // Done with an epoch's training steps and its result not in yet: scoring its test split.
-  line.evaluating = line.step > 0 && line.step % std::max<int64_t>(steps_per_epoch_, 1) == 0 &&
-                    printed_epochs_ < line.epoch;
-  progress_.Update(line);
-  // metrics.jsonl: the epoch so far, at most once a second, when the last stage has moved.
-  if (log_ && line.step != logged_step_ && uptime - logged_at_ >= 1.0) {
-    logged_step_ = line.step;
-    logged_at_ = uptime;
-    log_->Write(Point("train", line.epoch, line.step, uptime, line.examples_per_second),
-                line.recent);
-  }
-}
-
-MetricsPoint RunMonitor::Point(const char* kind, int epoch, int64_t step, double uptime,
-                               double examples_per_second) const {
-  MetricsPoint p;
-  p.kind = kind;
-  p.step = step;
-  p.epoch = epoch;
-  p.wall_seconds = uptime;
-  p.lr = LearningRate(schedule_, step, total_steps_);
-  p.examples_per_second = examples_per_second;
-  return p;
-}
-
-void RunMonitor::PrintFinishedEpochs() {
-  while (std::optional<std::vector<v1::StatsResponse>> s = epochs_.Get(printed_epochs_ + 1)) {
-    ++printed_epochs_;
-    std::vector<HeadStats> train, test;
-    for (const v1::StatsResponse& st : *s) {
-      HeadStats t, h;
-      for (const auto& e : st.epochs()) {
-        if (e.epoch() != printed_epochs_) continue;
-        t = FromProto(e.train());
-        h = FromProto(e.eval());
-      }
-      train.push_back(t);
-      test.push_back(h);
-    }
-    progress_.EpochResult(printed_epochs_, test, -1);
-    if (log_) {
-      const double uptime =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-      // The steps done when this epoch's evaluation began: every step of the epochs so far.
-      const int64_t step = std::min<int64_t>(total_steps_, printed_epochs_ * steps_per_epoch_);
-      log_->Write(Point("epoch", printed_epochs_, step, uptime, 0), train);
-      log_->Write(Point("test", printed_epochs_, step, uptime, 0), test);
-    }
-  }
+  line.evaluating =
+      line.step > 0 && line.step % steps_per_epoch == 0 && !ledger_.epoch_scored(line.epoch);
+  ledger_.Progress(line);
+  ledger_.TrainFigures(line.step, line.epoch, line.recent, line.examples_per_second);
 }
 
 void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& stats,
@@ -187,10 +93,11 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
                                             "finishing"};
   out.set_phase(kPhases[feed_.phase.load()]);
   out.set_epochs(job_.epochs());
-  out.set_progress(total_steps_ > 0 ? static_cast<double>(feed_.fed_steps) / total_steps_ : 0.0);
+  const int64_t total = ledger_.total_steps(), fed = ledger_.fed_steps();
+  out.set_progress(total > 0 ? static_cast<double>(fed) / total : 0.0);
   out.set_uptime_seconds(uptime);
-  out.set_total_steps(total_steps_);
-  out.set_fed_steps(feed_.fed_steps);
+  out.set_total_steps(total);
+  out.set_fed_steps(fed);
   out.set_checkpoints(checkpointer_.enabled());
   if (std::string last = checkpointer_.last_committed(); !last.empty()) {
     out.set_last_checkpoint(last);

@@ -2,12 +2,12 @@
 #include "services/coordinator/worker_pool.h"
 
 #include <chrono>
-#include <iostream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/job/checkpoint.h"
+#include "common/model_io/checkpoint.h"
 #include "services/common/exit_codes.h"
+#include "services/common/peer_text.h"
 #include "services/coordinator/replica_stats.h"
 
 namespace localpar {
@@ -18,7 +18,7 @@ std::chrono::system_clock::time_point Deadline(double seconds) {
          std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-int ExitCodeFor(grpc::StatusCode code) {
+ExitCode ExitCodeFor(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       return kExitBadJob;
@@ -52,8 +52,8 @@ std::string WorkerPool::Name(int k, int r) const {
   return replicas_ > 1 ? absl::StrCat("stage ", k, " replica ", r) : absl::StrCat("stage ", k);
 }
 
-ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSettings& s,
-                                          int timeout_s) {
+absl::StatusOr<ConfigureOutcome> WorkerPool::ConfigureAll(const v1::Job& job,
+                                                          const StageSettings& s, int timeout_s) {
   ConfigureOutcome out;
   for (int k = 0; k < size(); ++k) {
     for (int r = 0; r < replicas_; ++r) {
@@ -90,11 +90,12 @@ ConfigureOutcome WorkerPool::ConfigureAll(const v1::Job& job, const StageSetting
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       } while (std::chrono::steady_clock::now() < until);
       if (!st.ok()) {
-        std::cerr << "localpar: configuring " << Name(k, r) << " at " << address(k, r)
-                  << " failed: " << st.error_message() << "\n";
-        out.exit_code = ExitCodeFor(st.error_code());
-        out.restore_failed = s.restore && st.error_code() == grpc::StatusCode::DATA_LOSS;
-        return out;
+        absl::Status failed = FromGrpcStatus(st);
+        return WithExitCode(
+            absl::Status(failed.code(),
+                         absl::StrCat("configuring ", Name(k, r), " at ", address(k, r),
+                                      " failed: ", SanitizePeerText(st.error_message()))),
+            ExitCodeFor(st.error_code()));
       }
       if (r == 0) out.parameters += resp.parameters();
       if (k == 0 && r == 0) out.backend = resp.backend();

@@ -34,8 +34,6 @@ struct StageSettings {
 };
 
 struct ConfigureOutcome {
-  int exit_code = 0;            // ExitCode
-  bool restore_failed = false;  // a stage could not restore its snapshot (DATA_LOSS)
   std::string backend;
   int64_t parameters = 0;
 };
@@ -51,10 +49,12 @@ class WorkerPool {
   // "stage K" or, with replicas, "stage K replica R".
   std::string Name(int k, int r) const;
 
-  // Configures every worker in order; the first failure is printed and decides the exit
-  // code: INVALID_ARGUMENT a bad job (3), DATA_LOSS a checkpoint that does not restore and
-  // FAILED_PRECONDITION a device that is missing (1), anything else a lost worker (5).
-  ConfigureOutcome ConfigureAll(const v1::Job& job, const StageSettings& settings, int timeout_s);
+  // Configures every worker in order. The first failure names the worker and carries its
+  // exit code: INVALID_ARGUMENT a bad job (3), DATA_LOSS a checkpoint that does not restore
+  // (the status stays DATA_LOSS) and FAILED_PRECONDITION a device that is missing (1),
+  // anything else a lost worker (5).
+  absl::StatusOr<ConfigureOutcome> ConfigureAll(const v1::Job& job, const StageSettings& settings,
+                                                int timeout_s);
   // Each stage's statistics (its replicas' added up: replica_stats.h); nullopt for a stage
   // with a worker that does not answer within the deadline. `workers`, when given,
   // receives every worker's own answer.

@@ -3,8 +3,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/io/atomic_file.h"
-#include "common/job/report.h"
-#include "common/job/run.h"
+#include "common/nn/rule.h"
+#include "common/run/reference_run.h"
+#include "common/run/report.h"
 #include "google/protobuf/struct.pb.h"
 #include "services/common/exit_codes.h"
 #include "services/common/program_config.h"
@@ -15,7 +16,7 @@ namespace {
 
 // Every stage's program for one training step of `job`.
 void Explain(const v1::Job& job) {
-  TrainerOptions t = ToTrainerOptions(job, 1);
+  StepSettings t = ToStepSettings(job, 1);
   const RuleSpec& rule = Rule(t.rule);
   std::cout << "\n# " << rule.name << ": " << rule.summary << "\n";
   for (int k = 0; k < job.stages_size(); ++k) {

@@ -7,9 +7,11 @@
 #include "absl/strings/str_format.h"
 #include "common/data/npy.h"
 #include "common/io/atomic_file.h"
-#include "common/job/onnx_export.h"
-#include "common/job/predict.h"
-#include "common/job/run.h"
+#include "common/model_io/onnx_export.h"
+#include "common/model_io/predict.h"
+#include "common/model_io/safetensors.h"
+#include "common/run/device.h"
+#include "common/run/reference_run.h"
 #include "services/common/exit_codes.h"
 #include "services/localpar/command_flags.h"
 
@@ -25,7 +27,7 @@ int OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
     return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
                 std::string(job.status().message()));
   }
-  RunOptions o;
+  DeviceChoice o;
   o.device = device;
   absl::StatusOr<std::unique_ptr<Backend>> be = PickBackend(o);
   if (!be.ok()) return Fail(kExitUsage, std::string(be.status().message()));

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job/report.h"
+#include "common/run/report.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/exit_codes.h"

@@ -6,9 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/job/plan.h"
-#include "common/job/report.h"
-#include "common/job/run.h"
+#include "common//plan/plan.h"
+#include "common/run/device.h"
+#include "common/run/reference_run.h"
+#include "common/run/report.h"
 #include "google/protobuf/text_format.h"
 #include "services/common/exit_codes.h"
 #include "services/localpar/command_flags.h"
@@ -43,7 +44,7 @@ int Profile(const char* command, const char* usage, const Args& args, v1::Profil
                 std::string(loaded.status().message()));
   }
   *job = *std::move(loaded);
-  RunOptions ro;
+  DeviceChoice ro;
   ro.device = c->device();
   ro.threads = std::max(1, c->threads());
   absl::StatusOr<std::unique_ptr<Backend>> backend = PickBackend(ro);

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/job/tensor_codec.h"
-#include "common/nn/trainer.h"
+#include "common/model_io/tensor_proto.h"
+#include "common/nn/step.h"
 
 namespace localpar {
 namespace {
@@ -23,7 +23,39 @@ uint64_t SeqOf(const v1::DownItem& item) {
   return item.has_batch() ? item.batch().seq() : item.control().seq();
 }
 
-ItemCheck CheckControl(const v1::Control& c) {
+bool SensibleHead(const v1::HeadStatistics& h) {
+  return h.count() >= 0 && std::isfinite(h.correct()) && h.correct() >= 0 &&
+         h.correct() <= static_cast<double>(h.count()) && !std::isinf(h.loss_sum());
+}
+
+// An END_OF_EVAL marker arrives at stage k with the figures of stages 0..k-1, in order.
+ItemCheck CheckScores(const v1::Control& c, const ItemLimits& limits) {
+  if (c.scores_size() > 0 && c.kind() != v1::Control::END_OF_EVAL) {
+    return Bad("bad_scores", "control.scores: only an END_OF_EVAL marker carries figures");
+  }
+  if (c.kind() != v1::Control::END_OF_EVAL) return ItemCheck();
+  if (c.scores_size() != limits.stage) {
+    return Bad("bad_scores",
+               absl::StrCat("control.scores: ", c.scores_size(),
+                            " stages' figures arrived at stage ", limits.stage,
+                            ", which expects those of the ", limits.stage, " stages before it"));
+  }
+  for (int i = 0; i < c.scores_size(); ++i) {
+    const v1::StageScore& s = c.scores(i);
+    if (s.stage() != i || !SensibleHead(s.eval()) || !SensibleHead(s.train()) ||
+        !(s.train_seconds() >= 0) || !std::isfinite(s.train_seconds())) {
+      return Bad("bad_scores", absl::StrCat("control.scores[", i, "]: not stage ", i,
+                                            "'s figures, or they make no sense"));
+    }
+  }
+  if (c.step() < 0 || c.step() > limits.total_steps) {
+    return Bad("bad_scores",
+               absl::StrCat("control.step: ", c.step(), " is outside 0..", limits.total_steps));
+  }
+  return ItemCheck();
+}
+
+ItemCheck CheckControl(const v1::Control& c, const ItemLimits& limits) {
   if (!v1::Control::Kind_IsValid(c.kind()) || c.kind() == v1::Control::KIND_UNSPECIFIED) {
     return Bad("unknown_control",
                absl::StrCat("control.kind: unknown control item ", static_cast<int>(c.kind())));
@@ -31,7 +63,7 @@ ItemCheck CheckControl(const v1::Control& c) {
   if (c.kind() == v1::Control::CHECKPOINT && c.checkpoint_id() == 0) {
     return Bad("unknown_control", "control.checkpoint_id: a CHECKPOINT needs an id >= 1");
   }
-  return ItemCheck();
+  return CheckScores(c, limits);
 }
 
 // The first NaN or Inf, in whichever format the activations travel; -1 when none.
@@ -174,13 +206,6 @@ ItemCheck CheckGradient(const v1::Gradient& g, uint64_t seq, int64_t rows,
   return ItemCheck();
 }
 
-std::string SanitizePeerText(std::string_view text, size_t max) {
-  std::string out;
-  for (char c : text.substr(0, max)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  if (text.size() > max) out += "...";
-  return out;
-}
-
 ItemCheck CheckDownItem(const v1::DownItem& item, const ItemLimits* limits, uint64_t last_seq) {
   if (!limits) {
     return Refuse("before_configure", absl::FailedPreconditionError(absl::StrCat(
@@ -193,7 +218,7 @@ ItemCheck CheckDownItem(const v1::DownItem& item, const ItemLimits* limits, uint
     return Bad("bad_position", absl::StrCat("seq: ", SeqOf(item), " is not after the last item's ",
                                             last_seq, " (seq increases strictly)"));
   }
-  if (item.has_control()) return CheckControl(item.control());
+  if (item.has_control()) return CheckControl(item.control(), *limits);
   const v1::Batch& b = item.batch();
   if (ItemCheck c = CheckTensors(b, *limits); c.verdict != ItemCheck::kAccept) return c;
   const int64_t rows = b.activations().shape(0);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "common/core/shape.h"
 #include "proto/localpar.pb.h"
+#include "services/common/peer_text.h"
 
 namespace localpar {
 
@@ -43,10 +44,6 @@ struct ItemCheck {
 // float32 tensor of shape [rows, output_shape...] whose bytes match, every value finite.
 ItemCheck CheckGradient(const v1::Gradient& gradient, uint64_t seq, int64_t rows,
                         const Shape& output_shape);
-
-// What a peer's text may become in our messages and logs: printable ASCII only (control
-// characters, escape sequences and other bytes become '?'), at most `max` characters.
-std::string SanitizePeerText(std::string_view text, size_t max = 512);
 
 // `limits` is null before Configure. `last_seq` is the last accepted item's seq (0: none):
 // seq must increase strictly.

@@ -36,5 +36,9 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_worker: " << s.message() << "\n";
     return localpar::kExitUsage;
   }
-  return localpar::RunWorker(options);
+  // The one place the worker's errors are printed and mapped to exit codes.
+  absl::StatusOr<int> code = localpar::RunWorker(options, std::cerr);
+  if (code.ok()) return *code;
+  std::cerr << "localpar_worker: " << code.status().message() << "\n";
+  return localpar::ExitCodeOf(code.status());
 }

@@ -21,7 +21,7 @@ uint64_t SeqOf(const v1::DownItem& item) {
 }  // namespace
 
 StreamSession::StreamSession(grpc::CallbackServerContext* context,
-                             std::shared_ptr<const StageSetup> setup, StageHost& host,
+                             std::shared_ptr<const ConfiguredStage> setup, StageHost& host,
                              WorkerStats& stats, const WorkerOptions& options,
                              std::function<void()> on_finish, std::function<void(bool)> on_done)
     : context_(context),
@@ -227,7 +227,7 @@ void StreamSession::ComputeLoop() {
   if (!setup_->last()) {
     down_ctx_.set_wait_for_ready(true);
     AddToken(down_ctx_, options_.security);
-    down_ = OpenDownStream(*setup_->downstream, &down_ctx_);
+    down_ = std::make_unique<ClientStream>(setup_->downstream, WorkerStreamMethod(), &down_ctx_);
     sender_ = std::thread([this] { SenderLoop(); });
     down_reader_ = std::thread([this] { DownReaderLoop(); });
   }
@@ -265,9 +265,14 @@ void StreamSession::SenderLoop() {
 }
 
 void StreamSession::DownReaderLoop() {
-  const bool gradients = Rule(setup_->trainer.rule).returns_gradients;
-  v1::UpItem up;
-  while (down_->Read(&up)) {
+  const bool gradients = Rule(setup_->steps.rule).returns_gradients;
+  grpc::ByteBuffer bytes;
+  while (down_->Read(&bytes)) {
+    v1::UpItem up;
+    if (!ParseUpItem(&bytes, &up)) {
+      std::cerr << "worker " << stage_ << ": downstream sent a message that is not an UpItem\n";
+      continue;
+    }
     if (up.has_gradient()) {
       if (gradients) grads_.Push(std::move(*up.mutable_gradient()));
       continue;  // under a rule without gradients, one is noise from a broken peer

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "services/common/bounded_queue.h"
+#include "services/common/client_stream.h"
 #include "services/common/wire.h"
 #include "services/worker/compute.h"
 
@@ -30,7 +31,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // just before the RPC is finished (the stage is no longer in use: the worker may take a
   // new stream or configuration); `on_done` once it is over, with whether a SHUTDOWN item
   // passed through. Then the session deletes itself.
-  StreamSession(grpc::CallbackServerContext* context, std::shared_ptr<const StageSetup> setup,
+  StreamSession(grpc::CallbackServerContext* context, std::shared_ptr<const ConfiguredStage> setup,
                 StageHost& host, WorkerStats& stats, const WorkerOptions& options,
                 std::function<void()> on_finish, std::function<void(bool shutdown)> on_done);
   ~StreamSession() override;
@@ -66,7 +67,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void DownReaderLoop();
 
   grpc::CallbackServerContext* const context_;
-  const std::shared_ptr<const StageSetup> setup_;
+  const std::shared_ptr<const ConfiguredStage> setup_;
   StageHost& host_;
   WorkerStats& stats_;
   const WorkerOptions& options_;
@@ -90,7 +91,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   BoundedQueue<Outgoing> outbound_;   // framed items for the next stage
   BoundedQueue<v1::Gradient> grads_;  // returned from the next stage
   grpc::ClientContext down_ctx_;
-  std::unique_ptr<DownStream> down_;
+  std::unique_ptr<ClientStream> down_;
   std::thread compute_, sender_, down_reader_;
   std::atomic<bool> downstream_failed_{false};
   std::atomic<bool> shutdown_requested_{false};

@@ -5,16 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job/checkpoint.h"
+#include "common//model_io/checkpoint.h"
 #include "common/job/job.h"
-#include "common/job/run.h"
-#include "common/job/tensor_codec.h"
+#include "common/run/device.h"
+#include "services/common/wire_codec.h"
 
 namespace localpar {
 
 absl::Status StageHost::EnsureBackend() {
   if (backend_) return absl::OkStatus();
-  RunOptions ro;
+  DeviceChoice ro;
   ro.device = options_.config.device();
   ro.threads = options_.config.threads();
   absl::StatusOr<std::unique_ptr<Backend>> b = PickBackend(ro);
@@ -63,7 +63,7 @@ static absl::Status CheckReplicaRequest(const v1::Job& job, const v1::ConfigureR
   return absl::OkStatus();
 }
 
-absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
+absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* s) {
   v1::Job job = req.job();
   ApplyJobDefaults(job);
   if (absl::Status v = ValidateJob(job); !v.ok()) {
@@ -140,8 +140,8 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
   s->replicas = job.replicas();
   s->labels_per_example = JobLabelsPerExample(job);
   s->wire = static_cast<WireFormat>(job.wire());
-  s->trainer = ToTrainerOptions(job, req.total_steps());
-  s->program = StageProgramSpec(s->trainer, s->stage, s->num_stages, req.overlap_max_delay());
+  s->steps = ToStepSettings(job, req.total_steps());
+  s->program = StageProgramSpec(s->steps, s->stage, s->num_stages, req.overlap_max_delay());
   ItemLimits& l = s->limits;
   l.stage = s->stage;
   l.input_shape = s->stage_model->input_shape();
@@ -175,7 +175,7 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, StageSetup* s) {
 }
 
 absl::StatusOr<v1::ConfigureResponse> StageHost::Configure(const v1::ConfigureRequest& req) {
-  auto built = std::make_shared<StageSetup>();
+  auto built = std::make_shared<ConfiguredStage>();
   if (absl::Status s = Build(req, built.get()); !s.ok()) return s;
   v1::ConfigureResponse resp;
   resp.set_backend(backend_->Describe());
@@ -188,7 +188,7 @@ absl::StatusOr<v1::ConfigureResponse> StageHost::Configure(const v1::ConfigureRe
   return resp;
 }
 
-std::shared_ptr<const StageSetup> StageHost::setup() const {
+std::shared_ptr<const ConfiguredStage> StageHost::setup() const {
   std::lock_guard<std::mutex> lock(mu_);
   return setup_;
 }
@@ -199,7 +199,7 @@ absl::StatusOr<v1::StageWeights> StageHost::Weights(std::chrono::milliseconds wa
     return absl::UnavailableError(
         absl::StrCat("the stage is busy (its compute thread waits on a peer); try again"));
   }
-  std::shared_ptr<const StageSetup> s = setup();
+  std::shared_ptr<const ConfiguredStage> s = setup();
   if (!s) return absl::FailedPreconditionError("not configured");
   return SnapshotStage(*s->stage_model, s->stage);
 }

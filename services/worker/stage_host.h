@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/core/dtype.h"
-#include "common/job/checkpoint.h"
-#include "common/nn/trainer.h"
+#include "common/model_io/checkpoint.h"
+#include "common/nn/step.h"
 #include "proto/config.pb.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
@@ -25,8 +25,11 @@ struct WorkerOptions {
   SecurityOptions security;
 };
 
-// Everything one Configure decided. Immutable once built; a stream holds it while it runs.
-struct StageSetup {
+// What one Configure decided, and the stage it built. The settings never change once built;
+// the stage itself (stage_model) is mutable state, touched only by the compute thread, and
+// by readers (GetWeights, snapshots) under StageHost::compute_mutex. A stream holds the
+// whole while it runs.
+struct ConfiguredStage {
   v1::ConfigureRequest request;  // with the job's defaults applied
   int stage = 0;
   int num_stages = 0;
@@ -35,7 +38,7 @@ struct StageSetup {
   bool last() const { return stage + 1 == num_stages; }
   int64_t labels_per_example = 1;
   WireFormat wire = WireFormat::kF32;  // how activations go to the next stage
-  TrainerOptions trainer;
+  StepSettings steps;                  // how every step is computed
   ProgramSpec program;
   ItemLimits limits;
   std::unique_ptr<Stage> stage_model;
@@ -55,7 +58,7 @@ class StageHost {
   // restore is missing, damaged, or not the one the manifest describes.
   absl::StatusOr<v1::ConfigureResponse> Configure(const v1::ConfigureRequest& request);
 
-  std::shared_ptr<const StageSetup> setup() const;  // null before the first Configure
+  std::shared_ptr<const ConfiguredStage> setup() const;  // null before the first Configure
   Backend& backend() { return *backend_; }
   // Host memory for activations converted or copied before sending: the compute backend
   // when it is the CPU, else page-locked memory beside it.
@@ -71,14 +74,14 @@ class StageHost {
   absl::Status EnsureBackend();
   absl::Status CheckStageFits(const StageConfig& stage, const Shape& in, int64_t classes,
                               int index) const;
-  absl::Status Build(const v1::ConfigureRequest& request, StageSetup* setup);
+  absl::Status Build(const v1::ConfigureRequest& request, ConfiguredStage* setup);
 
   const WorkerOptions& options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Backend> host_backend_;
   std::timed_mutex compute_mu_;
   mutable std::mutex mu_;
-  std::shared_ptr<StageSetup> setup_;
+  std::shared_ptr<ConfiguredStage> setup_;
 };
 
 }  // namespace localpar

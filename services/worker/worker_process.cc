@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
 #include "services/worker/worker_service.h"
@@ -27,9 +28,9 @@ void OnTerminate(int sig) {
 
 }  // namespace
 
-int RunWorker(const WorkerOptions& options) {
+absl::StatusOr<int> RunWorker(const WorkerOptions& options, std::ostream& log) {
   ConfigureAllocatorForMessages();
-  if (pipe(g_signal_pipe) != 0) return 1;
+  if (pipe(g_signal_pipe) != 0) return FailureError("cannot make the signal pipe");
   struct sigaction sa = {};
   sa.sa_handler = OnTerminate;
   sigaction(SIGTERM, &sa, nullptr);
@@ -40,10 +41,7 @@ int RunWorker(const WorkerOptions& options) {
   if (!options.config.metrics_listen().empty()) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> ms =
         MetricsServer::Start(options.config.metrics_listen());
-    if (!ms.ok()) {
-      std::cerr << "localpar_worker: " << ms.status().message() << "\n";
-      return 2;
-    }
+    if (!ms.ok()) return UsageError(ms.status().message());
     metrics_server = *std::move(ms);
     metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
   }
@@ -57,26 +55,24 @@ int RunWorker(const WorkerOptions& options) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::cerr << "localpar_worker: cannot listen on " << options.config.listen()
-              << " (in use, or not a valid address)\n";
-    return 2;
+    return UsageError(absl::StrCat("cannot listen on ", options.config.listen(),
+                                   " (in use, or not a valid address)"));
   }
   const int metrics_port = metrics_server ? metrics_server->port() : 0;
   if (!options.config.port_file().empty()) {
     // "GRPC_PORT METRICS_PORT" (0 when metrics are off).
     if (absl::Status s = WritePortFile(options.config.port_file(), {port, metrics_port}); !s.ok()) {
-      std::cerr << "localpar_worker: " << s.message() << "\n";
-      return 1;
+      return FailureError(s.message());
     }
   }
-  std::cerr << "localpar_worker: serving on port " << port;
-  if (metrics_server) std::cerr << ", metrics on port " << metrics_port;
-  std::cerr << "\n";
+  log << "localpar_worker: serving on port " << port;
+  if (metrics_server) log << ", metrics on port " << metrics_port;
+  log << "\n";
   int stopped_by = 0;
   std::thread signals([&] {
     char c = 0;
     if (read(g_signal_pipe[0], &c, 1) == 1 && c != 0) {
-      std::cerr << "localpar_worker: signal " << int{c} << ": draining and shutting down\n";
+      log << "localpar_worker: signal " << int{c} << ": draining and shutting down\n";
       stopped_by = c;
       service.RequestShutdown();
     }
@@ -93,11 +89,11 @@ int RunWorker(const WorkerOptions& options) {
       if (stuck == serving) {
         serving = !stuck;
         server->GetHealthCheckService()->SetServingStatus(serving);
-        std::cerr << "localpar_worker: "
-                  << (stuck ? "the compute thread made no progress for " +
-                                  std::to_string(timeout_s) + " s: NOT_SERVING"
-                            : "the compute thread is making progress again: SERVING")
-                  << "\n";
+        log << "localpar_worker: "
+            << (stuck ? "the compute thread made no progress for " + std::to_string(timeout_s) +
+                            " s: NOT_SERVING"
+                      : "the compute thread is making progress again: SERVING")
+            << "\n";
       }
       for (int i = 0; i < 10 && !stopping; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

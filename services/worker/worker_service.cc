@@ -31,7 +31,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const v1::Config
   absl::StatusOr<v1::ConfigureResponse> r = host_.Configure(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
-  std::shared_ptr<const StageSetup> s = host_.setup();
+  std::shared_ptr<const ConfiguredStage> s = host_.setup();
   stats_.Reset(s->request.job().name(), s->stage, s->stage_model->optimizer().steps(),
                options_.config.queue_capacity(), s->stage_model->StateBytes(),
                s->stage_model->ActivationBytesPerExample(), s->restored);

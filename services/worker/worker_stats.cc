@@ -34,7 +34,6 @@ void WorkerStats::Reset(const std::string& job, int stage, int64_t restored_step
   eval_ = HeadStats();
   train_seconds_ = restored.train_seconds;
   epochs_.clear();
-  marked_.clear();
   intervals_.clear();
   delays_ = DelayStats();
 }
@@ -128,17 +127,21 @@ void WorkerStats::EndOfEpoch(int epoch) {
   train_seconds_ = 0;
 }
 
-void WorkerStats::EndOfEval(int epoch, uint64_t seq) {
+v1::StageScore WorkerStats::EndOfEval(int epoch, bool interim) {
   std::lock_guard<std::mutex> lock(mu_);
   if (metrics_) metrics_->SetEvalAccuracy(eval_.accuracy());
   v1::EpochStatistics& e = epochs_[epoch];
   e.set_epoch(epoch);
   ToProto(eval_, e.mutable_eval());
-  v1::MarkedEvaluation& marked = marked_[seq];
-  marked.set_seq(seq);
-  ToProto(eval_, marked.mutable_eval());
-  while (marked_.size() > kMarkedKept) marked_.erase(marked_.begin());
+  v1::StageScore score;
+  score.set_stage(stats_.stage());
+  ToProto(eval_, score.mutable_eval());
+  if (!interim) {
+    *score.mutable_train() = e.train();
+    score.set_train_seconds(e.train_seconds());
+  }
   eval_ = HeadStats();
+  return score;
 }
 
 EpochProgress WorkerStats::progress() const {
@@ -166,7 +169,6 @@ v1::StatsResponse WorkerStats::Snapshot(bool include_intervals) const {
   v1::StatsResponse out = stats_;
   ToProto(recent_, out.mutable_recent());
   for (const auto& [epoch, e] : epochs_) *out.add_epochs() = e;
-  for (const auto& [seq, e] : marked_) *out.add_recent_evaluations() = e;
   out.set_resident_bytes(ResidentBytes());
   out.set_baseline_bytes(baseline_bytes_);
   if (delays_.applied > 0) {

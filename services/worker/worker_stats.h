@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "common/job/checkpoint.h"
+#include "common/model_io/checkpoint.h"
 #include "common/nn/executor.h"
 #include "proto/localpar.pb.h"
 #include "services/common/metrics.h"
@@ -51,8 +51,9 @@ class WorkerStats {
   void SetQueueMaxDepth(int64_t depth);
   // Control items: the epoch's training figures, then its evaluation figures, are kept.
   void EndOfEpoch(int epoch);
-  // Also kept by the marker's sequence number, for the newest kMarkedKept evaluations.
-  void EndOfEval(int epoch, uint64_t seq);
+  // Returns this stage's figures for the marker to carry: the evaluation's, and at an
+  // epoch's end (not `interim`) the epoch's training figures and seconds.
+  v1::StageScore EndOfEval(int epoch, bool interim);
 
   // The compute thread's liveness: Working() when it starts work of its own, Waiting() when
   // it waits on a peer or for input. StuckSeconds() is how long the current stretch of its
@@ -77,8 +78,6 @@ class WorkerStats {
   HeadStats recent_, eval_;
   double train_seconds_ = 0;
   std::map<int, v1::EpochStatistics> epochs_;
-  static constexpr size_t kMarkedKept = 32;  // evaluations kept by marker (the newest)
-  std::map<uint64_t, v1::MarkedEvaluation> marked_;
   std::deque<v1::Interval> intervals_;
   DelayStats delays_;
   int64_t batches_ = 0;

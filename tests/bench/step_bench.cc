@@ -158,9 +158,9 @@ int Run(const Args& args) {
   for (int k = 0; k < K; ++k) {
     StageConfig s;
     LayerConfig lin, relu;
-    lin.kind = LayerConfig::Kind::kLinear;
-    lin.out_features = W;
-    relu.kind = LayerConfig::Kind::kRelu;
+    lin.kind = "linear";
+    lin.Set("out_features", W);
+    relu.kind = "relu";
     for (int l = 0; l < L; ++l) {
       s.layers.push_back(lin);
       s.layers.push_back(relu);
@@ -173,7 +173,7 @@ int Run(const Args& args) {
     std::fprintf(stderr, "step_bench: %s\n", error.c_str());
     return 1;
   }
-  TrainerOptions to;
+  StepSettings to;
   to.rule = backprop ? UpdateRule::kBackprop : UpdateRule::kGreedy;
   ReferenceTrainer trainer(*model, to);
   Rng rng(2);

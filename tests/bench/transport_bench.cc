@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "common/job/tensor_codec.h"
+#include "common/model_io/tensor_proto.h"
 #include "proto/localpar.grpc.pb.h"
+#include "services/common/client_stream.h"
 #include "services/common/grpc_util.h"
 #include "services/common/wire.h"
 
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
   };
   auto zero_copy = [&] {
     grpc::ClientContext ctx;
-    std::unique_ptr<DownStream> stream = OpenDownStream(*channel, &ctx);
+    auto stream = std::make_unique<ClientStream>(channel, WorkerStreamMethod(), &ctx);
     Tensor staging;
     return timed(stream, [&](int64_t seq) {
       act.Ensure(*cpu, act.shape());  // as the next forward does: switches buffer if held

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/job/checkpoint.h"
+#include "common/model_io/checkpoint.h"
 #include "tests/fuzz/fuzz_file.h"
 
 namespace {
@@ -14,8 +14,8 @@ localpar::Stage& FuzzStage() {
   static localpar::Stage* stage = [] {
     localpar::StageConfig c;
     localpar::LayerConfig lin;
-    lin.kind = localpar::LayerConfig::Kind::kLinear;
-    lin.out_features = 3;
+    lin.kind = "linear";
+    lin.Set("out_features", 3);
     c.layers = {lin};
     std::string error;
     return localpar::Stage::Create(*cpu, c, {4}, 2, localpar::OptimizerConfig(), 1, &error)

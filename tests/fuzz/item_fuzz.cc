@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/job/tensor_codec.h"
+#include "services/common/wire_codec.h"
 #include "common/nn/trainer.h"
 #include "services/worker/item_check.h"
 

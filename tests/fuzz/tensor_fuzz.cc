@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/job/tensor_codec.h"
+#include "common/model_io/tensor_proto.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static auto* cpu = localpar::MakeCpuBackend().release();

@@ -9,7 +9,7 @@
 #include <random>
 #include <thread>
 
-#include "common/job/tensor_codec.h"
+#include "common/model_io/tensor_proto.h"
 #include "tests/services/cluster_util.h"
 
 namespace localpar {

@@ -16,7 +16,8 @@
 #include <sstream>
 #include <thread>
 
-#include "common/job/tensor_codec.h"
+#include "common/model_io/tensor_proto.h"
+#include "common/run/reference_run.h"
 #include "services/common/spawn.h"
 
 namespace localpar::testing {
@@ -177,6 +178,85 @@ void ExpectWeightsFileEquals(const std::string& path, const v1::ModelWeights& wa
   absl::StatusOr<v1::ModelWeights> got = ReadWeightsFile(path);
   ASSERT_TRUE(got.ok()) << got.status();
   ExpectBitwiseEqual(*got, want);
+}
+
+v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string& out) {
+  absl::StatusOr<v1::Job> job = LoadJobFile(job_path);
+  EXPECT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<DataSplit> data = LoadJobData(*job);
+  EXPECT_TRUE(data.ok()) << data.status();
+  RunOptions o;
+  o.progress = false;
+  o.out_dir = out;
+  std::ostringstream log;
+  absl::StatusOr<v1::RunReport> r = RunReference(*job, *data, o, log);
+  EXPECT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<v1::ModelWeights> w = ReadWeightsFile(out + "/weights.pb");
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *w : v1::ModelWeights();
+}
+
+// Runs `job` on a local cluster (output in DIR/cluster) and checks that its weights equal
+// the reference trainer's (DIR/ref) bit for bit; returns the reference weights.
+v1::ModelWeights ExpectClusterEqualsReference(const TempDir& dir, const std::string& job) {
+  v1::ModelWeights want = ReferenceWeights(job, dir.path() + "/ref");
+  auto r = RunProcess(
+      {testing::BinDir() + "/localpar", "run", job, "--quiet", "--out=" + dir.path() + "/cluster"},
+      120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code == 0) ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", want);
+  return want;
+}
+
+// A job with enough compute per stage that overlap in time is visible. Activation messages
+// are batch x width x 4 bytes.
+std::string PipelineJob(int epochs, int train_examples, int width, int batch) {
+  std::ostringstream j;
+  j << "name: \"pipe\" rule: GREEDY seed: 3 batch_size: " << batch << " epochs: " << epochs
+    << "\ndata { synthetic { train_examples: " << train_examples << " test_examples: " << batch
+    << " shape: [" << width << "] classes: 10 seed: 1 } }\n";
+  for (int k = 0; k < 4; ++k) {
+    j << "stages { layers { linear { out_features: " << width << " } } layers { relu {} } }\n";
+  }
+  return j.str();
+}
+
+// Runs `job` uninterrupted (into DIR/full), then again checkpointing every 2 steps into
+// `ckpt` and stopping after step 5; returns the second run.
+ProcessResult RunFullThenStopAfterFive(const TempDir& dir, const std::string& job,
+                                       const std::string& ckpt) {
+  const std::string bin = BinDir() + "/localpar";
+  auto full = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
+  EXPECT_EQ(full.exit_code, 0) << full.output;
+  auto first = RunProcess({bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt,
+                           "--checkpoint_every_steps=2", "--stop_after_steps=5"},
+                          120);
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  return first;
+}
+
+std::string StartedWorkers::list() const {
+  std::string out;
+  for (const std::string& a : addresses) out += (out.empty() ? "" : ",") + a;
+  return out;
+}
+
+StartedWorkers StartWorkers(const std::string& dir, int count,
+                            const std::vector<std::string>& extra) {
+  StartedWorkers w;
+  for (int k = 0; k < count; ++k) {
+    const std::string pf = dir + "/w" + std::to_string(k);
+    std::vector<std::string> argv = {BinDir() + "/localpar_worker", "--port_file=" + pf};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    w.pids.push_back(StartProcess(argv, pf + ".log"));
+    int port = 0;
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::ifstream(pf) >> port;
+    }
+    w.addresses.push_back("127.0.0.1:" + std::to_string(port));
+  }
+  return w;
 }
 
 }  // namespace localpar::testing

@@ -54,4 +54,28 @@ void ExpectBitwiseEqual(const v1::ModelWeights& a, const v1::ModelWeights& b);
 // Reads a run's weights.pb and compares it with `want`.
 void ExpectWeightsFileEquals(const std::string& path, const v1::ModelWeights& want);
 
+// The reference trainer's weights for the job file (its output in `out`).
+v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string& out);
+// Runs `job` on a local cluster (output in DIR/cluster) and checks that its weights equal
+// the reference trainer's (DIR/ref) bit for bit; returns the reference weights.
+v1::ModelWeights ExpectClusterEqualsReference(const TempDir& dir, const std::string& job);
+// A job with enough compute per stage that overlap in time is visible. Activation messages
+// are batch x width x 4 bytes.
+std::string PipelineJob(int epochs, int train_examples, int width = 256, int batch = 64);
+
+// Runs `job` uninterrupted (into DIR/full), then again checkpointing every 2 steps into
+// `ckpt` and stopping after step 5; returns the second run.
+ProcessResult RunFullThenStopAfterFive(const TempDir& dir, const std::string& job,
+                                       const std::string& ckpt);
+
+// `count` workers started with port files under `dir`, and their loopback addresses; each
+// gets `extra` flags.
+struct StartedWorkers {
+  std::vector<pid_t> pids;
+  std::vector<std::string> addresses;
+  std::string list() const;  // "HOST:PORT,HOST:PORT,..."
+};
+StartedWorkers StartWorkers(const std::string& dir, int count,
+                            const std::vector<std::string>& extra = {});
+
 }  // namespace localpar::testing

@@ -11,8 +11,9 @@
 #include <thread>
 
 #include "common/job/job.h"
-#include "common/job/run.h"
-#include "common/job/tensor_codec.h"
+#include "common/model_io/tensor_proto.h"
+#include "common/nn/trainer.h"
+#include "common/run/reference_run.h"
 #include "services/common/bounded_queue.h"
 #include "services/coordinator/pipeline_link.h"
 
@@ -88,7 +89,7 @@ TEST_P(WorkerComputeWithoutSockets, EveryStageEndsBitwiseEqualToTheReferenceTrai
   std::string error;
   std::unique_ptr<Model> model = Model::Create(*cpu, ToModelConfig(*job), &error);
   ASSERT_TRUE(model) << error;
-  ReferenceTrainer trainer(*model, ToTrainerOptions(*job, plan.total_steps()));
+  ReferenceTrainer trainer(*model, ToStepSettings(*job, plan.total_steps()));
 
   // The workers' compute, one thread per stage.
   WorkerOptions options;

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/job/tensor_codec.h"
+#include "common/model_io/tensor_proto.h"
 #include "tests/services/cluster_util.h"
 
 namespace localpar {
@@ -46,7 +46,7 @@ TEST(Reliability, AFreshRunRefusesADirectoryHoldingAnotherRunsCheckpoints) {
   auto first = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=4"});
   ASSERT_EQ(first.exit_code, 0) << first.output;
   auto again = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--seed=6"});
-  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_EQ(again.exit_code, 2) << again.output;  // a usage error, as README's exit codes say
   EXPECT_NE(again.output.find(runs.ckpt + " already holds checkpoints"), std::string::npos)
       << again.output;
   EXPECT_NE(again.output.find("continue it with --resume"), std::string::npos) << again.output;
@@ -134,19 +134,9 @@ TEST(Reliability, EveryCheckpointFailingIsAFailedRun) {
   TempDir dir;
   std::string job = dir.Write("job.textproto", testing::SmallJob("GREEDY", 1));
   // Workers started without storage of their own: no snapshot can be written.
-  std::vector<pid_t> workers;
-  std::string list;
-  for (int k = 0; k < 4; ++k) {
-    std::string pf = dir.path() + "/w" + std::to_string(k);
-    workers.push_back(testing::StartProcess(
-        {testing::BinDir() + "/localpar_worker", "--port_file=" + pf}, pf + ".log"));
-    int port = 0;
-    for (int i = 0; i < 500 && port == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      std::ifstream(pf) >> port;
-    }
-    list += (k ? "," : "") + ("127.0.0.1:" + std::to_string(port));
-  }
+  testing::StartedWorkers started = testing::StartWorkers(dir.path(), 4);
+  const std::vector<pid_t>& workers = started.pids;
+  const std::string list = started.list();
   auto r = RunProcess(
       {testing::BinDir() + "/localpar_coordinator", "--job=" + job, "--workers=" + list, "--quiet",
        "--checkpoint_dir=" + dir.path() + "/ckpt", "--checkpoint_every_steps=5"},

@@ -1,13 +1,15 @@
 // Zero-copy framing of the downstream link: a framed batch parses as exactly the DownItem
 // the ordinary encoding gives, its activation bytes are the tensor's own memory (not a
 // copy), and the tensor's owner cannot overwrite them while gRPC holds them.
-#include "services/common/wire.h"
+#include "services//common/wire.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "services/common/wire_codec.h"
 
 namespace localpar {
 namespace {
@@ -161,6 +163,31 @@ TEST(Wire, ConvertedBytesComeFromTheStagingBufferWhichAlsoAlternates) {
   WireBytes third =
       PrepareActivations(y, WireFormat::kBF16, *cpu, &staging, b.mutable_activations());
   EXPECT_TRUE(third.data == a || third.data == staging.raw());
+}
+
+TEST(WireCodec, CompressedActivationsRoundLikeTheReferenceAndLabelsStayExact) {
+  auto cpu = MakeCpuBackend();
+  std::vector<float> x = {1.0f / 3, -2.5e-3f, 1e5f, 0.0f, 3.14159f, -7e-8f};
+  Tensor t = Tensor::FromHost(*cpu, {2, 3}, x);
+  for (WireFormat f : {WireFormat::kBF16, WireFormat::kF16, WireFormat::kF32}) {
+    v1::Tensor wire;
+    EncodeActivations(t, f, &wire);
+    EXPECT_EQ(wire.dtype(), WireDType(f));
+    EXPECT_EQ(wire.data().size(), x.size() * (f == WireFormat::kF32 ? 4 : 2));
+    ASSERT_TRUE(CheckWireTensor(wire, "a").ok());
+    Tensor back;
+    DecodeActivationsInto(wire, *cpu, &back);
+    std::vector<float> want = x;
+    RoundThroughWire(f, want.data(), want.size());
+    EXPECT_EQ(back.ToHost(), want);
+    EXPECT_EQ(back.shape(), (Shape{2, 3}));
+  }
+  // Integer tensors (labels) are never compressed.
+  Tensor labels = Tensor::FromHostI32(*cpu, {4}, {3, 70000, -1, 9});
+  v1::Tensor wire, plain;
+  EncodeActivations(labels, WireFormat::kBF16, &wire);
+  EncodeTensor(labels, &plain);
+  EXPECT_EQ(wire.SerializeAsString(), plain.SerializeAsString());
 }
 
 }  // namespace

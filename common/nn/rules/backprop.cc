@@ -16,7 +16,7 @@ StageProgram Backprop(const ProgramSpec& s) {
     p.push_back({Op::kSendActivations, m});
     p.push_back({Op::kHead, m, s.last() ? HeadMode::kLocal : HeadMode::kProbe});
     if (s.last()) {
-      p.push_back({Op::kBackwardHead, m, HeadMode::kLocal, dx});
+      p.push_back({Op::kBackwardFromHead, m, HeadMode::kLocal, dx});
       if (dx) p.push_back({Op::kSendInputGradient, m});
     }
   }

@@ -6,8 +6,8 @@ namespace localpar {
 namespace {
 
 StageProgram Greedy(const ProgramSpec&) {
-  return {{Op::kReceive}, {Op::kForward},      {Op::kSendActivations},
-          {Op::kHead},    {Op::kBackwardHead}, {Op::kStep}};
+  return {{Op::kReceive}, {Op::kForward},          {Op::kSendActivations},
+          {Op::kHead},    {Op::kBackwardFromHead}, {Op::kStep}};
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace {
 StageProgram Overlap(const ProgramSpec& s) {
   StageProgram p = {{Op::kReceive}, {Op::kForward}, {Op::kSendActivations}, {Op::kHead}};
   // Its own head first, which also gives the gradient it owes the stage before.
-  p.push_back({Op::kBackwardHead, 0, HeadMode::kLocal, !s.first()});
+  p.push_back({Op::kBackwardFromHead, 0, HeadMode::kLocal, !s.first()});
   if (!s.first()) p.push_back({Op::kSendInputGradient});
   if (!s.last() && s.max_delay > 0) p.push_back({Op::kApplyArrived});
   if (!s.last() && s.max_delay == 0) {

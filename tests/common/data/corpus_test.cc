@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "common/data/dataset.h"
-#include "common/job/run.h"
+#include "common/run/reference_run.h"
 #include "tests/common/test_util.h"
 
 namespace localpar {

@@ -5,8 +5,8 @@
 
 #include <sstream>
 
-#include "common/job/report.h"
-#include "common/job/run.h"
+#include "common/run/reference_run.h"
+#include "common/run/report.h"
 
 namespace localpar {
 namespace {

@@ -12,7 +12,6 @@
 namespace localpar {
 namespace {
 
-using K = LayerConfig::Kind;
 using testing::AllClose;
 using testing::RandomVector;
 
@@ -30,58 +29,64 @@ struct LayerCase {
 // Keeps test names and listings readable.
 void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
 
-LayerConfig Cfg(K kind, int64_t out = 0, int64_t kernel = 3, int64_t stride = 1, int64_t pad = 0) {
-  LayerConfig c;
-  c.kind = kind;
-  c.out_features = out;
-  c.kernel = kernel;
-  c.stride = stride;
-  c.padding = pad;
+// A layer of `kind`: `out` is the output width (linear, dense) or channels (conv2d); the
+// window settings matter to convolutions and pools only.
+LayerConfig Cfg(const std::string& kind, int64_t out = 0, int64_t kernel = 3, int64_t stride = 1,
+                int64_t pad = 0) {
+  LayerConfig c(kind);
+  if (out > 0) {
+    c.Set("out_features", static_cast<double>(out));
+    c.Set("out_channels", static_cast<double>(out));
+  }
+  c.Set("kernel", static_cast<double>(kernel));
+  c.Set("stride", static_cast<double>(stride));
+  c.Set("padding", static_cast<double>(pad));
   return c;
 }
 
 std::vector<LayerCase> Cases() {
   std::vector<LayerCase> cases;
-  cases.push_back({"linear", Cfg(K::kLinear, 5), {3, 7}});
-  cases.push_back({"linear_on_image", Cfg(K::kLinear, 4), {2, 3, 3, 2}});
-  LayerCase relu{"relu", Cfg(K::kRelu), {4, 6}};
+  cases.push_back({"linear", Cfg("linear", 5), {3, 7}});
+  cases.push_back({"linear_on_image", Cfg("linear", 4), {2, 3, 3, 2}});
+  LayerCase relu{"relu", Cfg("relu"), {4, 6}};
   relu.away_from_zero = true;
   cases.push_back(relu);
-  cases.push_back({"gelu", Cfg(K::kGelu), {4, 6}});
-  LayerConfig ln = Cfg(K::kLayerNorm);
+  cases.push_back({"gelu", Cfg("gelu"), {4, 6}});
+  LayerConfig ln = Cfg("layer_norm");
   cases.push_back({"layer_norm", ln, {3, 2, 8}, 1e-2f});
-  cases.push_back({"conv2d", Cfg(K::kConv2d, 4, 3, 1, 1), {2, 5, 5, 3}});
-  cases.push_back({"conv2d_strided", Cfg(K::kConv2d, 3, 3, 2, 0), {2, 7, 6, 2}});
-  LayerCase mp{"max_pool", Cfg(K::kMaxPool, 0, 2, 2, 0), {2, 4, 4, 3}, 1e-3f};
+  cases.push_back({"conv2d", Cfg("conv2d", 4, 3, 1, 1), {2, 5, 5, 3}});
+  cases.push_back({"conv2d_strided", Cfg("conv2d", 3, 3, 2, 0), {2, 7, 6, 2}});
+  LayerCase mp{"max_pool", Cfg("max_pool", 0, 2, 2, 0), {2, 4, 4, 3}, 1e-3f};
   mp.distinct_inputs = true;
   cases.push_back(mp);
-  LayerCase mpo{"max_pool_overlapping_padded", Cfg(K::kMaxPool, 0, 3, 2, 1), {2, 5, 5, 2}, 1e-3f};
+  LayerCase mpo{"max_pool_overlapping_padded", Cfg("max_pool", 0, 3, 2, 1), {2, 5, 5, 2}, 1e-3f};
   mpo.distinct_inputs = true;
   cases.push_back(mpo);
-  cases.push_back({"avg_pool", Cfg(K::kAvgPool, 0, 3, 2, 1), {2, 5, 5, 2}});
-  cases.push_back({"global_avg_pool", Cfg(K::kGlobalAvgPool), {3, 4, 4, 5}});
-  cases.push_back({"flatten", Cfg(K::kFlatten), {3, 2, 2, 2}});
-  LayerConfig res = Cfg(K::kResidual);
-  res.body = {Cfg(K::kConv2d, 3, 3, 1, 1), Cfg(K::kGelu), Cfg(K::kConv2d, 3, 3, 1, 1)};
+  cases.push_back({"avg_pool", Cfg("avg_pool", 0, 3, 2, 1), {2, 5, 5, 2}});
+  cases.push_back({"global_avg_pool", Cfg("global_avg_pool"), {3, 4, 4, 5}});
+  cases.push_back({"flatten", Cfg("flatten"), {3, 2, 2, 2}});
+  LayerConfig res = Cfg("residual");
+  res.body = {Cfg("conv2d", 3, 3, 1, 1), Cfg("gelu"), Cfg("conv2d", 3, 3, 1, 1)};
   cases.push_back({"residual_conv_block", res, {2, 4, 4, 3}});
-  LayerConfig res_mlp = Cfg(K::kResidual);
-  res_mlp.body = {Cfg(K::kLayerNorm), Cfg(K::kLinear, 8), Cfg(K::kGelu), Cfg(K::kLinear, 6)};
+  LayerConfig res_mlp = Cfg("residual");
+  res_mlp.body = {Cfg("layer_norm"), Cfg("linear", 8), Cfg("gelu"), Cfg("linear", 6)};
   cases.push_back({"residual_prenorm_mlp", res_mlp, {3, 6}});
-  cases.push_back({"batch_norm_image", Cfg(K::kBatchNorm), {3, 2, 2, 4}, 1e-2f});
-  cases.push_back({"batch_norm_features", Cfg(K::kBatchNorm), {5, 3}, 1e-2f});
-  cases.push_back({"dense_per_position", Cfg(K::kDense, 5), {2, 3, 4}});
-  cases.push_back({"positional_encoding", Cfg(K::kPositionalEncoding), {2, 5, 6}});
-  LayerConfig attn = Cfg(K::kCausalSelfAttention);
-  attn.heads = 2;
+  cases.push_back({"batch_norm_image", Cfg("batch_norm"), {3, 2, 2, 4}, 1e-2f});
+  cases.push_back({"batch_norm_features", Cfg("batch_norm"), {5, 3}, 1e-2f});
+  cases.push_back({"dense_per_position", Cfg("dense", 5), {2, 3, 4}});
+  cases.push_back({"positional_encoding", Cfg("positional_encoding"), {2, 5, 6}});
+  cases.push_back({"position_embedding", Cfg("position_embedding"), {2, 5, 6}});
+  LayerConfig attn = Cfg("causal_self_attention");
+  attn.Set("heads", 2);
   cases.push_back({"causal_self_attention", attn, {2, 5, 8}});
-  LayerConfig attn1 = Cfg(K::kCausalSelfAttention);
+  LayerConfig attn1 = Cfg("causal_self_attention");
   cases.push_back({"causal_self_attention_one_head", attn1, {1, 4, 6}});
-  LayerConfig block = Cfg(K::kResidual);
-  block.body = {Cfg(K::kLayerNorm), attn};
+  LayerConfig block = Cfg("residual");
+  block.body = {Cfg("layer_norm"), attn};
   cases.push_back({"residual_prenorm_attention", block, {2, 4, 8}});
-  LayerConfig resnet = Cfg(K::kResidual);
-  resnet.body = {Cfg(K::kConv2d, 3, 3, 1, 1), Cfg(K::kBatchNorm), Cfg(K::kGelu),
-                 Cfg(K::kConv2d, 3, 3, 1, 1), Cfg(K::kBatchNorm)};
+  LayerConfig resnet = Cfg("residual");
+  resnet.body = {Cfg("conv2d", 3, 3, 1, 1), Cfg("batch_norm"), Cfg("gelu"),
+                 Cfg("conv2d", 3, 3, 1, 1), Cfg("batch_norm")};
   cases.push_back({"residual_conv_bn_block", resnet, {3, 4, 4, 3}});
   return cases;
 }
@@ -226,8 +231,7 @@ TEST(FusedLinearRelu, ForwardAndBackwardEqualTheUnfusedLayers) {
   const Shape input = {6, 10};
   std::vector<float> xv = RandomVector(60, 21);
   auto run = [&](Backend& be, bool fuse) {
-    std::vector<LayerConfig> cfgs = {Cfg(K::kLinear, 7), Cfg(K::kRelu), Cfg(K::kLinear, 5),
-                                     Cfg(K::kRelu)};
+    std::vector<LayerConfig> cfgs = {Cfg("linear", 7), Cfg("relu"), Cfg("linear", 5), Cfg("relu")};
     std::vector<std::unique_ptr<Layer>> layers;
     Shape shape = {10};
     for (size_t i = 0; i < cfgs.size(); ++i) {
@@ -273,9 +277,9 @@ TEST(FusedLinearRelu, ForwardAndBackwardEqualTheUnfusedLayers) {
 }
 
 TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
-  LayerConfig c = Cfg(K::kEmbedding);
-  c.vocab = 5;
-  c.dim = 3;
+  LayerConfig c = Cfg("embedding");
+  c.Set("vocab", 5);
+  c.Set("dim", 3);
   std::vector<std::unique_ptr<Backend>> backends;
   backends.push_back(MakeCpuBackend());
   if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
@@ -304,9 +308,9 @@ TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
 }
 
 TEST(Embedding, IdsOutsideTheVocabularyOrNotIntegersLookUpZerosAndLearnNothing) {
-  LayerConfig c = Cfg(K::kEmbedding);
-  c.vocab = 4;
-  c.dim = 2;
+  LayerConfig c = Cfg("embedding");
+  c.Set("vocab", 4);
+  c.Set("dim", 2);
   std::vector<std::unique_ptr<Backend>> backends;
   backends.push_back(MakeCpuBackend());
   if (auto gpu = testing::MaybeCuda()) backends.push_back(std::move(gpu));
@@ -330,8 +334,8 @@ TEST(Embedding, IdsOutsideTheVocabularyOrNotIntegersLookUpZerosAndLearnNothing) 
 
 TEST(BatchNorm, EvaluationUsesTheRunningStatisticsTrainingUpdates) {
   auto cpu = MakeCpuBackend();
-  LayerConfig c = Cfg(K::kBatchNorm);
-  c.momentum = 0.5f;
+  LayerConfig c = Cfg("batch_norm");
+  c.Set("momentum", 0.5f);
   std::string error;
   auto layer = MakeLayer(*cpu, c, {2}, 1, &error);
   ASSERT_TRUE(layer) << error;
@@ -360,8 +364,8 @@ TEST(BatchNorm, EvaluationUsesTheRunningStatisticsTrainingUpdates) {
 
 TEST(Dropout, IsIdentityAtEvalAndMasksGradientsInTraining) {
   auto cpu = MakeCpuBackend();
-  LayerConfig c = Cfg(K::kDropout);
-  c.dropout = 0.5f;
+  LayerConfig c = Cfg("dropout");
+  c.Set("rate", 0.5f);
   std::string error;
   auto layer = MakeLayer(*cpu, c, {1000}, 3, &error);
   ASSERT_TRUE(layer);
@@ -390,16 +394,16 @@ TEST(Dropout, IsIdentityAtEvalAndMasksGradientsInTraining) {
 }
 
 TEST(LayerShapes, MismatchesAreReportedWithBothShapes) {
-  LayerConfig lin = Cfg(K::kLinear, 10);
-  lin.in_features = 512;
+  LayerConfig lin = Cfg("linear", 10);
+  lin.Set("in_features", 512);
   Shape out;
   std::string error;
   EXPECT_FALSE(InferLayerShape(lin, {1024}, &out, &error));
   EXPECT_NE(error.find("in_features 512"), std::string::npos) << error;
   EXPECT_NE(error.find("1024"), std::string::npos) << error;
-  EXPECT_FALSE(InferLayerShape(Cfg(K::kConv2d, 8), {784}, &out, &error));
+  EXPECT_FALSE(InferLayerShape(Cfg("conv2d", 8), {784}, &out, &error));
   EXPECT_NE(error.find("image input"), std::string::npos) << error;
-  EXPECT_FALSE(InferLayerShape(Cfg(K::kMaxPool, 0, 5, 1, 0), {3, 3, 1}, &out, &error));
+  EXPECT_FALSE(InferLayerShape(Cfg("max_pool", 0, 5, 1, 0), {3, 3, 1}, &out, &error));
   EXPECT_NE(error.find("does not fit"), std::string::npos) << error;
 }
 
@@ -411,31 +415,30 @@ namespace {
 
 // Forward FLOPs from shapes, against counts worked out by hand: 2 per multiply-add.
 TEST(LayerFlops, CountTwoPerMultiplyAddOfEachLayerKind) {
-  using K = LayerConfig::Kind;
   // Linear on a 3x3x2 image flattened (18 features) to 4: 18 x 4 multiply-adds.
-  EXPECT_EQ(LayerForwardFlops(Cfg(K::kLinear, 4), {3, 3, 2}), 2.0 * 18 * 4);
+  EXPECT_EQ(LayerForwardFlops(Cfg("linear", 4), {3, 3, 2}), 2.0 * 18 * 4);
   // Dense per position: 5 positions of 8 features to 6.
-  EXPECT_EQ(LayerForwardFlops(Cfg(K::kDense, 6), {5, 8}), 2.0 * 5 * 8 * 6);
+  EXPECT_EQ(LayerForwardFlops(Cfg("dense", 6), {5, 8}), 2.0 * 5 * 8 * 6);
   // Conv 3x3, stride 2, padding 1, 2 to 7 channels on 9x9: a 5x5 output, 3*3*2 per output.
-  EXPECT_EQ(LayerForwardFlops(Cfg(K::kConv2d, 7, 3, 2, 1), {9, 9, 2}), 2.0 * 5 * 5 * 7 * 18);
+  EXPECT_EQ(LayerForwardFlops(Cfg("conv2d", 7, 3, 2, 1), {9, 9, 2}), 2.0 * 5 * 5 * 7 * 18);
   // Attention over 4 positions of width 6: four 6x6 projections per position, then 4x4
   // scores of 6 multiply-adds and the 4x4 weighted sums of 6-wide values.
-  LayerConfig attn = Cfg(K::kCausalSelfAttention);
-  attn.heads = 2;
+  LayerConfig attn = Cfg("causal_self_attention");
+  attn.Set("heads", 2);
   EXPECT_EQ(LayerForwardFlops(attn, {4, 6}), 2.0 * (4 * 4 * 36 + 2 * 4 * 4 * 6));
   // Elementwise layers and lookups: none.
-  EXPECT_EQ(LayerForwardFlops(Cfg(K::kRelu), {10}), 0);
-  LayerConfig emb = Cfg(K::kEmbedding);
-  emb.vocab = 256;
-  emb.dim = 8;
+  EXPECT_EQ(LayerForwardFlops(Cfg("relu"), {10}), 0);
+  LayerConfig emb = Cfg("embedding");
+  emb.Set("vocab", 256);
+  emb.Set("dim", 8);
   EXPECT_EQ(LayerForwardFlops(emb, {4}), 0);
   // A residual block adds up its body: layer norm (0), dense 6 -> 24, gelu, dense 24 -> 6.
-  LayerConfig res = Cfg(K::kResidual);
-  res.body = {Cfg(K::kLayerNorm), Cfg(K::kDense, 24), Cfg(K::kGelu), Cfg(K::kDense, 6)};
+  LayerConfig res = Cfg("residual");
+  res.body = {Cfg("layer_norm"), Cfg("dense", 24), Cfg("gelu"), Cfg("dense", 6)};
   EXPECT_EQ(LayerForwardFlops(res, {4, 6}), 2.0 * (4 * 6 * 24 + 4 * 24 * 6));
   // A stage: linear 8 -> 16 and a ReLU, then a linear head to 10 classes.
   StageConfig stage;
-  stage.layers = {Cfg(K::kLinear, 16), Cfg(K::kRelu)};
+  stage.layers = {Cfg("linear", 16), Cfg("relu")};
   stage.head.kind = HeadConfig::Kind::kLinear;
   const StageFlops f = StageForwardFlops(stage, {8}, 10);
   EXPECT_EQ(f.layers, 2.0 * 8 * 16);

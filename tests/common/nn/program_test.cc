@@ -14,7 +14,7 @@ namespace localpar {
 namespace {
 
 std::string Program(UpdateRule rule, int stage, int stages, int micro = 1, int delay = 0) {
-  TrainerOptions o;
+  StepSettings o;
   o.rule = rule;
   o.micro_batches = micro;
   return ProgramString(TrainProgram(StageProgramSpec(o, stage, stages, delay)));
@@ -77,7 +77,7 @@ TEST(StageProgram, NeighbouringProgramsFitEachOtherForEveryRule) {
   for (const RuleSpec* rule : AllRules()) {
     for (int stages = 1; stages <= 4; ++stages) {
       for (int micro = 1; micro <= 3; ++micro) {
-        TrainerOptions o;
+        StepSettings o;
         o.rule = rule->rule;
         o.micro_batches = micro;
         std::vector<Traffic> t;

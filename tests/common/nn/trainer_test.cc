@@ -10,16 +10,14 @@
 namespace localpar {
 namespace {
 
-using K = LayerConfig::Kind;
 using testing::AllClose;
 using testing::RandomVector;
 
 constexpr int kBatch = 6, kIn = 5, kClasses = 3;
 
-LayerConfig L(K kind, int64_t out = 0) {
-  LayerConfig c;
-  c.kind = kind;
-  c.out_features = out;
+LayerConfig L(const std::string& kind, int64_t out = 0) {
+  LayerConfig c(kind);
+  if (out > 0) c.Set("out_features", static_cast<double>(out));
   return c;
 }
 
@@ -33,7 +31,7 @@ ModelConfig SmallModel(int stages, uint64_t seed = 17) {
   for (int k = 0; k < stages; ++k) {
     StageConfig s;
     s.name = "s" + std::to_string(k);
-    s.layers = {L(K::kLinear, 6), L(K::kGelu)};
+    s.layers = {L("linear", 6), L("gelu")};
     if (k == 1) s.head.kind = HeadConfig::Kind::kMlp, s.head.hidden = 4;
     m.stages.push_back(s);
   }
@@ -75,8 +73,8 @@ struct Fixture {
   }
 };
 
-TrainerOptions Options(UpdateRule rule, int micro_batches = 1) {
-  TrainerOptions o;
+StepSettings Options(UpdateRule rule, int micro_batches = 1) {
+  StepSettings o;
   o.rule = rule;
   o.micro_batches = micro_batches;
   o.schedule.lr = 0.1f;
@@ -145,7 +143,7 @@ TEST_P(Replicas, ThreeReplicasStepAsOneModelOnTheWholeBatchAndStayIdentical) {
   const int micro = rule == UpdateRule::kBackprop ? 2 : 1;
   Fixture one(SmallModel(3)), r0(SmallModel(3)), r1(SmallModel(3)), r2(SmallModel(3));
   ReferenceTrainer single(*one.model, Options(rule, micro));
-  TrainerOptions o = Options(rule, micro);
+  StepSettings o = Options(rule, micro);
   o.replicas = 3;  // 6 rows: 2 each, in 2 micro-batches of 1 under BACKPROP
   ReferenceTrainer replicated({r0.model.get(), r1.model.get(), r2.model.get()}, o);
   for (int step = 0; step < 5; ++step) {
@@ -181,9 +179,9 @@ TEST(Replicas, GradientsAddInReplicaOrderAndRunningStatisticsAverage) {
   EXPECT_EQ(out[1], 3.5f);
   // A batch-norm stage: gradients are summed, running statistics averaged.
   ModelConfig m = SmallModel(1);
-  m.stages[0].layers = {L(K::kLinear, 6), L(K::kBatchNorm), L(K::kGelu)};
+  m.stages[0].layers = {L("linear", 6), L("batch_norm"), L("gelu")};
   Fixture a(m), b(m);
-  TrainerOptions o = Options(UpdateRule::kGreedy);
+  StepSettings o = Options(UpdateRule::kGreedy);
   o.replicas = 2;
   ReferenceTrainer t({a.model.get(), b.model.get()}, o);
   t.TrainStep(a.x, a.y);
@@ -235,7 +233,7 @@ struct RecordingPorts final : StagePorts {
 TEST(Replicas, GradientsAreAnnouncedFinalOnceEachInTheOrderTheyComplete) {
   for (UpdateRule rule : {UpdateRule::kGreedy, UpdateRule::kBackprop}) {
     Fixture f(SmallModel(1));  // linear, gelu, and a head
-    TrainerOptions o = Options(rule, rule == UpdateRule::kBackprop ? 2 : 1);
+    StepSettings o = Options(rule, rule == UpdateRule::kBackprop ? 2 : 1);
     StageExecutor e(f.model->stage(0), StageProgramSpec(o, 0, 1));
     LocalPipeline pipe(1, WireFormat::kF32);
     StepContext ctx;
@@ -329,17 +327,17 @@ ModelConfig TinyLanguageModel() {
   m.classes = kVocab;
   m.seed = 5;
   m.optimizer.kind = OptimizerConfig::Kind::kSgd;
-  LayerConfig emb = L(K::kEmbedding);
-  emb.vocab = kVocab;
-  emb.dim = 8;
-  LayerConfig attn = L(K::kCausalSelfAttention);
-  attn.heads = 2;
-  LayerConfig attn_block = L(K::kResidual);
-  attn_block.body = {L(K::kLayerNorm), attn};
-  LayerConfig mlp_block = L(K::kResidual);
-  mlp_block.body = {L(K::kLayerNorm), L(K::kDense, 16), L(K::kGelu), L(K::kDense, 8)};
+  LayerConfig emb = L("embedding");
+  emb.Set("vocab", kVocab);
+  emb.Set("dim", 8);
+  LayerConfig attn = L("causal_self_attention");
+  attn.Set("heads", 2);
+  LayerConfig attn_block = L("residual");
+  attn_block.body = {L("layer_norm"), attn};
+  LayerConfig mlp_block = L("residual");
+  mlp_block.body = {L("layer_norm"), L("dense", 16), L("gelu"), L("dense", 8)};
   StageConfig s0, s1;
-  s0.layers = {emb, L(K::kPositionalEncoding), attn_block};
+  s0.layers = {emb, L("positional_encoding"), attn_block};
   s1.layers = {attn_block, mlp_block};
   s0.head.kind = s1.head.kind = HeadConfig::Kind::kLanguageModel;
   m.stages = {s0, s1};
@@ -393,7 +391,7 @@ class EveryRule : public ::testing::TestWithParam<UpdateRule> {};
 
 TEST_P(EveryRule, LearnsTheBatchAtEveryStage) {
   Fixture f(SmallModel(3));
-  TrainerOptions o = Options(GetParam());
+  StepSettings o = Options(GetParam());
   o.schedule.lr = 0.5f;
   ReferenceTrainer t(*f.model, o);
   std::vector<HeadStats> before = t.EvalBatch(f.x, f.y);

@@ -1,0 +1,133 @@
+// What a job's data source gives: the example shape, the class count and labels per example,
+// read from the files where the job does not say; data errors marked as such.
+#include <algorithm>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/data/dataset.h"
+#include "common/data/user_data.h"
+#include "common/job/job.h"
+
+namespace localpar {
+
+Shape JobInputShape(const v1::Job& job) {
+  const v1::Data& d = job.data();
+  if (d.has_synthetic()) {
+    const auto& s = d.synthetic().shape();
+    return Shape(s.begin(), s.end());
+  }
+  if (d.has_cifar10()) return {32, 32, 3};
+  if (d.has_text()) return {d.text().seq_len()};
+  if (d.has_fashion_mnist() && !d.fashion_mnist().shape().empty()) {
+    const auto& s = d.fashion_mnist().shape();
+    return Shape(s.begin(), s.end());
+  }
+  if (d.has_numpy()) return Shape(d.numpy().shape().begin(), d.numpy().shape().end());
+  if (d.has_image_folder()) {
+    return Shape(d.image_folder().shape().begin(), d.image_folder().shape().end());
+  }
+  return {28, 28, 1};  // Fashion-MNIST's, until the files have been read
+}
+
+int32_t JobClasses(const v1::Job& job) {
+  if (job.data().has_synthetic()) return job.data().synthetic().classes();
+  if (job.data().has_text()) return 256;  // bytes
+  if (job.data().has_fashion_mnist() && job.data().fashion_mnist().classes() > 0) {
+    return job.data().fashion_mnist().classes();
+  }
+  if (job.data().has_numpy()) return job.data().numpy().classes();
+  if (job.data().has_image_folder()) return job.data().image_folder().classes();
+  return 10;
+}
+
+namespace {
+
+// Fills a user data source's shape and classes from `split`, or checks the ones set.
+template <typename Source>
+absl::Status ResolveFrom(const DataSplit& split, const std::string& field, const std::string& what,
+                         Source* src) {
+  const Shape& got = split.train.example_shape;
+  if (!src->shape().empty() &&
+      !std::equal(src->shape().begin(), src->shape().end(), got.begin(), got.end())) {
+    return MarkDataError(absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape: [", absl::StrJoin(src->shape(), ","), "], but ", what,
+                     " hold examples of shape ", ShapeString(got))));
+  }
+  if (src->classes() > 0 && src->classes() != split.train.classes) {
+    return MarkDataError(
+        absl::InvalidArgumentError(absl::StrCat(field, ".classes: ", src->classes(), ", but ", what,
+                                                " have labels 0..", split.train.classes - 1)));
+  }
+  src->clear_shape();
+  for (int64_t d : got) src->add_shape(d);
+  src->set_classes(split.train.classes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+NumpySource ToNumpySource(const v1::Numpy& n) {
+  NumpySource s;
+  s.npz = n.npz();
+  s.x_train = n.x_train();
+  s.y_train = n.y_train();
+  s.x_test = n.x_test();
+  s.y_test = n.y_test();
+  return s;
+}
+
+absl::Status ResolveDataShape(v1::Job* job) {
+  v1::Data* d = job->mutable_data();
+  if (d->has_numpy()) {
+    absl::StatusOr<DataSplit> s = LoadNumpy(ToNumpySource(d->numpy()), 0, 0);
+    if (!s.ok()) return MarkDataError(s.status());
+    const std::string what = d->numpy().npz().empty() ? d->numpy().x_train() : d->numpy().npz();
+    return ResolveFrom(*s, "data.numpy", what, d->mutable_numpy());
+  }
+  if (d->has_image_folder()) {
+    absl::StatusOr<DataSplit> s =
+        LoadImageFolders(d->image_folder().train_dir(), d->image_folder().test_dir(), 0, 0);
+    if (!s.ok()) return MarkDataError(s.status());
+    return ResolveFrom(*s, "data.image_folder", d->image_folder().train_dir(),
+                       d->mutable_image_folder());
+  }
+  if (!job->data().has_fashion_mnist()) return absl::OkStatus();
+  v1::FashionMnist* f = job->mutable_data()->mutable_fashion_mnist();
+  absl::StatusOr<IdxDataShape> read = ReadFashionMnistShape(f->dir());
+  if (!read.ok()) return MarkDataError(read.status());
+  const std::string files = absl::StrCat("the IDX files in ", f->dir());
+  if (!f->shape().empty() && !std::equal(f->shape().begin(), f->shape().end(),
+                                         read->example_shape.begin(), read->example_shape.end())) {
+    return MarkDataError(absl::InvalidArgumentError(absl::StrCat(
+        "data.fashion_mnist.shape: [", absl::StrJoin(f->shape(), ","), "], but ", files,
+        " hold examples of shape [", absl::StrJoin(read->example_shape, ","), "]")));
+  }
+  if (f->classes() > 0 && f->classes() != read->classes) {
+    return MarkDataError(absl::InvalidArgumentError(
+        absl::StrCat("data.fashion_mnist.classes: ", f->classes(), ", but ", files,
+                     " have labels 0..", read->classes - 1)));
+  }
+  f->clear_shape();
+  for (int64_t d : read->example_shape) f->add_shape(d);
+  f->set_classes(read->classes);
+  return absl::OkStatus();
+}
+
+namespace {
+constexpr char kDataErrorPayload[] = "type.localpar/data-error";
+}  // namespace
+
+absl::Status MarkDataError(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kDataErrorPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsDataError(const absl::Status& s) { return s.GetPayload(kDataErrorPayload).has_value(); }
+
+int64_t JobLabelsPerExample(const v1::Job& job) {
+  return job.data().has_text() ? job.data().text().seq_len() : 1;
+}
+
+}  // namespace localpar

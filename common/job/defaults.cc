@@ -1,0 +1,57 @@
+// Defaults: every zero-valued field with a documented default, filled in one pass.
+#include "common/data/dataset.h"
+#include "common/job/job.h"
+#include "common/job/layer_spec.h"
+
+namespace localpar {
+
+void ApplyJobDefaults(v1::Job& job) {
+  if (job.name().empty()) job.set_name("job");
+  if (job.batch_size() == 0) job.set_batch_size(128);
+  if (job.epochs() == 0) job.set_epochs(1);
+  if (job.micro_batches() == 0) job.set_micro_batches(1);
+  if (job.replicas() == 0) job.set_replicas(1);
+  if (job.eval_batch_size() == 0) job.set_eval_batch_size(1000);
+  v1::Data* data = job.mutable_data();
+  if (data->source_case() == v1::Data::SOURCE_NOT_SET) data->mutable_fashion_mnist();
+  if (data->has_fashion_mnist() && data->fashion_mnist().dir().empty()) {
+    data->mutable_fashion_mnist()->set_dir(kDefaultFashionMnistDir);
+  }
+  if (data->has_text()) {
+    v1::TextCorpus* t = data->mutable_text();
+    if (t->paths().empty()) t->add_paths(kDefaultTextCorpusDir);
+    if (t->seq_len() == 0) t->set_seq_len(64);
+    if (t->holdout_fraction() == 0.0f) t->set_holdout_fraction(0.1f);
+  }
+  if (data->has_synthetic()) {
+    v1::Synthetic* s = data->mutable_synthetic();
+    if (s->train_examples() == 0) s->set_train_examples(1024);
+    if (s->test_examples() == 0) s->set_test_examples(256);
+    if (s->shape().empty()) {
+      for (int64_t d : {28, 28, 1}) s->add_shape(d);
+    }
+    if (s->classes() == 0) s->set_classes(10);
+    if (s->noise() == 0.0f) s->set_noise(1.0f);
+  }
+  if (job.optimizer().kind_case() == v1::Optimizer::KIND_NOT_SET) {
+    job.mutable_optimizer()->mutable_adamw();
+  }
+  if (job.optimizer().has_adamw()) {
+    v1::AdamW* a = job.mutable_optimizer()->mutable_adamw();
+    if (a->beta1() == 0.0f) a->set_beta1(0.9f);
+    if (a->beta2() == 0.0f) a->set_beta2(0.999f);
+    if (a->eps() == 0.0f) a->set_eps(1e-8f);
+  }
+  if (job.schedule().lr() == 0.0f) job.mutable_schedule()->set_lr(1e-3f);
+  for (v1::Stage& st : *job.mutable_stages()) {
+    for (v1::Layer& l : *st.mutable_layers()) ApplyLayerSpecDefaults(&l);
+    if (st.head().kind() == v1::Head::MLP && st.head().hidden() == 0) {
+      st.mutable_head()->set_hidden(256);
+    }
+    if (st.head().kind() == v1::Head::CONV_POOL_LINEAR && st.head().channels() == 0) {
+      st.mutable_head()->set_channels(32);
+    }
+  }
+}
+
+}  // namespace localpar

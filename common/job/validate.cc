@@ -1,0 +1,198 @@
+// Validation: field by field, each error naming its field path, then the shapes through
+// every stage and head.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job/job.h"
+#include "common/job/layer_spec.h"
+#include "common/nn/rule.h"
+
+namespace localpar {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+bool Finite(float v) { return std::isfinite(v); }
+
+absl::Status ValidateRun(const v1::Job& job) {
+  if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED || !v1::UpdateRule_IsValid(job.rule())) {
+    return Invalid("rule", "required: " + RuleNameList());
+  }
+  if (!v1::GemmMath_IsValid(job.gemm_precision())) {
+    return Invalid("gemm_precision", "expected GEMM_F32, GEMM_TF32 or GEMM_BF16");
+  }
+  if (!v1::WireFormat_IsValid(job.wire())) {
+    return Invalid("wire", "expected WIRE_F32, WIRE_BF16 or WIRE_F16");
+  }
+  if (job.batch_size() <= 0) return Invalid("batch_size", "must be > 0");
+  if (job.epochs() <= 0) return Invalid("epochs", "must be > 0");
+  if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
+  if (job.eval_limit() < 0) return Invalid("eval_limit", "must be >= 0 (0: every example)");
+  if (job.eval_every_steps() < 0) {
+    return Invalid("eval_every_steps", "must be >= 0 (0: only at the end of each epoch)");
+  }
+  if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
+  if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
+  if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {
+    std::string splitting;
+    for (const RuleSpec* r : AllRules()) {
+      if (r->splits_micro_batches) {
+        absl::StrAppend(&splitting, splitting.empty() ? "" : " or ", r->name);
+      }
+    }
+    return Invalid("micro_batches",
+                   absl::StrCat("only ", splitting, " splits a batch into micro-batches"));
+  }
+  if (job.micro_batches() > job.batch_size()) {
+    return Invalid("micro_batches",
+                   absl::StrCat(job.micro_batches(), " exceeds batch_size ", job.batch_size()));
+  }
+  if (job.replicas() < 1 || job.replicas() > kMaxReplicas) {
+    return Invalid("replicas", absl::StrCat("must be in 1..", kMaxReplicas));
+  }
+  if (int64_t need = int64_t{job.replicas()} * job.micro_batches(); need > job.batch_size()) {
+    return Invalid(
+        "replicas",
+        job.micro_batches() > 1
+            ? absl::StrCat(job.replicas(), " replicas x ", job.micro_batches(),
+                           " micro-batches need a batch of at least ", need,
+                           " rows (every replica's share splits into the micro-batches); "
+                           "batch_size is ",
+                           job.batch_size())
+            : absl::StrCat(job.replicas(), " exceeds batch_size ", job.batch_size(),
+                           " (every replica needs at least one row of each batch)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::Data& d) {
+  if (d.train_limit() < 0) return Invalid("data.train_limit", "must be >= 0");
+  if (d.test_limit() < 0) return Invalid("data.test_limit", "must be >= 0");
+  if (d.has_synthetic()) {
+    const v1::Synthetic& s = d.synthetic();
+    if (s.train_examples() <= 0) return Invalid("data.synthetic.train_examples", "must be > 0");
+    if (s.test_examples() <= 0) return Invalid("data.synthetic.test_examples", "must be > 0");
+    if (s.classes() < 2) return Invalid("data.synthetic.classes", "must be >= 2");
+    for (int64_t v : s.shape()) {
+      if (v <= 0) return Invalid("data.synthetic.shape", "every extent must be > 0");
+    }
+    if (!(s.noise() >= 0.0f) || !Finite(s.noise())) {
+      return Invalid("data.synthetic.noise", "must be a finite number >= 0");
+    }
+  }
+  if (!(d.holdout_fraction() >= 0.0f && d.holdout_fraction() < 1.0f)) {
+    return Invalid("data.holdout_fraction", "must be in [0, 1)");
+  }
+  if (d.has_text() && d.holdout_fraction() > 0.0f) {
+    return Invalid("data.holdout_fraction", "use data.text.holdout_fraction for a text corpus");
+  }
+  if (d.has_numpy()) {
+    const v1::Numpy& n = d.numpy();
+    if (n.npz().empty() && (n.x_train().empty() || n.y_train().empty())) {
+      return Invalid("data.numpy", "set npz, or x_train and y_train");
+    }
+    if (!n.npz().empty() &&
+        !(n.x_train().empty() && n.y_train().empty() && n.x_test().empty() && n.y_test().empty())) {
+      return Invalid("data.numpy", "set npz or the .npy files, not both");
+    }
+    if (n.x_test().empty() != n.y_test().empty()) {
+      return Invalid("data.numpy", "x_test and y_test come together");
+    }
+  }
+  if (d.has_image_folder() && d.image_folder().train_dir().empty()) {
+    return Invalid("data.image_folder.train_dir", "required: one subfolder of PNGs per class");
+  }
+  if (d.has_image_folder() && d.image_folder().test_dir().empty() && d.holdout_fraction() == 0) {
+    return Invalid("data.image_folder.test_dir",
+                   "required unless data.holdout_fraction holds some training images out");
+  }
+  if (d.has_cifar10() && d.cifar10().dir().empty()) {
+    return Invalid("data.cifar10.dir", "required: the directory holding data_batch_1.bin etc.");
+  }
+  if (d.has_text()) {
+    const v1::TextCorpus& t = d.text();
+    for (int i = 0; i < t.paths_size(); ++i) {
+      if (t.paths(i).empty()) return Invalid(absl::StrCat("data.text.paths[", i, "]"), "is empty");
+    }
+    if (t.seq_len() <= 0 || t.seq_len() > 4096) {
+      return Invalid("data.text.seq_len", "must be in 1..4096");
+    }
+    if (!(t.holdout_fraction() > 0.0f && t.holdout_fraction() < 1.0f)) {
+      return Invalid("data.text.holdout_fraction", "must be in (0, 1)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimization(const v1::Job& job) {
+  const v1::Schedule& sc = job.schedule();
+  if (!(sc.lr() > 0.0f) || !Finite(sc.lr())) return Invalid("schedule.lr", "must be > 0");
+  if (!(sc.min_lr() >= 0.0f) || !Finite(sc.min_lr())) {
+    return Invalid("schedule.min_lr", "must be >= 0");
+  }
+  if (sc.warmup_steps() < 0) return Invalid("schedule.warmup_steps", "must be >= 0");
+  if (job.optimizer().has_sgd()) {
+    const v1::Sgd& s = job.optimizer().sgd();
+    if (!(s.momentum() >= 0.0f && s.momentum() < 1.0f)) {
+      return Invalid("optimizer.sgd.momentum", "must be in [0, 1)");
+    }
+    if (!(s.weight_decay() >= 0.0f) || !Finite(s.weight_decay())) {
+      return Invalid("optimizer.sgd.weight_decay", "must be >= 0");
+    }
+    return absl::OkStatus();
+  }
+  const v1::AdamW& a = job.optimizer().adamw();
+  if (!(a.beta1() >= 0.0f && a.beta1() < 1.0f)) {
+    return Invalid("optimizer.adamw.beta1", "must be in [0, 1)");
+  }
+  if (!(a.beta2() >= 0.0f && a.beta2() < 1.0f)) {
+    return Invalid("optimizer.adamw.beta2", "must be in [0, 1)");
+  }
+  if (!(a.eps() > 0.0f) || !Finite(a.eps())) return Invalid("optimizer.adamw.eps", "must be > 0");
+  if (!(a.weight_decay() >= 0.0f) || !Finite(a.weight_decay())) {
+    return Invalid("optimizer.adamw.weight_decay", "must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStages(const v1::Job& job) {
+  if (job.stages().empty()) return Invalid("stages", "a job needs at least one stage");
+  for (int k = 0; k < job.stages_size(); ++k) {
+    const v1::Stage& st = job.stages(k);
+    std::string at = absl::StrCat("stages[", k, "]");
+    for (int i = 0; i < st.layers_size(); ++i) {
+      absl::Status s = ValidateLayerSpec(st.layers(i), absl::StrCat(at, ".layers[", i, "]"));
+      if (!s.ok()) return s;
+    }
+    if (!v1::Head::Kind_IsValid(st.head().kind())) {
+      return Invalid(at + ".head.kind",
+                     "expected LINEAR, POOL_LINEAR, MLP, CONV_POOL_LINEAR or "
+                     "LANGUAGE_MODEL");
+    }
+    if (st.head().hidden() < 0) return Invalid(at + ".head.hidden", "must be > 0");
+    if (st.head().channels() < 0) return Invalid(at + ".head.channels", "must be > 0");
+    for (int64_t v : st.input_shape()) {
+      if (v <= 0) return Invalid(at + ".input_shape", "every extent must be > 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Field by field (each error names its field), then the shapes through every stage.
+absl::Status ValidateJob(const v1::Job& job) {
+  for (absl::Status s : {ValidateRun(job), ValidateData(job.data()), ValidateOptimization(job),
+                         ValidateStages(job)}) {
+    if (!s.ok()) return s;
+  }
+  std::string error;
+  if (!ValidateModel(ToModelConfig(job), &error)) return absl::InvalidArgumentError(error);
+  return absl::OkStatus();
+}
+
+}  // namespace localpar

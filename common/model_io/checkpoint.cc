@@ -1,0 +1,377 @@
+// Checkpoint files.
+#include "common/model_io/checkpoint.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/io/atomic_file.h"
+#include "common/model_io/tensor_proto.h"
+
+namespace localpar {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'P', 'C', 'K', 'P', 'T', '\r', '\n'};
+constexpr size_t kHeader = 8 + 4 + 8 + 4;
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+T Get(const std::string& in, size_t off) {
+  T v;
+  std::memcpy(&v, in.data() + off, sizeof(T));
+  return v;
+}
+
+uint32_t Crc(const std::string& s) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  size_t off = 0;
+  while (off < s.size()) {
+    uInt n = static_cast<uInt>(std::min<size_t>(s.size() - off, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(s.data() + off), n);
+    off += n;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+void AddTensors(const std::vector<Param*>& params, Tensor Param::*field,
+                google::protobuf::RepeatedPtrField<v1::NamedTensor>* out) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& t = params[i]->*field;
+    if (!t.defined()) continue;
+    v1::NamedTensor* nt = out->Add();
+    nt->set_name(absl::StrCat(i, ".", params[i]->name));
+    EncodeTensor(t, nt->mutable_tensor());
+  }
+}
+
+}  // namespace
+
+absl::Status WriteChecksummedFile(const std::string& path, const std::string& payload) {
+  std::string header(kMagic, sizeof(kMagic));
+  Put<uint32_t>(&header, kCheckpointFormatVersion);
+  Put<uint64_t>(&header, payload.size());
+  Put<uint32_t>(&header, Crc(payload));
+  return WriteFileAtomically(path, {header, payload});
+}
+
+absl::StatusOr<std::string> ReadChecksummedFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string data = ss.str();
+  if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": not a localpar checkpoint file"));
+  }
+  uint32_t version = Get<uint32_t>(data, 8);
+  if (version != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": format version ", version, ", this build reads ", kCheckpointFormatVersion));
+  }
+  uint64_t length = Get<uint64_t>(data, 12);
+  if (length != data.size() - kHeader) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated or padded: header says ", length,
+                                            " payload bytes, file has ", data.size() - kHeader));
+  }
+  std::string payload = data.substr(kHeader);
+  if (Crc(payload) != Get<uint32_t>(data, 20)) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (corrupt file)"));
+  }
+  return payload;
+}
+
+v1::StageCheckpoint SnapshotStageState(Stage& stage, int index, int64_t step) {
+  v1::StageCheckpoint c;
+  c.set_stage(index);
+  c.set_step(step);
+  c.set_optimizer_steps(stage.optimizer().steps());
+  std::vector<Param*> params = stage.params();
+  AddTensors(params, &Param::value, c.mutable_params());
+  AddTensors(params, &Param::state1, c.mutable_state1());
+  AddTensors(params, &Param::state2, c.mutable_state2());
+  return c;
+}
+
+absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
+                               const std::string& source) {
+  std::vector<Param*> params = stage.params();
+  if (c.params_size() != static_cast<int>(params.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": has ", c.params_size(),
+                                                   " parameters, the stage has ", params.size()));
+  }
+  // Check every tensor first and apply only if all pass: a bad file never leaves the stage
+  // half restored.
+  using List = google::protobuf::RepeatedPtrField<v1::NamedTensor>;
+  auto check = [&](const List& list) -> absl::Status {
+    std::vector<bool> seen(params.size(), false);
+    for (const v1::NamedTensor& nt : list) {
+      size_t i = std::strtoul(nt.name().c_str(), nullptr, 10);
+      if (i >= params.size() || nt.name() != absl::StrCat(i, ".", params[i]->name)) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": unknown tensor ", nt.name()));
+      }
+      if (seen[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", nt.name(), " appears twice"));
+      }
+      seen[i] = true;
+      if (absl::Status s = CheckWireTensor(nt.tensor(), nt.name()); !s.ok()) {
+        return absl::DataLossError(absl::StrCat(source, ": ", s.message()));
+      }
+      if (nt.tensor().dtype() != v1::F32) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", nt.name(), " is not F32"));
+      }
+      Shape want = params[i]->value.shape();
+      Shape got(nt.tensor().shape().begin(), nt.tensor().shape().end());
+      if (got != want) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", nt.name(), " has shape ",
+                                                       ShapeString(got), ", the stage has ",
+                                                       ShapeString(want)));
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (const List* list : {&c.params(), &c.state1(), &c.state2()}) {
+    if (absl::Status s = check(*list); !s.ok()) return s;
+  }
+  auto apply = [&](const List& list, Tensor Param::*field) {
+    for (const v1::NamedTensor& nt : list) {
+      Param* p = params[std::strtoul(nt.name().c_str(), nullptr, 10)];
+      Tensor& t = p->*field;
+      if (!t.defined()) t = Tensor::Zeros(p->value.backend(), p->value.shape());
+      Tensor decoded;
+      DecodeTensorInto(nt.tensor(), p->value.backend(), &decoded);
+      t.CopyFrom(decoded);
+    }
+  };
+  apply(c.params(), &Param::value);
+  apply(c.state1(), &Param::state1);
+  apply(c.state2(), &Param::state2);
+  stage.optimizer().set_steps(c.optimizer_steps());
+  return absl::OkStatus();
+}
+
+absl::Status SaveStageFile(Stage& stage, int index, int64_t step, const std::string& path) {
+  return WriteChecksummedFile(path, SnapshotStageState(stage, index, step).SerializeAsString());
+}
+
+absl::Status LoadStageFile(Stage& stage, const std::string& path) {
+  absl::StatusOr<std::string> payload = ReadChecksummedFile(path);
+  if (!payload.ok()) return payload.status();
+  v1::StageCheckpoint c;
+  if (!c.ParseFromString(*payload)) {
+    return absl::DataLossError(absl::StrCat(path, ": payload is not a stage checkpoint"));
+  }
+  return RestoreStageState(stage, c, path);
+}
+
+// The file name of a stage's snapshot within a checkpoint directory.
+static std::string SnapshotName(int stage, int replica) {
+  return replica > 0 ? absl::StrCat("stage-", stage, "-replica-", replica, ".ckpt")
+                     : absl::StrCat("stage-", stage, ".ckpt");
+}
+
+const v1::StageSnapshot* FindSnapshot(const v1::CheckpointManifest& m, int stage, int replica) {
+  if (replica == 0) return stage >= 0 && stage < m.stages_size() ? &m.stages(stage) : nullptr;
+  for (const v1::StageSnapshot& s : m.replica_stages()) {
+    if (s.stage() == stage && s.replica() == replica) return &s;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int64_t step,
+                                                    const EpochProgress& progress,
+                                                    const std::string& fingerprint,
+                                                    const std::string& root, uint64_t id,
+                                                    int replica) {
+  const std::string rel = absl::StrCat(CheckpointDirName(id), "/", SnapshotName(index, replica));
+  std::error_code ec;
+  std::filesystem::create_directories(root + "/" + CheckpointDirName(id), ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(root, "/", CheckpointDirName(id), ": cannot create: ", ec.message()));
+  }
+  v1::StageCheckpoint c = SnapshotStageState(stage, index, step);
+  c.set_fingerprint(fingerprint);
+  c.set_recent_loss_sum(progress.head.loss_sum);
+  c.set_recent_correct(progress.head.correct);
+  c.set_recent_count(progress.head.count);
+  c.set_recent_train_seconds(progress.train_seconds);
+  const std::string payload = c.SerializeAsString();
+  if (absl::Status s = WriteChecksummedFile(root + "/" + rel, payload); !s.ok()) return s;
+  v1::StageSnapshot snap;
+  snap.set_stage(index);
+  snap.set_replica(replica);
+  snap.set_checkpoint_id(id);
+  snap.set_file(rel);
+  snap.set_bytes(static_cast<int64_t>(kHeader + payload.size()));
+  snap.set_crc32(Crc(payload));
+  return snap;
+}
+
+absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
+                                  const v1::StageSnapshot& want, const std::string& fingerprint,
+                                  EpochProgress* progress, int replica) {
+  const std::string path = absl::StrCat(root, "/", CheckpointDirName(want.checkpoint_id()), "/",
+                                        SnapshotName(index, replica));
+  const std::string at =
+      absl::StrCat("stage ", index, replica > 0 ? absl::StrCat(" replica ", replica) : "",
+                   ", checkpoint ", want.checkpoint_id(), ": ");
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  if (ec) return absl::DataLossError(absl::StrCat(at, path, ": ", ec.message()));
+  if (static_cast<int64_t>(bytes) != want.bytes()) {
+    return absl::DataLossError(
+        absl::StrCat(at, path, ": ", bytes, " bytes, the manifest says ", want.bytes()));
+  }
+  absl::StatusOr<std::string> payload = ReadChecksummedFile(path);
+  if (!payload.ok()) return absl::DataLossError(absl::StrCat(at, payload.status().message()));
+  if (Crc(*payload) != want.crc32()) {
+    return absl::DataLossError(
+        absl::StrCat(at, path, ": checksum ", Crc(*payload), ", the manifest says ", want.crc32()));
+  }
+  v1::StageCheckpoint c;
+  if (!c.ParseFromString(*payload)) {
+    return absl::DataLossError(absl::StrCat(at, path, ": payload is not a stage checkpoint"));
+  }
+  if (c.fingerprint() != fingerprint) {
+    return absl::DataLossError(absl::StrCat(at, path, ": written by another run (fingerprint ",
+                                            c.fingerprint(), ", this run's ", fingerprint, ")"));
+  }
+  if (absl::Status s = RestoreStageState(stage, c, path); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(at, s.message()));
+  }
+  progress->head = HeadStats{c.recent_loss_sum(), c.recent_correct(), c.recent_count()};
+  progress->train_seconds = c.recent_train_seconds();
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The ids of the ckpt-NNNNNN directories under `root`, newest first.
+std::vector<std::pair<uint64_t, std::string>> CheckpointDirs(const std::string& root) {
+  std::vector<std::pair<uint64_t, std::string>> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    uint64_t id = 0;
+    if (!e.is_directory() || name.rfind("ckpt-", 0) != 0 ||
+        !absl::SimpleAtoi(name.substr(5), &id)) {
+      continue;
+    }
+    dirs.emplace_back(id, e.path().string());
+  }
+  std::sort(dirs.rbegin(), dirs.rend());
+  return dirs;
+}
+
+}  // namespace
+
+void PruneSnapshots(const std::string& root, const std::vector<uint64_t>& keep) {
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    if (std::find(keep.begin(), keep.end(), id) != keep.end()) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+}
+
+std::string CheckpointDirName(uint64_t id) { return absl::StrFormat("ckpt-%06d", id); }
+
+absl::Status WriteManifest(const std::string& dir, const v1::CheckpointManifest& m) {
+  if (absl::Status s = WriteChecksummedFile(dir + "/MANIFEST", m.SerializeAsString()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<v1::CheckpointManifest> back = ReadManifest(dir);
+  if (!back.ok()) return back.status();
+  if (back->SerializeAsString() != m.SerializeAsString()) {
+    return absl::DataLossError(absl::StrCat(dir, "/MANIFEST: reads back different"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& dir) {
+  absl::StatusOr<std::string> payload = ReadChecksummedFile(dir + "/MANIFEST");
+  if (!payload.ok()) return payload.status();
+  v1::CheckpointManifest m;
+  if (!m.ParseFromString(*payload)) {
+    return absl::DataLossError(absl::StrCat(dir, "/MANIFEST: unreadable"));
+  }
+  return m;
+}
+
+std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root) {
+  std::vector<FoundCheckpoint> out;
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(dir);
+    if (!m.ok() || m->id() != id) continue;
+    out.push_back(FoundCheckpoint{dir, *std::move(m), {}, 0});
+  }
+  return out;
+}
+
+absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
+                                                     const std::string& fingerprint) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) {
+    return absl::NotFoundError(absl::StrCat(root, ": no such directory"));
+  }
+  FoundCheckpoint found;
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    if (!std::filesystem::exists(dir + "/MANIFEST")) {
+      ++found.uncommitted;
+      continue;
+    }
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(dir);
+    if (!m.ok()) {
+      found.skipped.push_back(std::string(m.status().message()));
+      continue;
+    }
+    if (m->id() != id) {
+      found.skipped.push_back(absl::StrCat(dir, "/MANIFEST: says checkpoint ", m->id()));
+      continue;
+    }
+    if (!fingerprint.empty() && m->fingerprint() != fingerprint) {
+      found.skipped.push_back(absl::StrCat(dir, ": another run's (job ", m->job(), ", rule ",
+                                           m->rule(), ", seed ", m->seed(), ", fingerprint ",
+                                           m->fingerprint(), ")"));
+      continue;
+    }
+    found.dir = dir;
+    found.manifest = *std::move(m);
+    return found;
+  }
+  std::string why = found.skipped.empty() ? "" : absl::StrCat(" (refused: ", found.skipped[0], ")");
+  return absl::NotFoundError(absl::StrCat(root, ": no complete checkpoint", why));
+}
+
+void RemoveUncommittedCheckpoints(const std::string& root) {
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir + "/MANIFEST")) std::filesystem::remove_all(dir, ec);
+  }
+}
+
+void PruneCheckpoints(const std::string& root, int keep) {
+  int kept = 0;
+  for (const auto& [id, dir] : CheckpointDirs(root)) {
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(dir);
+    const bool committed = m.ok() && m->id() == id;
+    if (!committed && !std::filesystem::exists(dir + "/MANIFEST")) continue;  // in flight
+    std::error_code ec;
+    if (!committed || kept >= std::max(keep, 1)) {
+      std::filesystem::remove_all(dir, ec);
+    } else {
+      ++kept;
+    }
+  }
+}
+
+}  // namespace localpar

@@ -1,0 +1,192 @@
+// Weights files with what using them needs, parameter names, and loading weights into a
+// model, checked parameter by parameter.
+#include "common/model_io/model_file.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/core/check.h"
+#include "common/job/job.h"
+#include "common/model_io/safetensors.h"
+#include "common/model_io/tensor_proto.h"
+#include "google/protobuf/text_format.h"
+
+namespace localpar {
+namespace {
+
+const v1::NamedTensor* FindParam(const v1::ModelWeights& w, int stage, const std::string& name) {
+  if (stage >= w.stages_size()) return nullptr;
+  for (const v1::NamedTensor& nt : w.stages(stage).params()) {
+    if (nt.name() == name) return &nt;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<float> TorchOrder(const ParamInfo& p, std::vector<int64_t>* shape) {
+  const ExportLayout layout = p.layer->TorchLayout(*p.value);
+  std::vector<float> ours = p.value->value.ToHost();
+  if (shape) *shape = layout.shape;
+  if (layout.to_ours.empty()) return ours;
+  std::vector<float> torch(ours.size());
+  for (size_t i = 0; i < torch.size(); ++i) torch[i] = ours[layout.to_ours[i]];
+  return torch;
+}
+
+void DescribeWeights(const v1::Job& job, const InputNormalization& norm,
+                     v1::ModelWeights* weights) {
+  v1::InputTransform* in = weights->mutable_input();
+  in->set_scale(norm.scale);
+  in->set_mean(norm.mean);
+  in->set_inv_std(norm.inv_std);
+  in->set_tokens(norm.tokens);
+  weights->clear_input_shape();
+  for (int64_t d : JobInputShape(job)) weights->add_input_shape(d);
+  weights->set_classes(JobClasses(job));
+  google::protobuf::TextFormat::PrintToString(job, weights->mutable_job_text());
+}
+
+InputNormalization WeightsNormalization(const v1::ModelWeights& weights) {
+  InputNormalization n;
+  if (!weights.has_input() || weights.input().scale() == 0.0f) return n;  // an older file
+  n.scale = weights.input().scale();
+  n.mean = weights.input().mean();
+  n.inv_std = weights.input().inv_std();
+  n.tokens = weights.input().tokens();
+  return n;
+}
+
+namespace {
+
+std::string StageLabel(const ModelConfig& config, int k) {
+  return config.stages[k].name.empty() ? absl::StrCat("stage", k) : config.stages[k].name;
+}
+
+// Each parameter of `layer` (in params() order) with its readable name: "<where>.<kind>",
+// then a composite layer's position of each layer inside it, then the parameter's name.
+void Describe(const Layer& layer, const std::string& where,
+              std::vector<std::pair<const Layer*, std::string>>* out) {
+  const std::string here = absl::StrCat(where, ".", layer.kind());
+  std::vector<const Layer*> children = layer.children();
+  if (!children.empty()) {
+    for (size_t j = 0; j < children.size(); ++j) {
+      Describe(*children[j], absl::StrCat(here, ".", j), out);
+    }
+    return;
+  }
+  // A leaf's parameters: params() is not const, but naming them changes nothing.
+  for (Param* p : const_cast<Layer&>(layer).params()) {
+    out->push_back({&layer, absl::StrCat(here, ".", p->name)});
+  }
+}
+
+}  // namespace
+
+std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, int last_stage) {
+  std::vector<ParamInfo> out;
+  for (int k = 0; k <= last_stage && k < model.num_stages(); ++k) {
+    Stage& stage = model.stage(k);
+    const std::string label = StageLabel(config, k);
+    std::vector<std::pair<const Layer*, std::string>> names;
+    for (int i = 0; i < stage.num_layers(); ++i) {
+      Describe(stage.layer(i), absl::StrCat(label, ".layers.", i), &names);
+    }
+    const size_t body_params = names.size();
+    for (int i = 0; i < stage.num_head_layers(); ++i) {
+      Describe(stage.head_layer(i), absl::StrCat(label, ".head.", i), &names);
+    }
+    std::vector<Param*> params = stage.params();
+    LP_CHECK_MSG(params.size() == names.size(), "stage %d: %zu parameters, %zu described", k,
+                 params.size(), names.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      ParamInfo p;
+      p.stage = k;
+      p.file_name = absl::StrCat(i, ".", params[i]->name);
+      p.readable = names[i].second;
+      p.layer = names[i].first;
+      p.head = i >= body_params;
+      p.value = params[i];
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& source,
+                         const ModelConfig& config, Model& model) {
+  if (weights.stages_size() != model.num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": holds ", weights.stages_size(), " stages, the job has ", model.num_stages(),
+        " (if it was trained with --stages=", weights.stages_size(), ", pass that here too)"));
+  }
+  std::vector<ParamInfo> params = DescribeParams(config, model, model.num_stages() - 1);
+  // Check everything before copying anything.
+  std::vector<int> count(model.num_stages(), 0);
+  for (const ParamInfo& p : params) {
+    ++count[p.stage];
+    const v1::NamedTensor* nt = FindParam(weights, p.stage, p.file_name);
+    if (!nt) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": stage ", p.stage, " has no ",
+                                                     p.file_name, " (", p.readable, ")"));
+    }
+    if (absl::Status s = CheckWireTensor(nt->tensor(), p.file_name); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(source, ": ", s.message()));
+    }
+    Shape got(nt->tensor().shape().begin(), nt->tensor().shape().end());
+    if (nt->tensor().dtype() != v1::F32 || got != p.value->value.shape()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", p.readable, " (stage ", p.stage, " ", p.file_name, ") is ",
+                       v1::DType_Name(nt->tensor().dtype()), " ", ShapeString(got),
+                       ", the job's network has F32 ", ShapeString(p.value->value.shape())));
+    }
+  }
+  for (int k = 0; k < model.num_stages(); ++k) {
+    if (weights.stages(k).params_size() != count[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": stage ", k, " holds ", weights.stages(k).params_size(),
+                       " parameters, the job's network has ", count[k]));
+    }
+  }
+  for (const ParamInfo& p : params) {
+    DecodeTensorInto(FindParam(weights, p.stage, p.file_name)->tensor(), p.value->value.backend(),
+                     &p.value->value);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
+                                                    const ModelConfig& config, Model& model) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A safetensors file starts with its header's length and then '{'.
+  if (LooksLikeSafetensors(bytes)) return ReadSafetensors(path, bytes, config, model);
+  v1::ModelWeights w;
+  if (!w.ParseFromString(bytes)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": neither a localpar weights file nor a safetensors file"));
+  }
+  return w;
+}
+
+absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::string& weights_path,
+                                              Backend& backend) {
+  TrainedModel t;
+  t.backend = &backend;
+  t.config = ToModelConfig(job);
+  std::string error;
+  t.model = Model::Create(backend, t.config, &error);
+  if (!t.model) return absl::InvalidArgumentError(error);
+  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(weights_path, t.config, *t.model);
+  if (!w.ok()) return w.status();
+  t.weights = *std::move(w);
+  if (absl::Status s = LoadWeights(t.weights, weights_path, t.config, *t.model); !s.ok()) return s;
+  t.normalization = WeightsNormalization(t.weights);
+  if (!t.weights.has_input() && JobLabelsPerExample(job) > 1) t.normalization.tokens = true;
+  return t;
+}
+
+}  // namespace localpar

@@ -1,0 +1,60 @@
+// Trained models on disk: what a weights file says beside the parameters, loading it into a
+// model (checked parameter by parameter), readable parameter names, and safetensors files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/data/dataset.h"
+#include "common/nn/model.h"
+#include "proto/job.pb.h"
+#include "proto/tensor.pb.h"
+
+namespace localpar {
+
+// Records beside `weights`' parameters what using them needs: the input transform, the
+// per-example input shape, the class count and the normalised job as text.
+void DescribeWeights(const v1::Job& job, const InputNormalization& norm, v1::ModelWeights* weights);
+InputNormalization WeightsNormalization(const v1::ModelWeights& weights);
+
+// One parameter of a model, as a weights file and a safetensors file name it.
+struct ParamInfo {
+  int stage = 0;
+  std::string file_name;  // the weights file's name within its stage: "3.weight"
+  std::string readable;  // "<stage name>.layers.2.linear.weight", "<stage name>.head.0.linear.bias"
+  const Layer* layer = nullptr;  // the (innermost) layer it belongs to: its export layout
+  bool head = false;             // it belongs to the stage's auxiliary head
+  Param* value = nullptr;
+};
+// Every parameter of stages 0..last_stage in weights-file order (layers, then the head's).
+std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, int last_stage);
+
+// Copies `weights` (read from `source`, for messages) into `model`, stage by stage. Refuses a
+// different stage count, parameter name or shape, naming the first parameter that differs.
+absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& source,
+                         const ModelConfig& config, Model& model);
+
+// A trained model ready to predict: the job's network built on `backend` with the weights in.
+struct TrainedModel {
+  Backend* backend = nullptr;
+  ModelConfig config;
+  std::unique_ptr<Model> model;
+  v1::ModelWeights weights;  // as read (the parameters' values are in `model`)
+  InputNormalization normalization;
+};
+absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::string& weights_path,
+                                              Backend& backend);
+
+// Reads a weights file: localpar's weights.pb, or a safetensors file written by
+// WriteSafetensors (recognised by its content, whatever the name). `model`, built from
+// `config`, gives a safetensors file's names and layouts; its values are not changed.
+absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
+                                                    const ModelConfig& config, Model& model);
+
+// A parameter's values in PyTorch's layout (the layer's TorchLayout; ONNX's Conv takes the
+// same [out_channels, in_channels, kh, kw]); *shape receives that layout's shape.
+std::vector<float> TorchOrder(const ParamInfo& param, std::vector<int64_t>* shape);
+
+}  // namespace localpar

@@ -1,0 +1,180 @@
+// ONNX export: the layers describe themselves (Layer::EmitOnnx) through ProtoGraph, which
+// writes the ONNX protobuf messages.
+#include "common/model_io/onnx_export.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/check.h"
+#include "common/nn/onnx_graph.h"
+#include "proto/onnx_model.pb.h"
+
+namespace localpar {
+namespace {
+
+namespace ox = ::localpar::onnx;
+
+class ProtoGraph final : public OnnxGraph {
+ public:
+  ProtoGraph(ox::GraphProto* g, const std::vector<ParamInfo>& params) : g_(g) {
+    for (const ParamInfo& p : params) names_[p.value] = &p;
+  }
+
+  std::string Op(const std::string& type, const std::vector<std::string>& inputs,
+                 const std::vector<OnnxAttribute>& attributes = {}) override {
+    ox::NodeProto* n = g_->add_node();
+    n->set_op_type(type);
+    for (const std::string& i : inputs) n->add_input(i);
+    std::string out = Fresh(type);
+    n->add_output(out);
+    n->set_name(out);
+    for (const OnnxAttribute& a : attributes) {
+      ox::AttributeProto* p = n->add_attribute();
+      p->set_name(a.name);
+      switch (a.type) {
+        case OnnxAttribute::kInt:
+          p->set_type(ox::AttributeProto::INT);
+          p->set_i(a.ints.at(0));
+          break;
+        case OnnxAttribute::kInts:
+          p->set_type(ox::AttributeProto::INTS);
+          for (int64_t v : a.ints) p->add_ints(v);
+          break;
+        case OnnxAttribute::kFloat:
+          p->set_type(ox::AttributeProto::FLOAT);
+          p->set_f(a.f);
+          break;
+      }
+    }
+    return out;
+  }
+  std::string Floats(const std::string& hint, const std::vector<int64_t>& dims,
+                     const std::vector<float>& values) override {
+    return Initializer(Fresh(hint), dims, values);
+  }
+  std::string Ints(const std::vector<int64_t>& values) override {
+    ox::TensorProto* t = g_->add_initializer();
+    std::string name = Fresh("shape");
+    t->set_name(name);
+    t->set_data_type(ox::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    t->set_raw_data(values.data(), values.size() * sizeof(int64_t));
+    return name;
+  }
+  std::string Index(int64_t v) override {
+    ox::TensorProto* t = g_->add_initializer();
+    std::string name = Fresh("index");
+    t->set_name(name);
+    t->set_data_type(ox::TensorProto::INT64);
+    t->set_raw_data(&v, sizeof(v));
+    return name;
+  }
+  std::string Parameter(const Layer&, const Param& p, bool torch_layout) override {
+    auto it = names_.find(&p);
+    LP_CHECK_MSG(it != names_.end(), "parameter %s is not among the exported ones", p.name.c_str());
+    ++used_;
+    const ParamInfo& info = *it->second;
+    if (torch_layout) {
+      std::vector<int64_t> shape;
+      const std::vector<float> values = TorchOrder(info, &shape);
+      return Initializer(info.readable, shape, values);
+    }
+    return Initializer(info.readable,
+                       std::vector<int64_t>(p.value.shape().begin(), p.value.shape().end()),
+                       p.value.ToHost());
+  }
+  size_t used() const { return used_; }
+  // A named scalar constant (the input transform's).
+  std::string NamedScalar(const std::string& name, float v) { return Initializer(name, {}, {v}); }
+
+ private:
+  std::string Fresh(const std::string& hint) { return absl::StrCat(hint, "_", next_++); }
+  std::string Initializer(const std::string& name, const std::vector<int64_t>& dims,
+                          const std::vector<float>& values) {
+    ox::TensorProto* t = g_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(ox::TensorProto::FLOAT);
+    for (int64_t d : dims) t->add_dims(d);
+    t->set_raw_data(values.data(), values.size() * sizeof(float));
+    return name;
+  }
+
+  ox::GraphProto* g_;
+  std::map<const Param*, const ParamInfo*> names_;
+  int next_ = 0;
+  size_t used_ = 0;
+};
+
+void SetType(ox::ValueInfoProto* v, int elem, const std::vector<int64_t>& dims) {
+  ox::TypeProto::Tensor* t = v->mutable_type()->mutable_tensor_type();
+  t->set_elem_type(elem);
+  ox::TensorShapeProto::Dimension* n = t->mutable_shape()->add_dim();
+  n->set_dim_param("N");
+  for (int64_t d : dims) t->mutable_shape()->add_dim()->set_dim_value(d);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const std::string& name) {
+  const ModelConfig& config = trained.config;
+  Model& model = *trained.model;
+  if (stage < 0 || stage >= model.num_stages()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stage=", stage, ": the job has stages 0..", model.num_stages() - 1));
+  }
+  ox::ModelProto m;
+  m.set_ir_version(8);
+  m.set_producer_name("localpar");
+  ox::OperatorSetIdProto* opset = m.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(kOnnxOpset);
+  ox::GraphProto* g = m.mutable_graph();
+  g->set_name(name);
+  // The layers of stages 0..stage and only the last one's head.
+  std::vector<ParamInfo> params;
+  for (ParamInfo& p : DescribeParams(config, model, stage)) {
+    if (!p.head || p.stage == stage) params.push_back(std::move(p));
+  }
+  ProtoGraph graph(g, params);
+
+  const bool tokens = model.stage(0).num_layers() > 0 && model.stage(0).layer(0).reads_token_ids();
+  ox::ValueInfoProto* input = g->add_input();
+  input->set_name("input");
+  SetType(input, tokens ? ox::TensorProto::INT64 : ox::TensorProto::FLOAT,
+          std::vector<int64_t>(config.input_shape.begin(), config.input_shape.end()));
+  std::string x = "input";
+  const InputNormalization& norm = trained.normalization;
+  if (!tokens && !norm.tokens) {
+    input->set_doc_string("raw values (pixel bytes as 0..255); normalised inside the graph");
+    // (raw * scale - mean) * inv_std, one float32 operation at a time, as training did.
+    x = graph.Op("Mul", {x, graph.NamedScalar("input_scale", norm.scale)});
+    x = graph.Op("Sub", {x, graph.NamedScalar("input_mean", norm.mean)});
+    x = graph.Op("Mul", {x, graph.NamedScalar("input_inv_std", norm.inv_std)});
+  } else {
+    input->set_doc_string("token ids");
+  }
+  for (int k = 0; k <= stage; ++k) {
+    for (int i = 0; i < model.stage(k).num_layers(); ++i)
+      x = model.stage(k).layer(i).EmitOnnx(graph, x);
+  }
+  for (int i = 0; i < model.stage(stage).num_head_layers(); ++i) {
+    x = model.stage(stage).head_layer(i).EmitOnnx(graph, x);
+  }
+  const Shape& cur =
+      model.stage(stage).num_head_layers() > 0
+          ? model.stage(stage).head_layer(model.stage(stage).num_head_layers() - 1).output_shape()
+          : model.stage(stage).output_shape();
+  ox::NodeProto* id = g->add_node();
+  id->set_op_type("Identity");
+  id->add_input(x);
+  id->add_output("logits");
+  ox::ValueInfoProto* out = g->add_output();
+  out->set_name("logits");
+  SetType(out, ox::TensorProto::FLOAT, std::vector<int64_t>(cur.begin(), cur.end()));
+  ox::StringStringEntryProto* meta = m.add_metadata_props();
+  meta->set_key("localpar.stage");
+  meta->set_value(absl::StrCat(stage));
+  return m.SerializeAsString();
+}
+
+}  // namespace localpar

@@ -1,0 +1,178 @@
+// Reading examples for prediction and running a trained model's head on them.
+#include "common/model_io/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/data/idx.h"
+#include "common/data/image_folder.h"
+#include "common/data/npy.h"
+
+namespace localpar {
+namespace {
+
+Shape ShapeFromDims(const std::vector<int64_t>& dims) {  // without the count
+  if (dims.size() == 3) return {dims[1], dims[2], 1};    // [count, rows, cols]: grey images
+  return Shape(dims.begin() + 1, dims.end());
+}
+
+absl::Status ReadLabels(const std::string& path, int64_t count, Examples* out) {
+  if (absl::EndsWith(path, ".npy")) {
+    absl::StatusOr<NpyArray> a = ReadNpyFile(path);
+    if (!a.ok()) return a.status();
+    if (!a->is_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": labels must be integers, the array holds ", a->dtype));
+    }
+    if (a->shape.empty() || a->shape[0] != count) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": holds ",
+                                                     a->shape.empty() ? 0 : a->shape[0],
+                                                     " labels for ", count, " examples"));
+    }
+    for (int64_t i = 0; i < a->count(); ++i) {
+      double v = a->at(i);
+      if (v < 0 || v > 1e9) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": label ", i, " is ", v));
+      }
+      out->labels.push_back(static_cast<int32_t>(v));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<IdxArray> idx = ReadIdxFile(path);
+  if (!idx.ok()) return idx.status();
+  if (idx->dims.size() != 1 || idx->dims[0] != count) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": holds ",
+                                                   idx->dims.empty() ? 0 : idx->dims[0],
+                                                   " labels for ", count, " examples"));
+  }
+  out->labels.assign(idx->data.begin(), idx->data.end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels) {
+  Examples ex;
+  std::error_code ec;
+  if (std::filesystem::is_directory(input, ec)) {
+    absl::StatusOr<ImageFolder> f = ReadImageFolder(input);
+    if (!f.ok()) return f.status();
+    ex.example_shape = {f->height, f->width, f->channels};
+    ex.raw.assign(f->pixels.begin(), f->pixels.end());
+    ex.labels = f->labels;
+    ex.count = f->count();
+    ex.pixel_bytes = true;
+  } else if (absl::EndsWith(input, ".npy")) {
+    absl::StatusOr<NpyArray> a = ReadNpyFile(input);
+    if (!a.ok()) return a.status();
+    if (a->shape.size() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          input, ": expected [count, ...] with at least 2 dimensions, got ", a->shape.size()));
+    }
+    ex.count = a->shape[0];
+    ex.example_shape = ShapeFromDims(a->shape);
+    ex.raw.resize(static_cast<size_t>(a->count()));
+    for (int64_t i = 0; i < a->count(); ++i) {
+      ex.raw[i] = static_cast<float>(a->at(i));
+      if (!std::isfinite(ex.raw[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(input, ": element ", i, " is not finite"));
+      }
+    }
+    ex.pixel_bytes = a->dtype == "u1";
+  } else {
+    absl::StatusOr<IdxArray> idx = ReadIdxFile(input);
+    if (!idx.ok()) return idx.status();
+    if (idx->dims.size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(input, ": an IDX images file has at least 2 dimensions"));
+    }
+    ex.count = idx->dims[0];
+    ex.example_shape = ShapeFromDims(idx->dims);
+    ex.raw.assign(idx->data.begin(), idx->data.end());
+    ex.pixel_bytes = true;
+  }
+  if (!labels.empty()) {
+    ex.labels.clear();
+    if (absl::Status s = ReadLabels(labels, ex.count, &ex); !s.ok()) return s;
+  }
+  return ex;
+}
+
+absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, const Examples& ex) {
+  const Shape& want = model.config.input_shape;
+  Shape got = ex.example_shape;
+  // A sequence model's [count, positions] arrays arrive as [positions]; grey images as
+  // [h, w, 1]. Accept [h, w] input for an [h, w, 1] network and the reverse.
+  if (got != want && NumElements(got) == NumElements(want) && want.size() + 1 == got.size() &&
+      got.back() == 1) {
+    got = want;
+  }
+  if (got != want) {
+    return absl::InvalidArgumentError(absl::StrCat("the examples have shape ",
+                                                   ShapeString(ex.example_shape),
+                                                   ", the network takes ", ShapeString(want)));
+  }
+  if (!ex.labels.empty()) {
+    const int64_t per = ex.labels.size() / std::max<int64_t>(1, ex.count);
+    for (size_t i = 0; i < ex.labels.size(); ++i) {
+      if (ex.labels[i] >= model.config.classes) {
+        return absl::InvalidArgumentError(absl::StrCat("label ", i / per, " is ", ex.labels[i],
+                                                       ", but the network has ",
+                                                       model.config.classes, " classes"));
+      }
+    }
+  }
+  std::vector<float> x = ex.raw;
+  if (model.normalization.tokens) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i] < 0 || x[i] >= 256 || x[i] != std::floor(x[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("element ", i, " is ", x[i], ", not a token id 0..255"));
+      }
+    }
+    return x;
+  }
+  ApplyNormalization(model.normalization, x.data(), static_cast<int64_t>(x.size()));
+  return x;
+}
+
+std::vector<float> PredictLogits(TrainedModel& model, int stage, const std::vector<float>& inputs,
+                                 int64_t count, int64_t batch, Shape* shape) {
+  Backend& be = *model.backend;
+  const int64_t per = NumElements(model.config.input_shape);
+  std::vector<float> out;
+  ForwardContext ctx;
+  ctx.train = false;
+  for (int64_t begin = 0; begin < count; begin += batch) {
+    const int64_t n = std::min(batch, count - begin);
+    Shape xs{n};
+    xs.insert(xs.end(), model.config.input_shape.begin(), model.config.input_shape.end());
+    Tensor x = Tensor::FromHost(be, xs, inputs.data() + begin * per);
+    const Tensor* cur = &x;
+    for (int k = 0; k <= stage; ++k) cur = &model.model->stage(k).Forward(*cur, 0, ctx);
+    const Tensor& logits = model.model->stage(stage).HeadLogits(0, ctx);
+    std::vector<float> host = logits.ToHost();
+    out.insert(out.end(), host.begin(), host.end());
+    *shape = logits.shape();
+  }
+  (*shape)[0] = count;
+  return out;
+}
+
+void SoftmaxRows(std::vector<float>* values, int64_t classes) {
+  for (size_t r = 0; r + classes <= values->size(); r += classes) {
+    float* v = values->data() + r;
+    float mx = *std::max_element(v, v + classes);
+    double sum = 0;
+    for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(v[c] - mx));
+    for (int64_t c = 0; c < classes; ++c) {
+      v[c] = static_cast<float>(std::exp(static_cast<double>(v[c] - mx)) / sum);
+    }
+  }
+}
+
+}  // namespace localpar

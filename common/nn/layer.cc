@@ -1,0 +1,163 @@
+// Layer kinds reached through the registry: construction, shapes, counts, defaults, checks.
+#include "common/nn/layer.h"
+
+#include <cmath>
+
+#include "common/nn/layer_kind.h"
+#include "common/nn/layers/family.h"
+#include "common/nn/onnx_graph.h"
+
+namespace localpar {
+
+double LayerConfig::Number(const std::string& name, double fallback) const {
+  auto it = settings.find(name);
+  return it == settings.end() ? fallback : it->second;
+}
+
+int64_t LayerConfig::Int(const std::string& name, int64_t fallback) const {
+  auto it = settings.find(name);
+  if (it == settings.end()) return fallback;
+  // Out-of-range settings saturate (and are then refused by the kind's checks).
+  if (!(it->second > -9.2e18)) return INT64_MIN;
+  if (!(it->second < 9.2e18)) return INT64_MAX;
+  return static_cast<int64_t>(it->second);
+}
+
+void LayerConfig::Default(const std::string& name, double value) {
+  if (Number(name) == 0) settings[name] = value;
+}
+
+ExportLayout Layer::TorchLayout(const Param& p) const {
+  ExportLayout l;
+  l.shape.assign(p.value.shape().begin(), p.value.shape().end());
+  return l;
+}
+
+ExportLayout TransposedLayout(int64_t rows, int64_t cols) {
+  ExportLayout l;
+  l.shape = {cols, rows};
+  l.to_ours.resize(static_cast<size_t>(rows * cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) l.to_ours[c * rows + r] = r * cols + c;
+  }
+  return l;
+}
+
+namespace {
+
+const LayerKind* KindOf(const LayerConfig& c, std::string* error) {
+  const LayerKind* kind = FindLayerKind(c.kind);
+  if (!kind && error) {
+    *error = c.kind.empty() ? "no layer kind set (" + LayerKindList() + ")"
+                            : "unknown layer kind \"" + c.kind + "\" (" + LayerKindList() + ")";
+  }
+  return kind;
+}
+
+}  // namespace
+
+bool InferLayerShape(const LayerConfig& c, const Shape& in, Shape* out, std::string* error) {
+  const LayerKind* kind = KindOf(c, error);
+  if (!kind) return false;
+  if (kind->expands()) {
+    Shape cur = in;
+    std::vector<LayerConfig> parts = kind->Expand(c, in);
+    for (const LayerConfig& p : parts) {
+      Shape next;
+      if (!InferLayerShape(p, cur, &next, error)) {
+        *error = std::string(kind->name()) + ": " + *error;
+        return false;
+      }
+      cur = next;
+    }
+    *out = cur;
+    return true;
+  }
+  return ShapeFits(*kind, c, in, out, error);
+}
+
+std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& c, const Shape& in, uint64_t seed,
+                                 std::string* error) {
+  Shape out;
+  if (!InferLayerShape(c, in, &out, error)) return nullptr;
+  const LayerKind* kind = FindLayerKind(c.kind);
+  if (kind->expands()) {
+    *error = std::string(kind->name()) + ": a shorthand kind is expanded before it is built";
+    return nullptr;
+  }
+  std::unique_ptr<Layer> layer = kind->Make(b, c, in, seed, error);
+  if (layer) layer->in_shape_ = in;
+  return layer;
+}
+
+int64_t LayerParameterCount(const LayerConfig& c, const Shape& in) {
+  const LayerKind* kind = KindOf(c, nullptr);
+  if (!kind) return 0;
+  if (!kind->expands()) return kind->Parameters(c, in);
+  int64_t n = 0;
+  Shape cur = in;
+  std::string ignored;
+  for (const LayerConfig& p : kind->Expand(c, in)) {
+    n += LayerParameterCount(p, cur);
+    Shape next;
+    if (InferLayerShape(p, cur, &next, &ignored)) cur = next;
+  }
+  return n;
+}
+
+double LayerForwardFlops(const LayerConfig& c, const Shape& in) {
+  const LayerKind* kind = KindOf(c, nullptr);
+  if (!kind) return 0;
+  if (!kind->expands()) return kind->Flops(c, in);
+  double n = 0;
+  Shape cur = in;
+  std::string ignored;
+  for (const LayerConfig& p : kind->Expand(c, in)) {
+    n += LayerForwardFlops(p, cur);
+    Shape next;
+    if (InferLayerShape(p, cur, &next, &ignored)) cur = next;
+  }
+  return n;
+}
+
+void ExpandLayer(const LayerConfig& c, Shape* cur, std::vector<LayerConfig>* out) {
+  const LayerKind* kind = FindLayerKind(c.kind);
+  std::vector<LayerConfig> made;
+  if (kind && kind->expands()) {
+    Shape inner = *cur;
+    for (const LayerConfig& p : kind->Expand(c, *cur)) ExpandLayer(p, &inner, &made);
+  } else {
+    LayerConfig copy = c;
+    copy.body.clear();
+    Shape inner = *cur;
+    for (const LayerConfig& b : c.body) ExpandLayer(b, &inner, &copy.body);
+    made.push_back(std::move(copy));
+  }
+  for (LayerConfig& m : made) {
+    Shape next;
+    std::string ignored;  // model validation reports shape errors with full context
+    if (InferLayerShape(m, *cur, &next, &ignored)) *cur = next;
+    out->push_back(std::move(m));
+  }
+}
+
+LayerIssue CheckLayerSettings(const LayerConfig& c) {
+  std::string error;
+  const LayerKind* kind = KindOf(c, &error);
+  if (!kind) return {"", error};
+  return kind->Check(c);
+}
+
+void ApplyLayerDefaults(LayerConfig& c) {
+  if (const LayerKind* kind = FindLayerKind(c.kind)) kind->Defaults(c);
+  for (LayerConfig& b : c.body) ApplyLayerDefaults(b);
+}
+
+void FuseActivations(std::vector<std::unique_ptr<Layer>>& layers) {
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    const Epilogue e = layers[i + 1]->as_epilogue();
+    if (e != Epilogue::kNone && layers[i]->TakeEpilogue(e)) layers[i + 1]->PassThrough();
+  }
+}
+
+}  // namespace localpar

@@ -1,0 +1,230 @@
+// The attention family, on sequences [positions, dim]: `causal_self_attention` (multi-head,
+// causal, with input and output projections) and `transformer_block`, shorthand for a
+// pre-norm block: x + attention(layer_norm(x)), then x + dense(gelu(dense(layer_norm(x)))).
+#include <cmath>
+
+#include "common/core/rng.h"
+#include "common/nn/init.h"
+#include "common/nn/layers/elementwise.h"
+#include "common/nn/layers/family.h"
+#include "common/nn/layers/linear.h"
+#include "common/nn/layers/norm.h"
+#include "common/nn/layers/residual.h"
+
+namespace localpar {
+namespace {
+
+// qkv = x W + b, per head softmax(q k^T / sqrt(d_head)) v over earlier positions only,
+// then an output projection.
+class CausalSelfAttention final : public Layer {
+ public:
+  CausalSelfAttention(Backend& b, const Shape& in, int64_t heads, uint64_t seed)
+      : backend_(b), positions_(in[0]), width_(in[1]), heads_(heads), head_width_(in[1] / heads) {
+    out_shape_ = in;
+    float bound = 1.0f / std::sqrt(static_cast<float>(width_));
+    wqkv_ = MakeParam(b, "qkv_weight",
+                      UniformInit(b, {width_, 3 * width_}, bound, HashCombine(seed, 1)));
+    bqkv_ = MakeParam(b, "qkv_bias", ConstantInit(b, {3 * width_}, 0.0f));
+    out_proj_ =
+        MakeParam(b, "out_weight", UniformInit(b, {width_, width_}, bound, HashCombine(seed, 2)));
+    out_bias_ = MakeParam(b, "out_bias", ConstantInit(b, {width_}, 0.0f));
+  }
+  const char* kind() const override { return "causal_self_attention"; }
+
+  // Saved per batch: saved[0] q|k|v by head [3, n, h, t, dh]; saved[1] attention
+  // probabilities [n*h, t, t]; saved[2] the heads' outputs merged back to [n, t, d].
+  void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
+    int64_t n = x.rows(), rows = n * positions_, mats = n * heads_, hd = positions_ * head_width_;
+    c.saved.resize(3);
+    Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
+    qkv_.Ensure(backend_, {rows, 3 * width_});
+    backend_.Gemm(false, false, rows, 3 * width_, width_, 1.0f, x.f32(), wqkv_.value.f32(), 0.0f,
+                  qkv_.f32());
+    backend_.AddRowVector(qkv_.f32(), bqkv_.value.f32(), rows, 3 * width_);
+    heads.Ensure(backend_, {3, n, heads_, positions_, head_width_});
+    backend_.SplitHeads(qkv_.f32(), heads.f32(), n, positions_, 3, heads_, head_width_);
+    const float* q = heads.f32();
+    const float* k = q + mats * hd;
+    const float* v = k + mats * hd;
+    scores_.Ensure(backend_, {mats, positions_, positions_});
+    backend_.GemmBatched(false, true, positions_, positions_, head_width_, 1.0f, q, hd, k, hd, 0.0f,
+                         scores_.f32(), positions_ * positions_, mats);
+    probs.Ensure(backend_, {mats, positions_, positions_});
+    backend_.CausalSoftmaxForward(scores_.f32(), probs.f32(), mats, positions_, Scale());
+    ctx_.Ensure(backend_, {n, heads_, positions_, head_width_});
+    backend_.GemmBatched(false, false, positions_, head_width_, positions_, 1.0f, probs.f32(),
+                         positions_ * positions_, v, hd, 0.0f, ctx_.f32(), hd, mats);
+    merged.Ensure(backend_, {n, positions_, width_});
+    backend_.MergeHeads(ctx_.f32(), merged.f32(), n, positions_, 1, heads_, head_width_);
+    c.out.Ensure(backend_, {n, positions_, width_});
+    backend_.Gemm(false, false, rows, width_, width_, 1.0f, merged.f32(), out_proj_.value.f32(),
+                  0.0f, c.out.f32());
+    backend_.AddRowVector(c.out.f32(), out_bias_.value.f32(), rows, width_);
+  }
+
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    int64_t n = x.rows(), rows = n * positions_, mats = n * heads_, hd = positions_ * head_width_;
+    const Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
+    const float* q = heads.f32();
+    const float* k = q + mats * hd;
+    const float* v = k + mats * hd;
+    // Output projection.
+    backend_.Gemm(true, false, width_, width_, rows, 1.0f, merged.f32(), dy.f32(), 1.0f,
+                  out_proj_.grad.f32());
+    backend_.SumRows(dy.f32(), out_bias_.grad.f32(), rows, width_);
+    qkv_.Ensure(backend_, {rows, width_});  // scratch: d(merged)
+    backend_.Gemm(false, true, rows, width_, width_, 1.0f, dy.f32(), out_proj_.value.f32(), 0.0f,
+                  qkv_.f32());
+    ctx_.Ensure(backend_, {n, heads_, positions_, head_width_});  // d(per-head outputs)
+    backend_.SplitHeads(qkv_.f32(), ctx_.f32(), n, positions_, 1, heads_, head_width_);
+    // Through probs @ v.
+    dheads_.Ensure(backend_, {3, n, heads_, positions_, head_width_});
+    float* dq = dheads_.f32();
+    float* dk = dq + mats * hd;
+    float* dv = dk + mats * hd;
+    scores_.Ensure(backend_, {mats, positions_, positions_});  // d(probs)
+    backend_.GemmBatched(false, true, positions_, positions_, head_width_, 1.0f, ctx_.f32(), hd, v,
+                         hd, 0.0f, scores_.f32(), positions_ * positions_, mats);
+    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, probs.f32(),
+                         positions_ * positions_, ctx_.f32(), hd, 0.0f, dv, hd, mats);
+    // Through the softmax, then q k^T.
+    dscores_.Ensure(backend_, {mats, positions_, positions_});
+    backend_.CausalSoftmaxBackward(probs.f32(), scores_.f32(), dscores_.f32(), mats, positions_,
+                                   Scale());
+    backend_.GemmBatched(false, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
+                         positions_ * positions_, k, hd, 0.0f, dq, hd, mats);
+    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
+                         positions_ * positions_, q, hd, 0.0f, dk, hd, mats);
+    // Input projection.
+    qkv_.Ensure(backend_, {rows, 3 * width_});
+    backend_.MergeHeads(dheads_.f32(), qkv_.f32(), n, positions_, 3, heads_, head_width_);
+    backend_.Gemm(true, false, width_, 3 * width_, rows, 1.0f, x.f32(), qkv_.f32(), 1.0f,
+                  wqkv_.grad.f32());
+    backend_.SumRows(qkv_.f32(), bqkv_.grad.f32(), rows, 3 * width_);
+    if (dx) {
+      dx->Ensure(backend_, x.shape());
+      backend_.Gemm(false, true, rows, width_, 3 * width_, 1.0f, qkv_.f32(), wqkv_.value.f32(),
+                    0.0f, dx->f32());
+    }
+  }
+  std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &out_proj_, &out_bias_}; }
+
+  ExportLayout TorchLayout(const Param& p) const override {
+    if (&p == &wqkv_) return TransposedLayout(width_, 3 * width_);
+    if (&p == &out_proj_) return TransposedLayout(width_, width_);
+    return Layer::TorchLayout(p);
+  }
+
+  // [N, T, D]: qkv split into heads, softmax(q k^T * scale) over earlier positions,
+  // merged, then the output projection.
+  std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
+    const int64_t t = positions_, d = width_, h = heads_, dh = head_width_;
+    std::string qkv = OnnxAffine(g, *this, wqkv_, bqkv_, x);  // [N, T, 3D]; columns (part, head, j)
+    std::string split =
+        g.Transpose(g.Op("Reshape", {qkv, g.Ints({0, t, 3, h, dh})}), {2, 0, 3, 1, 4});
+    std::vector<std::string> parts;
+    for (int64_t p = 0; p < 3; ++p) {
+      parts.push_back(g.Op("Gather", {split, g.Index(p)}, {IntAttr("axis", 0)}));  // [N, H, T, dh]
+    }
+    std::string scores = g.Op("MatMul", {parts[0], g.Transpose(parts[1], {0, 1, 3, 2})});
+    scores = g.Op("Mul", {scores, g.Scalar(Scale())});
+    std::vector<float> mask(static_cast<size_t>(t * t), 0.0f);
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t j = i + 1; j < t; ++j) mask[i * t + j] = -INFINITY;
+    }
+    scores = g.Op("Add", {scores, g.Floats("causal_mask", {t, t}, mask)});
+    std::string probs = g.Op("Softmax", {scores}, {IntAttr("axis", -1)});
+    std::string ctx = g.Op("MatMul", {probs, parts[2]});  // [N, H, T, dh]
+    std::string merged =
+        g.Op("Reshape", {g.Transpose(ctx, {0, 2, 1, 3}), g.Ints({0, t, d})});  // [N, T, D]
+    return OnnxAffine(g, *this, out_proj_, out_bias_, merged);
+  }
+
+ private:
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(head_width_)); }
+  Backend& backend_;
+  int64_t positions_, width_, heads_, head_width_;
+  Param wqkv_, bqkv_, out_proj_, out_bias_;
+  // Scratch shared by every batch (one layer's forward and backward never overlap).
+  Tensor qkv_, scores_, dscores_, ctx_, dheads_;
+};
+
+std::string SequenceShapeIssue(const Shape& in, int64_t heads) {
+  if (in.size() != 2) return "needs a sequence input [positions, dim], got " + ShapeString(in);
+  if (heads <= 0 || in[1] % heads != 0) {
+    return "heads (" + std::to_string(heads) + ") must divide dim " + std::to_string(in[1]);
+  }
+  return "";
+}
+
+class AttentionKind final : public LayerKind {
+ public:
+  const char* name() const override { return "causal_self_attention"; }
+  void Defaults(LayerConfig& c) const override { c.Default("heads", 1); }
+  LayerIssue Check(const LayerConfig& c) const override {
+    if (c.Int("heads", 1) <= 0) return {"heads", "must be > 0"};
+    return {};
+  }
+  std::string Infer(const LayerConfig& c, const Shape& in, Shape* out) const override {
+    *out = in;
+    return SequenceShapeIssue(in, c.Int("heads", 1));
+  }
+  std::unique_ptr<Layer> Make(Backend& b, const LayerConfig& c, const Shape& in, uint64_t seed,
+                              std::string*) const override {
+    return std::make_unique<CausalSelfAttention>(b, in, c.Int("heads", 1), seed);
+  }
+  int64_t Parameters(const LayerConfig&, const Shape& in) const override {
+    const int64_t d = in.empty() ? 0 : in.back();
+    return 4 * d * d + 4 * d;  // qkv and output projections
+  }
+  double Flops(const LayerConfig&, const Shape& in) const override {
+    // Four d x d projections per position, then scores Q K^T and their weighted sum of V
+    // over every pair of positions (the mask is applied to a full matrix).
+    const double d = in.empty() ? 0.0 : static_cast<double>(in.back());
+    const double positions = d > 0 ? static_cast<double>(NumElements(in)) / d : 0.0;
+    return 2.0 * 4.0 * positions * d * d + 2.0 * 2.0 * positions * positions * d;
+  }
+};
+
+class TransformerBlockKind final : public LayerKind {
+ public:
+  const char* name() const override { return "transformer_block"; }
+  // mlp_hidden 0 stays: it means 4 x the block's width, known only from shapes.
+  void Defaults(LayerConfig& c) const override { c.Default("heads", 1); }
+  LayerIssue Check(const LayerConfig& c) const override {
+    if (c.Int("heads", 1) <= 0) return {"heads", "must be > 0"};
+    if (c.Int("mlp_hidden") < 0) return {"mlp_hidden", "must be >= 0 (0: 4 x the width)"};
+    return {};
+  }
+  std::string Infer(const LayerConfig& c, const Shape& in, Shape* out) const override {
+    *out = in;
+    return SequenceShapeIssue(in, c.Int("heads", 1));
+  }
+  bool expands() const override { return true; }
+  std::vector<LayerConfig> Expand(const LayerConfig& c, const Shape& in) const override {
+    const int64_t dim = in.empty() ? 0 : in.back();
+    const int64_t hidden = c.Int("mlp_hidden") > 0 ? c.Int("mlp_hidden") : 4 * dim;
+    LayerConfig attention("causal_self_attention", {{"heads", c.Number("heads", 1)}});
+    return {
+        ResidualConfig({LayerNormConfig(), attention}),
+        ResidualConfig({LayerNormConfig(), DenseConfig(hidden), GeluConfig(), DenseConfig(dim)})};
+  }
+  std::unique_ptr<Layer> Make(Backend&, const LayerConfig&, const Shape&, uint64_t,
+                              std::string* error) const override {
+    *error = "transformer_block: expanded before it is built";
+    return nullptr;
+  }
+};
+
+}  // namespace
+
+const LayerKind& CausalSelfAttentionLayerKind() {
+  static const AttentionKind kind;
+  return kind;
+}
+const LayerKind& TransformerBlockLayerKind() {
+  static const TransformerBlockKind kind;
+  return kind;
+}
+
+}  // namespace localpar

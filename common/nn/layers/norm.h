@@ -1,0 +1,10 @@
+// The normalisation family's configs, for code that builds layers itself.
+#pragma once
+
+#include "common/nn/layer.h"
+
+namespace localpar {
+
+LayerConfig LayerNormConfig();
+
+}  // namespace localpar

@@ -1,0 +1,96 @@
+// The batch plan.
+#include "common/run/batch_plan.h"
+
+#include <algorithm>
+
+#include "common/data/dataset.h"
+
+namespace localpar {
+
+int64_t StepsPerEpoch(const v1::Job& job, int64_t train_examples) {
+  return (train_examples + job.batch_size() - 1) / job.batch_size();
+}
+
+int64_t TotalSteps(const v1::Job& job, int64_t train_examples) {
+  int64_t total = StepsPerEpoch(job, train_examples) * job.epochs();
+  if (job.max_steps() > 0 && job.max_steps() < total) total = job.max_steps();
+  return total;
+}
+
+BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_examples,
+                     const DataCursor& start)
+    : batch_(job.batch_size()),
+      eval_batch_(job.eval_batch_size()),
+      train_n_(train_examples),
+      test_n_(job.eval_limit() > 0 ? std::min(job.eval_limit(), test_examples) : test_examples),
+      total_steps_(TotalSteps(job, train_examples)),
+      eval_every_(job.eval_every_steps()),
+      epochs_(job.epochs()),
+      seed_(job.seed()),
+      epoch_(start.epoch),
+      step_(start.step),
+      row_(start.batch_in_epoch * job.batch_size()),
+      test_order_(static_cast<size_t>(test_examples)) {
+  for (int64_t i = 0; i < test_examples; ++i) test_order_[static_cast<size_t>(i)] = i;
+}
+
+bool BatchPlan::Next(PlanItem* item) {
+  *item = PlanItem();
+  item->epoch = epoch_ + 1;
+  item->step = step_;
+  switch (state_) {
+    case kStartEpoch:
+      // Done, unless a resumed epoch still owes its end and its evaluation.
+      if (epoch_ >= epochs_ || (step_ >= total_steps_ && row_ == 0)) return false;
+      order_ = EpochOrder(train_n_, seed_, epoch_);
+      state_ = kTraining;
+      [[fallthrough]];
+    case kTraining:
+      if (row_ < train_n_ && step_ < total_steps_) {
+        item->kind = PlanItem::kTrain;
+        item->begin = row_;
+        item->rows = std::min(batch_, train_n_ - row_);
+        row_ += batch_;
+        ++step_;
+        // A checkpoint after an epoch's last batch resumes with that epoch's end and its
+        // evaluation, then the next epoch.
+        item->after = DataCursor{step_, epoch_, row_ / batch_};
+        // An interim evaluation, unless the epoch's (or the run's) own follows at once.
+        if (eval_every_ > 0 && step_ % eval_every_ == 0 && row_ < train_n_ &&
+            step_ < total_steps_) {
+          state_ = kInterimEval;
+          eval_row_ = 0;
+        }
+        return true;
+      }
+      item->kind = PlanItem::kEndOfEpoch;
+      state_ = kEvaluating;
+      eval_row_ = 0;
+      return true;
+    case kEvaluating:
+      if (NextEval(item)) return true;
+      state_ = kStartEpoch;
+      ++epoch_;
+      row_ = 0;
+      return true;
+    case kInterimEval:
+      item->interim = true;
+      if (!NextEval(item)) state_ = kTraining;
+      return true;
+  }
+  return false;
+}
+
+bool BatchPlan::NextEval(PlanItem* item) {
+  if (eval_row_ < test_n_) {
+    item->kind = PlanItem::kEval;
+    item->begin = eval_row_;
+    item->rows = std::min(eval_batch_, test_n_ - eval_row_);
+    eval_row_ += eval_batch_;
+    return true;
+  }
+  item->kind = PlanItem::kEndOfEval;
+  return false;
+}
+
+}  // namespace localpar

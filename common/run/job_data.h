@@ -1,0 +1,37 @@
+// A job's data loaded and standardised (LoadJobData), and batches assembled from it: the
+// reference run and the coordinator both gather batches through BatchAssembler.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/data/dataset.h"
+#include "common/job/job.h"
+
+namespace localpar {
+
+// Host buffers for one batch, filled from a plan item's rows of an order; the reference
+// trainer and the coordinator both assemble batches through this.
+class BatchAssembler {
+ public:
+  BatchAssembler(const Dataset& data, int64_t max_rows);
+  void Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows);
+  int64_t rows() const { return rows_; }
+  const float* x() const { return x_.data(); }
+  const int32_t* y() const { return y_.data(); }
+  Shape x_shape() const;
+  // [rows], or [rows, labels per example] for per-position labels.
+  Shape y_shape() const;
+  size_t x_bytes() const { return static_cast<size_t>(rows_ * data_.example_size()) * 4; }
+  size_t y_bytes() const { return static_cast<size_t>(rows_ * data_.label_size) * 4; }
+
+ private:
+  const Dataset& data_;
+  std::vector<float> x_;
+  std::vector<int32_t> y_;
+  int64_t rows_ = 0;
+};
+
+absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job);
+
+}  // namespace localpar

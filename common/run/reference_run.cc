@@ -1,0 +1,145 @@
+// The reference training loop.
+#include "common/run/reference_run.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model_io/model_file.h"
+#include "common/model_io/tensor_proto.h"
+#include "common/nn/trainer.h"
+#include "common/run/device.h"
+#include "common/run/ledger.h"
+#include "common/run/report.h"
+
+namespace localpar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One batch of `data` in backend tensors.
+void Upload(const BatchAssembler& a, Backend& be, Tensor* x, Tensor* y) {
+  x->Ensure(be, a.x_shape());
+  y->Ensure(be, a.y_shape(), DType::kI32);
+  be.CopyFromHost(x->raw(), a.x(), a.x_bytes());
+  be.CopyFromHost(y->raw(), a.y(), a.y_bytes());
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& data,
+                                           const RunOptions& options, std::ostream& log) {
+  absl::StatusOr<std::unique_ptr<Backend>> be_or = PickBackend({options.device, options.threads});
+  if (!be_or.ok()) return be_or.status();
+  Backend& be = **be_or;
+  ApplyJobToBackend(job, be);
+  std::string error;
+  const ModelConfig config = ToModelConfig(job);
+  std::unique_ptr<Model> model = Model::Create(be, config, &error);
+  if (!model) return absl::InvalidArgumentError(error);
+  if (!options.init_from.empty()) {
+    absl::StatusOr<v1::ModelWeights> init = ReadAnyWeightsFile(options.init_from, config, *model);
+    if (!init.ok()) return init.status();
+    if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckReplicasFitData(job, data.train.size()); !s.ok()) return s;
+  // Replicas (Job.replicas): one model each; the trainer starts them from the first.
+  std::vector<std::unique_ptr<Model>> others;
+  std::vector<Model*> replicas{model.get()};
+  for (int r = 1; r < job.replicas(); ++r) {
+    others.push_back(Model::Create(be, config, &error));
+    if (!others.back()) return absl::InvalidArgumentError(error);
+    replicas.push_back(others.back().get());
+  }
+  LedgerOptions lo;
+  lo.out_dir = options.out_dir;
+  lo.progress = options.progress;
+  lo.live = isatty(STDERR_FILENO);
+  lo.log = &log;
+  absl::StatusOr<std::unique_ptr<RunLedger>> opened =
+      RunLedger::Open(job, data.train.size(), data.test.size(), lo);
+  if (!opened.ok()) return opened.status();
+  RunLedger& ledger = **opened;
+  ReferenceTrainer trainer(replicas, ToStepSettings(job, ledger.total_steps()));
+  const int stages = model->num_stages();
+  RunFacts facts{options.version, be.Describe(), model->num_parameters(), stages, job.replicas()};
+  log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d test examples, %s\n",
+                         job.name(), v1::UpdateRule_Name(job.rule()), stages,
+                         job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "",
+                         facts.parameters, data.train.size(), data.test.size(), facts.backend);
+
+  BatchAssembler train(data.train, job.batch_size()), test(data.test, job.eval_batch_size());
+  Tensor x, y;
+  std::vector<HeadStats> train_stats(stages), test_stats(stages);
+  const auto start = Clock::now();
+  auto epoch_start = start;
+  int64_t examples = 0;
+  BatchPlan plan = ledger.Plan();
+  for (PlanItem item; plan.Next(&item);) {
+    ledger.Fed(item);
+    const double elapsed = Seconds(start, Clock::now());
+    ProgressLine line{item.epoch,
+                      job.epochs(),
+                      trainer.step(),
+                      ledger.total_steps(),
+                      examples / std::max(elapsed, 1e-9),
+                      train_stats,
+                      elapsed};
+    if (item.kind == PlanItem::kTrain) {
+      train.Gather(plan.order(), item.begin, item.rows);
+      Upload(train, be, &x, &y);
+      std::vector<HeadStats> s = trainer.TrainStep(x, y);
+      for (int k = 0; k < stages; ++k) train_stats[k].Add(s[k]);
+      examples += item.rows;
+      line.recent = train_stats;
+      line.step = item.step + 1;
+      line.examples_per_second = examples / std::max(Seconds(start, Clock::now()), 1e-9);
+      ledger.Progress(line);
+      ledger.TrainFigures(line.step, item.epoch, train_stats, line.examples_per_second);
+    } else if (item.kind == PlanItem::kEndOfEpoch) {
+      ledger.AddTrainSeconds(Seconds(epoch_start, Clock::now()));
+    } else if (item.kind == PlanItem::kEval) {
+      if (item.begin == 0) {  // an evaluation's first batch: say so while it is scored
+        line.evaluating = true;
+        ledger.Progress(line, /*force=*/true);
+      }
+      test.Gather(plan.test_order(), item.begin, item.rows);
+      Upload(test, be, &x, &y);
+      std::vector<HeadStats> s = trainer.EvalBatch(x, y);
+      for (int k = 0; k < stages; ++k) test_stats[k].Add(s[k]);
+    } else {  // the end of an evaluation: within the epoch (interim), or the epoch's own
+      Scores scores;
+      scores.step = trainer.step();
+      scores.epoch = item.epoch;
+      scores.interim = item.interim;
+      scores.eval = test_stats;
+      if (!item.interim) {
+        scores.train = train_stats;
+        scores.seconds = Seconds(epoch_start, Clock::now());
+        train_stats.assign(stages, HeadStats());
+        epoch_start = Clock::now();
+      }
+      ledger.Scored(scores);
+      test_stats.assign(stages, HeadStats());
+    }
+  }
+  ledger.Done();
+  v1::RunReport report = ledger.Report(facts);
+  if (!options.out_dir.empty()) {
+    v1::ModelWeights weights = SnapshotModel(*model);
+    DescribeWeights(job, data.normalization, &weights);
+    absl::Status st = WriteReport(report, options.out_dir);
+    if (st.ok()) st = WriteWeightsFile(weights, options.out_dir + "/weights.pb");
+    if (!st.ok()) return st;
+  }
+  return report;
+}
+
+}  // namespace localpar

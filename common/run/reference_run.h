@@ -1,0 +1,32 @@
+// Runs a job with the in-process reference trainer: data, the batch plan, evaluation, the
+// report.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/data/dataset.h"
+#include "common/job/job.h"
+#include "common/run/batch_plan.h"
+#include "common/run/job_data.h"
+#include "proto/report.pb.h"
+
+namespace localpar {
+
+struct RunOptions {
+  std::string device = "cpu";  // "cpu", "cuda" or "auto"
+  int threads = 1;             // CPU GEMM threads
+  bool progress = true;        // a progress line on stderr
+  std::string out_dir;         // where report.json and weights.pb go ("" = nowhere)
+  std::string version;         // recorded in the report
+  std::string init_from;       // start from these weights (weights.pb or safetensors); "" = none
+};
+
+// Trains `job`; reports progress to `log`. `data` comes from LoadJobData.
+absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& data,
+                                           const RunOptions& options, std::ostream& log);
+
+}  // namespace localpar

@@ -1,0 +1,218 @@
+// Killed, stopped and lost processes mid-run: restarted and rolled back, bitwise equal.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_io/checkpoint.h"
+#include "common/model_io/tensor_proto.h"
+#include "common/run/reference_run.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/localpar.pb.h"
+#include "proto/report.pb.h"
+#include "tests/services/cluster_util.h"
+
+namespace localpar {
+namespace {
+
+using testing::ExpectWeightsFileEquals;
+using testing::ReadFile;
+using testing::RunProcess;
+using testing::SmallJob;
+using testing::TempDir;
+
+// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST. Tests that
+// need a checkpoint to exist before they break something wait on this, not on a fixed delay
+// from start-up, which the sanitizer build under load can outrun.
+void WaitForACommittedCheckpoint(const std::string& ckpt) {
+  for (int i = 0; i < 3000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
+      if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
+    }
+  }
+  ADD_FAILURE() << "no checkpoint committed in " << ckpt << " within 30 s";
+}
+
+// Long enough (12 epochs, a slowed last stage) to be interrupted mid-run.
+struct RecoveryRun {
+  TempDir dir;
+  std::string job, ckpt, bin = testing::BinDir() + "/localpar";
+  size_t processes;  // the workers and the coordinator
+  explicit RecoveryRun(int replicas = 1) : processes(4 * replicas + 1) {
+    std::string text = SmallJob("GREEDY", 1);
+    text.replace(text.find("epochs: 2"), 9, "epochs: 12");
+    if (replicas > 1) text += "replicas: " + std::to_string(replicas) + "\n";
+    job = dir.Write("job.textproto", text);
+    ckpt = dir.path() + "/ckpt";
+  }
+  v1::ModelWeights Uninterrupted() {
+    auto r = RunProcess({bin, "run", job, "--quiet", "--out=" + dir.path() + "/full"}, 120);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return *ReadWeightsFile(dir.path() + "/full/weights.pb");
+  }
+  // Starts the run, waits `delay_ms`, sends `signal` to child `index` of the launcher
+  // (the workers in stage order, a stage's replicas together, then the coordinator), and
+  // waits for the run to end.
+  // With `after_a_checkpoint`, the delay counts from the first committed checkpoint rather
+  // than from the processes' start, however slow they are.
+  testing::ProcessResult KillAndFinish(int index, int delay_ms, int signal = SIGKILL,
+                                       bool after_a_checkpoint = false) {
+    pid_t launcher = testing::StartProcess(
+        {bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt, "--checkpoint_every_steps=3",
+         "--slow_stage=3", "--slow_ms=15", "--out=" + dir.path() + "/run"},
+        dir.path() + "/log");
+    std::vector<pid_t> children;
+    for (int i = 0; i < 500 && children.size() < processes; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      children = testing::LaunchedProcesses(launcher);
+    }
+    if (after_a_checkpoint) WaitForACommittedCheckpoint(ckpt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    EXPECT_EQ(children.size(), processes);
+    if (children.size() == processes) kill(children[index], signal);
+    testing::ProcessResult r;
+    r.exit_code = testing::WaitProcess(launcher, 180);
+    r.output = ReadFile(dir.path() + "/log");
+    return r;
+  }
+};
+
+TEST(Recovery, AWorkerKilledAtARandomMomentIsRestartedAndTheRunEndsBitwiseEqual) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  std::random_device rd;
+  int stage = static_cast<int>(rd() % 4), delay = 300 + static_cast<int>(rd() % 900);
+  auto r = run.KillAndFinish(stage, delay);
+  ASSERT_EQ(r.exit_code, 0) << "killed stage " << stage << " after " << delay << " ms\n"
+                            << r.output;
+  EXPECT_NE(r.output.find("restarting it"), std::string::npos) << r.output;
+  // Killed before the first checkpoint committed, the run starts over; after, it rolls back.
+  EXPECT_TRUE(r.output.find("rolling every stage back to") != std::string::npos ||
+              r.output.find("no committed checkpoint yet; restarting from step 0") !=
+                  std::string::npos)
+      << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+// Stage 1's second replica killed mid-run: it is restarted, every replica of every stage
+// rolls back to the last checkpoint (each from its own snapshot) and replays, bitwise
+// equal to an uninterrupted run with replicas.
+TEST(Recovery, AKilledReplicaIsRestartedAndEveryStageRollsBackBitwiseEqual) {
+  RecoveryRun run(2);
+  v1::ModelWeights want = run.Uninterrupted();
+  std::random_device rd;
+  const int delay = 600 + static_cast<int>(rd() % 600);
+  auto r = run.KillAndFinish(3, delay);  // stage 1, replica 1
+  ASSERT_EQ(r.exit_code, 0) << "killed after " << delay << " ms\n" << r.output;
+  EXPECT_NE(r.output.find("worker for stage 1 replica 1 was killed by signal 9; restarting it"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(r.output.find("rolling every stage back to") != std::string::npos ||
+              r.output.find("no committed checkpoint yet; restarting from step 0") !=
+                  std::string::npos)
+      << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+TEST(Recovery, AKilledCoordinatorIsRestartedFromTheLastManifestBitwiseEqual) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  // Killed once a checkpoint is committed, so there is always one to resume from (under
+  // the sanitizers a fixed delay from start-up could come before the first).
+  auto r = run.KillAndFinish(4, 50, SIGKILL, true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("coordinator was killed by signal 9; restarting it"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+// Liveness: a stopped process answers no health check; the launcher kills it after 5 s and
+// restarts it as it would a crashed one, and the run still ends bitwise equal.
+TEST(Recovery, AStoppedWorkerIsKilledRestartedAndTheRunEndsBitwiseEqual) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  auto r = run.KillAndFinish(2, 400, SIGSTOP);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("worker for stage 2 answered no health check for 5 s (hung or "
+                          "stopped); the launcher killed it; restarting it in"),
+            std::string::npos)
+      << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+TEST(Recovery, AStoppedCoordinatorIsKilledRestartedAndResumes) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  auto r = run.KillAndFinish(4, 50, SIGSTOP, true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("coordinator answered no health check for 5 s"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+// A worker stopped with SIGTERM drains and exits 143; the launcher restarts it.
+TEST(Recovery, AWorkerStoppedWithSigtermIsRestartedAndTheRunEndsBitwiseEqual) {
+  RecoveryRun run;
+  v1::ModelWeights want = run.Uninterrupted();
+  auto r = run.KillAndFinish(1, 500, SIGTERM);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("worker for stage 1 was stopped by SIGTERM"), std::string::npos)
+      << r.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/run/weights.pb", want);
+}
+
+TEST(Recovery, AWorkerThatNeverReturnsStopsTheJobNamingTheStageAndCheckpoint) {
+  RecoveryRun run;
+  // Workers started here, not by the launcher: nobody restarts the one we kill.
+  std::vector<pid_t> workers;
+  std::vector<std::string> addresses;
+  for (int k = 0; k < 4; ++k) {
+    std::string pf = run.dir.path() + "/w" + std::to_string(k);
+    workers.push_back(
+        testing::StartProcess({testing::BinDir() + "/localpar_worker", "--port_file=" + pf,
+                               "--checkpoint_dir=" + run.ckpt + "/stage-" + std::to_string(k),
+                               k == 3 ? "--debug_delay_ms=15" : "--debug_delay_ms=0"},
+                              pf + ".log"));
+    int port = 0;
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::ifstream(pf) >> port;
+    }
+    addresses.push_back("127.0.0.1:" + std::to_string(port));
+  }
+  std::string list = addresses[0] + "," + addresses[1] + "," + addresses[2] + "," + addresses[3];
+  pid_t coordinator =
+      testing::StartProcess({testing::BinDir() + "/localpar_coordinator", "--job=" + run.job,
+                             "--workers=" + list, "--quiet", "--checkpoint_dir=" + run.ckpt,
+                             "--checkpoint_every_steps=3", "--recovery_timeout_s=2"},
+                            run.dir.path() + "/coordinator.log");
+  WaitForACommittedCheckpoint(run.ckpt);  // so the message has one to name
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(workers[1], SIGKILL);
+  EXPECT_EQ(testing::WaitProcess(coordinator, 60), 5);
+  std::string log = ReadFile(run.dir.path() + "/coordinator.log");
+  EXPECT_NE(log.find("stage 1 (" + addresses[1] + ") did not come back within 2 s"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("last checkpoint: " + run.ckpt + "/ckpt-"), std::string::npos) << log;
+  for (pid_t w : workers) {
+    kill(w, SIGKILL);
+    testing::WaitProcess(w, 10);
+  }
+}
+
+}  // namespace
+}  // namespace localpar
