@@ -43,6 +43,27 @@ FRONTIER_END = "<!-- frontier: end -->"
 PROGRAM = "experiment"  # the name errors start with (deploy/frontier.py sets its own)
 
 
+def section_markers(name):
+    return (f"<!-- experiment {name}: begin (written by deploy/experiment.py) -->",
+            f"<!-- experiment {name}: end -->")
+
+
+def replace_section(old, name, text):
+    """The results file with experiment `name`'s section (between its markers) replaced by
+    `text`, or added before the frontier's section (or at the end) when it has none yet.
+    Every other experiment's section and the frontier's are kept as they are."""
+    begin, end = section_markers(name)
+    block = f"{begin}\n{text.rstrip()}\n{end}\n"
+    if begin in old and end in old:
+        start = old.index(begin)
+        stop = old.index(end, start) + len(end)
+        return old[:start] + block.rstrip("\n") + old[stop:]
+    if FRONTIER_BEGIN in old:
+        at = old.index(FRONTIER_BEGIN)
+        return old[:at] + block + "\n" + old[at:]
+    return (old.rstrip("\n") + "\n\n" if old.strip() else "") + block
+
+
 def fail(message):
     print(f"{PROGRAM}: {message}", file=sys.stderr)
     sys.exit(2)
@@ -106,6 +127,14 @@ def data_figures(localpar, job):
     if out.returncode != 0:
         fail(f"{job}: cannot load its data: {out.stderr.strip()}")
     return json.loads(out.stdout)
+
+
+def mean_sd(values):
+    """The mean and the sample standard deviation (0 for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def arm_label(arm):
@@ -408,25 +437,27 @@ def main():
                       f"{r['sequential_steps']} |")
         if len(m["seeds"]) > 1:
             md.append("")
-            md.append(f"Over the {len(m['seeds'])} seeds (mean, and min to max):\n")
-            md.append(f"| arm | mean {metric} | min to max | mean vs BACKPROP |")
-            md.append("|---|---|---|---|")
+            md.append(f"Over the {len(m['seeds'])} seeds (mean ± sample standard deviation, and "
+                      f"min to max){'; the loss also in nats per byte (bits × ln 2)' if text else ''}:\n")
+            nats = " | mean nats/byte" if text else ""
+            md.append(f"| arm | mean {metric}{nats} | min to max | mean vs BACKPROP |")
+            md.append("|---|---|---|---|" + ("---|" if text else ""))
             arms = list(dict.fromkeys(r["arm"] for r in mrows))
-            ref_mean = None
+            means = {arm: mean_sd([r["metric"] for r in mrows if r["arm"] == arm])
+                     for arm in arms}
+            ref_mean = means["BACKPROP"][0] if "BACKPROP" in means else None
             for arm in arms:
                 vals = [r["metric"] for r in mrows if r["arm"] == arm]
-                mean = sum(vals) / len(vals)
-                if arm == "BACKPROP":
-                    ref_mean = mean
-            for arm in arms:
-                vals = [r["metric"] for r in mrows if r["arm"] == arm]
-                mean = sum(vals) / len(vals)
+                mean, sd = means[arm]
                 delta = ""
                 if ref_mean is not None and arm != "BACKPROP":
                     d = mean - ref_mean
                     delta = f"{d:+.3f}" if text else f"{100 * d:+.2f} pt"
-                md.append(f"| {arm} | **{fmt_metric(mean, text)}** | {fmt_metric(min(vals), text)} "
-                          f"to {fmt_metric(max(vals), text)} | {delta} |")
+                spread = f" ± {sd:.3f}" if text else f" ± {100 * sd:.2f}"
+                nat = f" | {mean * math.log(2):.3f} ± {sd * math.log(2):.3f}" if text else ""
+                md.append(f"| {arm} | **{fmt_metric(mean, text)}**{spread}{nat} | "
+                          f"{fmt_metric(min(vals), text)} to {fmt_metric(max(vals), text)} | "
+                          f"{delta} |")
         losses = []
         for r in mrows:
             if r["seed"] not in ref or r["rule"] == "BACKPROP":
@@ -456,15 +487,12 @@ def main():
         for fname in os.listdir(plots_dir):
             if fname.endswith(".svg"):
                 shutil.copy(os.path.join(plots_dir, fname), dest)
-        kept = ""
+        old = ""
         if os.path.exists(args.results):
             with open(args.results) as f:
                 old = f.read()
-            if FRONTIER_BEGIN in old and FRONTIER_END in old:
-                start = old.index(FRONTIER_BEGIN)
-                kept = old[start:old.index(FRONTIER_END, start) + len(FRONTIER_END)] + "\n"
         with open(args.results, "w") as f:
-            f.write(text_md + ("\n" + kept if kept else ""))
+            f.write(replace_section(old, spec["name"], text_md))
     print(f"experiment: {len(rows)} runs; {os.path.join(args.out, 'RESULTS.md')}",
           file=sys.stderr)
 

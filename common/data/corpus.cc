@@ -1,4 +1,4 @@
-// CIFAR-10 binary files and byte-level text corpora.
+// CIFAR-10 binary files, byte-level text corpora and token files.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -66,9 +66,13 @@ absl::Status CorpusFiles(const std::string& path, std::vector<std::string>* file
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) {
-    std::string hint = path == kDefaultTextCorpusDir
-                           ? "; it comes in the Debian package fortunes (apt-get install fortunes)"
-                           : "";
+    std::string hint =
+        path == kDefaultTextCorpusDir
+            ? "; it comes in the Debian package fortunes (apt-get install fortunes)"
+        : path.ends_with("tinyshakespeare.txt")
+            ? "; tiny Shakespeare is karpathy/char-rnn's data/tinyshakespeare/input.txt "
+              "(1,115,394 bytes): point --data_path at your copy"
+            : "; point --data_path at the corpus";
     return absl::NotFoundError(
         absl::StrCat("text corpus ", path, ": no such file or directory", hint));
   }
@@ -109,64 +113,176 @@ absl::StatusOr<DataSplit> LoadCifar10(const std::string& dir, int64_t train_limi
   return s;
 }
 
-absl::StatusOr<DataSplit> LoadTextCorpus(const TextCorpusOptions& o, int64_t train_limit,
-                                         int64_t test_limit) {
-  if (o.paths.empty()) return absl::InvalidArgumentError("text corpus: no paths given");
-  if (o.seq_len <= 0) return absl::InvalidArgumentError("text corpus: seq_len must be > 0");
-  std::vector<std::string> files;
-  for (const std::string& p : o.paths) {
-    if (absl::Status st = CorpusFiles(p, &files); !st.ok()) return st;
-  }
-  std::string text;
-  for (const std::string& f : files) {
-    absl::StatusOr<std::string> data = ReadWholeFile(f);
-    if (!data.ok()) return data.status();
-    if (static_cast<int64_t>(text.size() + data->size()) > kMaxFileBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("text corpus: over 1 GiB at ", f));
-    }
-    text += *data;
-  }
-  std::string where = o.paths.size() == 1 ? o.paths[0] : absl::StrCat(o.paths.size(), " paths");
-  if (text.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("text corpus ", where, " is empty (", files.size(), " files, 0 bytes)"));
-  }
-  const int64_t t = o.seq_len, windows = (static_cast<int64_t>(text.size()) - 1) / t;
-  const int64_t period = std::max<int64_t>(2, std::llround(1.0 / o.holdout_fraction));
-  constexpr int64_t kBlock = 16;
+namespace {
+
+constexpr int64_t kInterleaveBlock = 16;
+
+// Both splits of a sequence source: labels per position, the vocabulary, token ids.
+DataSplit SequenceSplit(int64_t seq_len, int32_t vocab) {
   DataSplit s;
   s.normalization.tokens = true;
   for (Dataset* d : {&s.train, &s.test}) {
-    d->example_shape = {t};
-    d->classes = 256;
-    d->label_size = t;
-  }
-  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
-  for (int64_t w = 0; w < windows; ++w) {
-    bool held_out = (w / kBlock) % period == period - 1;
-    Dataset& d = held_out ? s.test : s.train;
-    int64_t limit = held_out ? test_limit : train_limit;
-    if (limit > 0 && d.size() >= limit) continue;
-    const uint8_t* at = bytes + w * t;
-    for (int64_t i = 0; i < t; ++i) {
-      d.x.push_back(static_cast<float>(at[i]));
-      d.y.push_back(at[i + 1]);
-    }
-  }
-  if (s.train.size() == 0 || s.test.size() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "text corpus ", where, ": ", text.size(), " bytes make ", windows, " windows of seq_len ",
-        t, ", too few for both a training and a held-out split (need at least ", kBlock * period,
-        ")"));
+    d->example_shape = {seq_len};
+    d->classes = vocab;
+    d->label_size = seq_len;
   }
   return s;
 }
 
+void Limit(Dataset* d, int64_t limit) {
+  if (limit > 0 && d->windows->count > limit) d->windows->count = limit;
+}
+
+// Training windows over [begin, end) of `corpus`: random ones (`count` an epoch) or
+// consecutive ones.
+TokenWindows TrainWindows(std::shared_ptr<const TokenCorpus> corpus, int64_t seq_len, int64_t begin,
+                          int64_t end, bool random, int64_t count, uint64_t seed) {
+  if (!random) return StridedWindows(std::move(corpus), seq_len, begin, end);
+  return RandomWindows(std::move(corpus), seq_len, begin, end, count, seed);
+}
+
+}  // namespace
+
+absl::StatusOr<DataSplit> LoadTextCorpus(const TextCorpusOptions& o, int64_t train_limit,
+                                         int64_t test_limit) {
+  if (o.paths.empty()) return absl::InvalidArgumentError("text corpus: no paths given");
+  if (o.seq_len <= 0) return absl::InvalidArgumentError("text corpus: seq_len must be > 0");
+  std::vector<std::string> files, validation;
+  for (const std::string& p : o.paths) {
+    if (absl::Status st = CorpusFiles(p, &files); !st.ok()) return st;
+  }
+  for (const std::string& p : o.validation_paths) {
+    if (absl::Status st = CorpusFiles(p, &validation); !st.ok()) return st;
+  }
+  const std::string where =
+      o.paths.size() == 1 ? o.paths[0] : absl::StrCat(o.paths.size(), " paths");
+  if (files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("text corpus ", where, " is empty (no files)"));
+  }
+  absl::StatusOr<std::shared_ptr<TokenCorpus>> text =
+      TokenCorpus::Map(files, TokenFileFormat::kBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("text corpus ", text.status().message()));
+  }
+  const int64_t t = o.seq_len, n = (*text)->size();
+  if (n == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text corpus ", where, " is empty (", files.size(), " files, 0 bytes)"));
+  }
+  DataSplit s = SequenceSplit(t, 256);
+  if (!validation.empty()) {
+    absl::StatusOr<std::shared_ptr<TokenCorpus>> held =
+        TokenCorpus::Map(validation, TokenFileFormat::kBytes);
+    if (!held.ok()) {
+      return absl::Status(held.status().code(),
+                          absl::StrCat("text corpus validation ", held.status().message()));
+    }
+    s.train.windows = TrainWindows(*text, t, 0, n, o.random_windows, (n - 1) / t, o.seed);
+    s.test.windows = StridedWindows(*held, t, 0, (*held)->size());
+  } else if (o.interleaved) {
+    const int64_t period = std::max<int64_t>(2, std::llround(1.0 / o.holdout_fraction));
+    s.train.windows = InterleavedWindows(*text, t, period, /*held_out=*/false);
+    s.test.windows = InterleavedWindows(*text, t, period, /*held_out=*/true);
+    if (s.train.size() == 0 || s.test.size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "text corpus ", where, ": ", n, " bytes make ", (n - 1) / t, " windows of seq_len ", t,
+          ", too few for both a training and a held-out split (need at least ",
+          kInterleaveBlock * period, ")"));
+    }
+  } else {
+    // The tail: the last holdout_fraction of the text, after everything trained on.
+    const int64_t cut =
+        n - static_cast<int64_t>(std::llround(o.holdout_fraction * static_cast<double>(n)));
+    s.train.windows = TrainWindows(*text, t, 0, cut, o.random_windows, (cut - 1) / t, o.seed);
+    s.test.windows = StridedWindows(*text, t, cut, n);
+  }
+  if (s.train.size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("text corpus ", where, ": ", n,
+                                                   " bytes leave no training window of seq_len ", t,
+                                                   " (it needs ", t + 1, " bytes)"));
+  }
+  if (s.test.size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "text corpus ", where, ": the held-out text is shorter than one window of seq_len ", t,
+        " (", t + 1, " bytes); lower seq_len, raise holdout_fraction, or give validation_paths"));
+  }
+  Limit(&s.train, train_limit);
+  Limit(&s.test, test_limit);
+  return s;
+}
+
+absl::StatusOr<DataSplit> LoadTokenData(const TokenDataOptions& o, int64_t train_limit,
+                                        int64_t test_limit) {
+  if (o.train_paths.empty()) return absl::InvalidArgumentError("data.tokens.train_paths: empty");
+  if (o.seq_len <= 0) return absl::InvalidArgumentError("data.tokens.seq_len: must be > 0");
+  absl::StatusOr<std::shared_ptr<TokenCorpus>> train = TokenCorpus::Map(o.train_paths, o.format);
+  if (!train.ok()) return train.status();
+  std::shared_ptr<TokenCorpus> held;
+  if (!o.validation_paths.empty()) {
+    absl::StatusOr<std::shared_ptr<TokenCorpus>> v = TokenCorpus::Map(o.validation_paths, o.format);
+    if (!v.ok()) return v.status();
+    held = *v;
+  }
+  const int64_t t = o.seq_len, n = (*train)->size();
+  const int64_t cut =
+      held ? n
+           : n - static_cast<int64_t>(std::llround(o.holdout_fraction * static_cast<double>(n)));
+  if (cut < t + 1) {
+    return absl::InvalidArgumentError(absl::StrCat((*train)->Where(0), ": the training tokens (",
+                                                   cut, ") are fewer than one window of seq_len ",
+                                                   t, " needs (", t + 1, ")"));
+  }
+  int64_t vocab = o.vocab;
+  if (vocab <= 0) {
+    vocab = int64_t{(*train)->MaxId(0, n)} + 1;
+    if (held) vocab = std::max<int64_t>(vocab, int64_t{held->MaxId(0, held->size())} + 1);
+  } else {
+    for (const std::shared_ptr<TokenCorpus>& c : {*train, held}) {
+      if (!c) continue;
+      std::string bad = c->FirstIdOutside(0, c->size(), vocab);
+      if (!bad.empty()) return absl::InvalidArgumentError(bad);
+    }
+  }
+  DataSplit s = SequenceSplit(t, static_cast<int32_t>(vocab));
+  const int64_t per_epoch = (o.tokens_per_epoch > 0 ? o.tokens_per_epoch : cut) / t;
+  s.train.windows =
+      TrainWindows(*train, t, 0, cut, o.random_windows, std::max<int64_t>(1, per_epoch), o.seed);
+  s.test.windows =
+      held ? StridedWindows(held, t, 0, held->size()) : StridedWindows(*train, t, cut, n);
+  if (s.test.size() == 0) {
+    return absl::InvalidArgumentError(
+        held ? absl::StrCat(held->Where(0), ": the validation tokens (", held->size(),
+                            ") are fewer than one window of seq_len ", t, " needs (", t + 1, ")")
+             : absl::StrCat("data.tokens: the held-out tail (", n - cut,
+                            " tokens) is shorter "
+                            "than one window of seq_len ",
+                            t, "; give validation_paths"));
+  }
+  Limit(&s.train, train_limit);
+  Limit(&s.test, test_limit);
+  return s;
+}
+
 double UnigramBitsPerLabel(const DataSplit& split) {
+  constexpr int64_t kMaxLabels = int64_t{1} << 24;
+  // The labels of a split: its y, or its windows' (the first 2^24).
+  auto labels = [&](const Dataset& d) {
+    if (!d.windows) return d.y;
+    std::vector<int32_t> y;
+    const int64_t per = d.label_size;
+    const int64_t rows = std::min(d.size(), std::max<int64_t>(1, kMaxLabels / per));
+    y.resize(static_cast<size_t>(rows * per));
+    std::vector<float> x(static_cast<size_t>(per));
+    for (int64_t r = 0; r < rows; ++r) {
+      d.windows->corpus->Window(d.windows->Start(0, r), per, x.data(), y.data() + r * per);
+    }
+    return y;
+  };
   int32_t classes = std::max(split.train.classes, 1);
   std::vector<double> count(static_cast<size_t>(classes), 1.0);  // add-one smoothing
   double total = classes;
-  for (int32_t v : split.train.y) {
+  for (int32_t v : labels(split.train)) {
     if (v >= 0 && v < classes) {
       count[v] += 1.0;
       total += 1.0;
@@ -174,7 +290,7 @@ double UnigramBitsPerLabel(const DataSplit& split) {
   }
   double bits = 0;
   int64_t n = 0;
-  for (int32_t v : split.test.y) {
+  for (int32_t v : labels(split.test)) {
     if (v < 0 || v >= classes) continue;
     bits -= std::log2(count[v] / total);
     ++n;

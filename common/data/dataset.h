@@ -2,11 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/core/shape.h"
+#include "common/data/tokens.h"
 
 namespace localpar {
 
@@ -19,7 +21,12 @@ struct Dataset {
   int64_t label_size = 1;  // labels per example: 1, or one per position for language models
   std::vector<float> x;    // size() * NumElements(example_shape)
   std::vector<int32_t> y;  // size() * label_size
-  int64_t size() const { return static_cast<int64_t>(y.size()) / label_size; }
+  // Token sequences: windows read from a mapped corpus as batches are gathered, instead of
+  // x and y (which stay empty).
+  std::optional<TokenWindows> windows;
+  int64_t size() const {
+    return windows ? windows->count : static_cast<int64_t>(y.size()) / label_size;
+  }
   int64_t example_size() const { return NumElements(example_shape); }
 };
 
@@ -61,19 +68,43 @@ absl::StatusOr<DataSplit> LoadCifar10(const std::string& dir, int64_t train_limi
                                       int64_t test_limit = 0);
 
 struct TextCorpusOptions {
-  std::vector<std::string> paths;  // files or directories
+  std::vector<std::string> paths;             // files or directories
+  std::vector<std::string> validation_paths;  // scored instead of a held-out share
   int64_t seq_len = 64;
   float holdout_fraction = 0.1f;
+  // The held-out share: the tail of the text (default), or every round(1 / fraction)-th
+  // block of 16 windows interleaved with the training text.
+  bool interleaved = false;
+  // Training windows at seeded random offsets (nanoGPT's sampling), instead of the text cut
+  // into consecutive windows.
+  bool random_windows = false;
+  uint64_t seed = 0;
 };
-// A byte-level corpus cut into seq_len windows: x holds the window's bytes (as float ids),
-// y the byte after each position. Windows go to the held-out split in whole blocks of 16, one
-// block in every round(1 / holdout_fraction). A missing path or an empty corpus is an error
-// naming it.
+// A byte-level corpus (every byte a token, vocabulary 256), memory-mapped: an example is a
+// window of seq_len bytes (as float ids), its labels the byte after each position. A missing
+// path or an empty corpus is an error naming it; so is a split too short for one window.
 absl::StatusOr<DataSplit> LoadTextCorpus(const TextCorpusOptions& options, int64_t train_limit = 0,
                                          int64_t test_limit = 0);
 
+struct TokenDataOptions {
+  std::vector<std::string> train_paths, validation_paths;
+  TokenFileFormat format = TokenFileFormat::kAuto;
+  int64_t seq_len = 64;
+  int64_t vocab = 0;              // 0: the largest id in the files + 1
+  int64_t tokens_per_epoch = 0;   // 0: the training files' token count
+  float holdout_fraction = 0.1f;  // the tail held out, without validation_paths
+  bool random_windows = true;
+  uint64_t seed = 0;
+};
+// Token files (tokens.h), memory-mapped. Errors name the file and the offset: a bad header,
+// a token at or above `vocab`, a file or split shorter than one window, an empty
+// validation set.
+absl::StatusOr<DataSplit> LoadTokenData(const TokenDataOptions& options, int64_t train_limit = 0,
+                                        int64_t test_limit = 0);
+
 // Cross-entropy, in bits per label, of the held-out labels under the training labels'
-// unigram distribution (add-one smoothed): the score of a model that ignores context.
+// unigram distribution (add-one smoothed): the score of a model that ignores context. Over
+// the first 2^24 labels of each split.
 double UnigramBitsPerLabel(const DataSplit& split);
 
 struct SyntheticOptions {
@@ -98,8 +129,9 @@ void ApplyNormalization(const InputNormalization& norm, float* values, int64_t c
 std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);
 
 // Copies examples order[begin, begin+count) into contiguous x and y buffers (y receives
-// label_size labels per example).
+// label_size labels per example); an empty `order` means examples begin.. in order.
+// `epoch` picks a sequence source's random windows.
 void GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t begin,
-                 int64_t count, float* x, int32_t* y);
+                 int64_t count, float* x, int32_t* y, int64_t epoch = 0);
 
 }  // namespace localpar

@@ -1,6 +1,7 @@
 // What a job's data source gives: the example shape, the class count and labels per example,
 // read from the files where the job does not say; data errors marked as such.
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@ Shape JobInputShape(const v1::Job& job) {
   }
   if (d.has_cifar10()) return {32, 32, 3};
   if (d.has_text()) return {d.text().seq_len()};
+  if (d.has_tokens()) return {d.tokens().seq_len()};
   if (d.has_fashion_mnist() && !d.fashion_mnist().shape().empty()) {
     const auto& s = d.fashion_mnist().shape();
     return Shape(s.begin(), s.end());
@@ -34,6 +36,7 @@ Shape JobInputShape(const v1::Job& job) {
 int32_t JobClasses(const v1::Job& job) {
   if (job.data().has_synthetic()) return job.data().synthetic().classes();
   if (job.data().has_text()) return 256;  // bytes
+  if (job.data().has_tokens()) return static_cast<int32_t>(job.data().tokens().vocab());
   if (job.data().has_fashion_mnist() && job.data().fashion_mnist().classes() > 0) {
     return job.data().fashion_mnist().classes();
   }
@@ -78,8 +81,101 @@ NumpySource ToNumpySource(const v1::Numpy& n) {
   return s;
 }
 
+TextCorpusOptions ToTextCorpusOptions(const v1::Job& job) {
+  const v1::TextCorpus& text = job.data().text();
+  TextCorpusOptions o;
+  o.paths.assign(text.paths().begin(), text.paths().end());
+  o.validation_paths.assign(text.validation_paths().begin(), text.validation_paths().end());
+  o.seq_len = text.seq_len();
+  o.holdout_fraction = text.holdout_fraction();
+  o.interleaved = text.holdout() == v1::TextCorpus::INTERLEAVED_BLOCKS;
+  o.random_windows = text.windows() == v1::RANDOM_OFFSETS;
+  o.seed = job.seed();
+  return o;
+}
+
+TokenDataOptions ToTokenDataOptions(const v1::Job& job) {
+  const v1::Tokens& tk = job.data().tokens();
+  TokenDataOptions o;
+  o.train_paths.assign(tk.train_paths().begin(), tk.train_paths().end());
+  o.validation_paths.assign(tk.validation_paths().begin(), tk.validation_paths().end());
+  o.format = tk.format() == v1::Tokens::RAW_UINT16 ? TokenFileFormat::kRawU16
+             : tk.format() == v1::Tokens::LLMC     ? TokenFileFormat::kLlmcU16
+                                                   : TokenFileFormat::kAuto;
+  o.seq_len = tk.seq_len();
+  o.vocab = tk.vocab();
+  o.tokens_per_epoch = tk.tokens_per_epoch();
+  o.holdout_fraction = tk.holdout_fraction();
+  o.random_windows = tk.windows() != v1::NON_OVERLAPPING;
+  o.seed = job.seed();
+  return o;
+}
+
+bool JobShufflesExamples(const v1::Job& job) {
+  const v1::Data& d = job.data();
+  if (d.has_text()) return d.text().windows() != v1::RANDOM_OFFSETS;
+  if (d.has_tokens()) return d.tokens().windows() == v1::NON_OVERLAPPING;
+  return true;
+}
+
+bool JobReadsBytes(const v1::Job& job) { return job.data().has_text(); }
+
+void ResolveDataPaths(const std::string& dir, v1::Job* job) {
+  auto fix = [&](std::string* p) {
+    if (p->empty() || dir.empty() || std::filesystem::path(*p).is_absolute()) return;
+    *p = std::filesystem::absolute(std::filesystem::path(dir) / *p).lexically_normal().string();
+  };
+  auto fix_all = [&](google::protobuf::RepeatedPtrField<std::string>* ps) {
+    for (std::string& p : *ps) fix(&p);
+  };
+  v1::Data* d = job->mutable_data();
+  if (d->has_text()) {
+    fix_all(d->mutable_text()->mutable_paths());
+    fix_all(d->mutable_text()->mutable_validation_paths());
+  }
+  if (d->has_tokens()) {
+    fix_all(d->mutable_tokens()->mutable_train_paths());
+    fix_all(d->mutable_tokens()->mutable_validation_paths());
+  }
+  if (d->has_numpy()) {
+    v1::Numpy* n = d->mutable_numpy();
+    for (std::string* p : {n->mutable_npz(), n->mutable_x_train(), n->mutable_y_train(),
+                           n->mutable_x_test(), n->mutable_y_test()}) {
+      fix(p);
+    }
+  }
+  if (d->has_image_folder()) {
+    fix(d->mutable_image_folder()->mutable_train_dir());
+    fix(d->mutable_image_folder()->mutable_test_dir());
+  }
+  if (d->has_fashion_mnist()) fix(d->mutable_fashion_mnist()->mutable_dir());
+  if (d->has_cifar10()) fix(d->mutable_cifar10()->mutable_dir());
+}
+
 absl::Status ResolveDataShape(v1::Job* job) {
   v1::Data* d = job->mutable_data();
+  if (d->has_text()) {
+    // Mapped, not read: a missing or unreadable corpus is found now, not after start-up.
+    absl::StatusOr<DataSplit> s = LoadTextCorpus(ToTextCorpusOptions(*job), 1, 1);
+    return s.ok() ? absl::OkStatus() : MarkDataError(s.status());
+  }
+  if (d->has_cifar10()) {
+    for (const char* f : {"data_batch_1.bin", "test_batch.bin"}) {
+      const std::string path = absl::StrCat(d->cifar10().dir(), "/", f);
+      if (!std::filesystem::exists(path)) {
+        return MarkDataError(absl::NotFoundError(absl::StrCat(
+            "data.cifar10.dir: ", path, ": no such file (the CIFAR-10 binary version's files)")));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (d->has_tokens() && d->tokens().vocab() == 0) {
+    // The vocabulary from the files: their largest id + 1 (a scan, not a load).
+    absl::StatusOr<DataSplit> s = LoadTokenData(ToTokenDataOptions(*job), 1, 1);
+    if (!s.ok()) return MarkDataError(s.status());
+    d->mutable_tokens()->set_vocab(s->train.classes);
+    return absl::OkStatus();
+  }
   if (d->has_numpy()) {
     absl::StatusOr<DataSplit> s = LoadNumpy(ToNumpySource(d->numpy()), 0, 0);
     if (!s.ok()) return MarkDataError(s.status());
@@ -127,7 +223,9 @@ absl::Status MarkDataError(absl::Status s) {
 bool IsDataError(const absl::Status& s) { return s.GetPayload(kDataErrorPayload).has_value(); }
 
 int64_t JobLabelsPerExample(const v1::Job& job) {
-  return job.data().has_text() ? job.data().text().seq_len() : 1;
+  if (job.data().has_text()) return job.data().text().seq_len();
+  if (job.data().has_tokens()) return job.data().tokens().seq_len();
+  return 1;
 }
 
 }  // namespace localpar

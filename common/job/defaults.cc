@@ -22,6 +22,13 @@ void ApplyJobDefaults(v1::Job& job) {
     if (t->paths().empty()) t->add_paths(kDefaultTextCorpusDir);
     if (t->seq_len() == 0) t->set_seq_len(64);
     if (t->holdout_fraction() == 0.0f) t->set_holdout_fraction(0.1f);
+    if (t->windows() == v1::WINDOWS_DEFAULT) t->set_windows(v1::NON_OVERLAPPING);
+  }
+  if (data->has_tokens()) {
+    v1::Tokens* t = data->mutable_tokens();
+    if (t->seq_len() == 0) t->set_seq_len(64);
+    if (t->holdout_fraction() == 0.0f) t->set_holdout_fraction(0.1f);
+    if (t->windows() == v1::WINDOWS_DEFAULT) t->set_windows(v1::RANDOM_OFFSETS);
   }
   if (data->has_synthetic()) {
     v1::Synthetic* s = data->mutable_synthetic();

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/data/dataset.h"
 #include "common/data/user_data.h"
 #include "common/nn/model.h"
 #include "common/nn/step.h"
@@ -16,6 +17,7 @@ namespace localpar {
 // Parses text-format `text`; syntax errors name source:line:column. Applies defaults and
 // validates (see ValidateJob).
 absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source);
+// LoadJobWithOverrides without overrides.
 absl::StatusOr<v1::Job> LoadJobFile(const std::string& path);
 // Parses the file, applies defaults, then `overrides` (so a --rule that changes what is
 // valid counts), reads the data's shape and class count (ResolveDataShape), then validates
@@ -30,12 +32,25 @@ void ApplyJobDefaults(v1::Job& job);
 // Field-level checks (naming the field path and the reason), then shape inference through
 // every stage and head (naming the stage, the layer and both shapes).
 absl::Status ValidateJob(const v1::Job& job);
+// The field-level checks alone (before the data's shape is known).
+absl::Status ValidateJobFields(const v1::Job& job);
+
+// Every relative data path of the job (corpus and token files, NumPy arrays, image folders,
+// IDX and CIFAR-10 directories) made relative to `dir`, the job file's folder.
+void ResolveDataPaths(const std::string& dir, v1::Job* job);
 
 // Fills data.fashion_mnist's shape and classes from the IDX files' headers and labels (and
 // checks them where the job file set them). Errors name the file or the field and are
 // marked as data errors. Other sources need nothing read.
 absl::Status ResolveDataShape(v1::Job* job);
 NumpySource ToNumpySource(const v1::Numpy& numpy);
+TextCorpusOptions ToTextCorpusOptions(const v1::Job& job);
+TokenDataOptions ToTokenDataOptions(const v1::Job& job);
+// Whether an epoch's examples are a shuffled order of a fixed set (most sources), or drawn
+// afresh from (seed, epoch, index) (sequence sources with RANDOM_OFFSETS windows).
+bool JobShufflesExamples(const v1::Job& job);
+// A byte-level language model (data.text): losses are per byte, shown in bits per byte too.
+bool JobReadsBytes(const v1::Job& job);
 // A data error (a missing or unreadable data set) rather than a wrong job: callers exit 4,
 // not 3.
 absl::Status MarkDataError(absl::Status s);

@@ -2,6 +2,7 @@
 // defaults filled, overrides applied, then validated once.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/job/job.h"
 #include "common/job/suggest.h"
 #include "common/nn/rule.h"
@@ -165,6 +167,21 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
   if (o.eval_every_steps() < 0)
     return absl::InvalidArgumentError("--eval_every_steps: must be >= 0");
   if (o.eval_every_steps() > 0) job->set_eval_every_steps(o.eval_every_steps());
+  if (!o.data_path().empty()) {
+    std::vector<std::string> paths = absl::StrSplit(o.data_path(), ',', absl::SkipEmpty());
+    for (std::string& p : paths) p = std::filesystem::absolute(p).string();  // a flag: from here
+    v1::Data* d = job->mutable_data();
+    if (d->has_text()) {
+      d->mutable_text()->clear_paths();
+      for (const std::string& p : paths) d->mutable_text()->add_paths(p);
+    } else if (d->has_tokens()) {
+      d->mutable_tokens()->clear_train_paths();
+      for (const std::string& p : paths) d->mutable_tokens()->add_train_paths(p);
+    } else {
+      return absl::InvalidArgumentError(
+          "--data_path: the job's data is neither data.text nor data.tokens");
+    }
+  }
   if (o.stages() > 0) {
     absl::StatusOr<v1::Job> regrouped = RegroupStages(*job, o.stages());
     if (!regrouped.ok()) {
@@ -188,9 +205,7 @@ absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& sou
 }
 
 absl::StatusOr<v1::Job> LoadJobFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadJobFile(path);
-  if (!text.ok()) return text.status();
-  return ParseJob(*text, path);
+  return LoadJobWithOverrides(path, v1::JobOverrides());
 }
 
 absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
@@ -199,12 +214,15 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
   if (!text.ok()) return text.status();
   absl::StatusOr<v1::Job> job = ParseJobText(*text, path);
   if (!job.ok()) return job.status();
+  ResolveDataPaths(std::filesystem::path(path).parent_path().string(), &*job);
   if (absl::Status s = ApplyOverrides(overrides, &*job); !s.ok()) return s;
+  auto invalid = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", path, ": ", s.message()));
+  };
+  if (absl::Status s = ValidateJobFields(*job); !s.ok()) return invalid(s);
   // The data's own shape and class count, before anything is checked against them.
   if (absl::Status s = ResolveDataShape(&*job); !s.ok()) return s;
-  if (absl::Status s = ValidateJob(*job); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", path, ": ", s.message()));
-  }
+  if (absl::Status s = ValidateJob(*job); !s.ok()) return invalid(s);
   return job;
 }
 

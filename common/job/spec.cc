@@ -76,7 +76,9 @@ ModelConfig ToModelConfig(const v1::Job& job) {
     m.optimizer.beta2 = a.beta2();
     m.optimizer.eps = a.eps();
     m.optimizer.weight_decay = a.weight_decay();
+    m.optimizer.decay_matrices_only = a.decay_matrices_only();
   }
+  m.optimizer.clip_norm = job.optimizer().clip_norm();
   Shape cur = m.input_shape;
   for (const v1::Stage& st : job.stages()) {
     StageConfig s;
@@ -86,6 +88,7 @@ ModelConfig ToModelConfig(const v1::Job& job) {
     s.head.kind = static_cast<HeadConfig::Kind>(st.head().kind());
     if (st.head().hidden() > 0) s.head.hidden = st.head().hidden();
     if (st.head().channels() > 0) s.head.channels = st.head().channels();
+    s.head.tie_embedding = st.head().tie_embedding();
     m.stages.push_back(std::move(s));
   }
   return m;

@@ -90,6 +90,9 @@ absl::Status ValidateData(const v1::Data& d) {
   if (d.has_text() && d.holdout_fraction() > 0.0f) {
     return Invalid("data.holdout_fraction", "use data.text.holdout_fraction for a text corpus");
   }
+  if (d.has_tokens() && d.holdout_fraction() > 0.0f) {
+    return Invalid("data.holdout_fraction", "use data.tokens.holdout_fraction for token files");
+  }
   if (d.has_numpy()) {
     const v1::Numpy& n = d.numpy();
     if (n.npz().empty() && (n.x_train().empty() || n.y_train().empty())) {
@@ -124,6 +127,55 @@ absl::Status ValidateData(const v1::Data& d) {
     if (!(t.holdout_fraction() > 0.0f && t.holdout_fraction() < 1.0f)) {
       return Invalid("data.text.holdout_fraction", "must be in (0, 1)");
     }
+    for (int i = 0; i < t.validation_paths_size(); ++i) {
+      if (t.validation_paths(i).empty()) {
+        return Invalid(absl::StrCat("data.text.validation_paths[", i, "]"), "is empty");
+      }
+    }
+    if (!v1::TextCorpus::Holdout_IsValid(t.holdout())) {
+      return Invalid("data.text.holdout", "expected TAIL or INTERLEAVED_BLOCKS");
+    }
+    if (!v1::Windows_IsValid(t.windows())) {
+      return Invalid("data.text.windows", "expected NON_OVERLAPPING or RANDOM_OFFSETS");
+    }
+    if (t.holdout() == v1::TextCorpus::INTERLEAVED_BLOCKS &&
+        (t.windows() == v1::RANDOM_OFFSETS || t.validation_paths_size() > 0)) {
+      return Invalid("data.text.holdout",
+                     "INTERLEAVED_BLOCKS holds out whole windows: it takes NON_OVERLAPPING "
+                     "windows and no validation_paths");
+    }
+  }
+  if (d.has_tokens()) {
+    const v1::Tokens& t = d.tokens();
+    if (t.train_paths().empty()) {
+      return Invalid("data.tokens.train_paths", "required: nanoGPT .bin or llm.c shard files");
+    }
+    for (int i = 0; i < t.train_paths_size(); ++i) {
+      if (t.train_paths(i).empty()) {
+        return Invalid(absl::StrCat("data.tokens.train_paths[", i, "]"), "is empty");
+      }
+    }
+    for (int i = 0; i < t.validation_paths_size(); ++i) {
+      if (t.validation_paths(i).empty()) {
+        return Invalid(absl::StrCat("data.tokens.validation_paths[", i, "]"), "is empty");
+      }
+    }
+    if (t.seq_len() <= 0 || t.seq_len() > 65536) {
+      return Invalid("data.tokens.seq_len", "must be in 1..65536");
+    }
+    if (t.vocab() < 0 || t.vocab() > 65536) {
+      return Invalid("data.tokens.vocab", "must be in 1..65536 (uint16 ids), or 0: from the data");
+    }
+    if (t.tokens_per_epoch() < 0) return Invalid("data.tokens.tokens_per_epoch", "must be >= 0");
+    if (!(t.holdout_fraction() > 0.0f && t.holdout_fraction() < 1.0f)) {
+      return Invalid("data.tokens.holdout_fraction", "must be in (0, 1)");
+    }
+    if (!v1::Windows_IsValid(t.windows())) {
+      return Invalid("data.tokens.windows", "expected NON_OVERLAPPING or RANDOM_OFFSETS");
+    }
+    if (!v1::Tokens::Format_IsValid(t.format())) {
+      return Invalid("data.tokens.format", "expected AUTO, RAW_UINT16 or LLMC");
+    }
   }
   return absl::OkStatus();
 }
@@ -135,6 +187,9 @@ absl::Status ValidateOptimization(const v1::Job& job) {
     return Invalid("schedule.min_lr", "must be >= 0");
   }
   if (sc.warmup_steps() < 0) return Invalid("schedule.warmup_steps", "must be >= 0");
+  if (!(job.optimizer().clip_norm() >= 0.0f) || !Finite(job.optimizer().clip_norm())) {
+    return Invalid("optimizer.clip_norm", "must be a finite number >= 0 (0: no clipping)");
+  }
   if (job.optimizer().has_sgd()) {
     const v1::Sgd& s = job.optimizer().sgd();
     if (!(s.momentum() >= 0.0f && s.momentum() < 1.0f)) {
@@ -184,12 +239,17 @@ absl::Status ValidateStages(const v1::Job& job) {
 
 }  // namespace
 
-// Field by field (each error names its field), then the shapes through every stage.
-absl::Status ValidateJob(const v1::Job& job) {
+absl::Status ValidateJobFields(const v1::Job& job) {
   for (absl::Status s : {ValidateRun(job), ValidateData(job.data()), ValidateOptimization(job),
                          ValidateStages(job)}) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+// Field by field (each error names its field), then the shapes through every stage.
+absl::Status ValidateJob(const v1::Job& job) {
+  if (absl::Status s = ValidateJobFields(job); !s.ok()) return s;
   std::string error;
   if (!ValidateModel(ToModelConfig(job), &error)) return absl::InvalidArgumentError(error);
   return absl::OkStatus();

@@ -72,18 +72,23 @@ class ProtoGraph final : public OnnxGraph {
   std::string Parameter(const Layer&, const Param& p, bool torch_layout) override {
     auto it = names_.find(&p);
     LP_CHECK_MSG(it != names_.end(), "parameter %s is not among the exported ones", p.name.c_str());
-    ++used_;
     const ParamInfo& info = *it->second;
+    // A tied parameter is used twice: its initializer is written once.
+    const std::pair<const Param*, bool> key{&p, torch_layout};
+    if (auto done = written_.find(key); done != written_.end()) return done->second;
+    // (the other layout of one already written gets a name of its own)
+    const bool other = written_.count({&p, !torch_layout}) > 0;
+    const std::string name =
+        other ? info.readable + (torch_layout ? ".torch" : ".stored") : info.readable;
+    written_[key] = name;
     if (torch_layout) {
       std::vector<int64_t> shape;
       const std::vector<float> values = TorchOrder(info, &shape);
-      return Initializer(info.readable, shape, values);
+      return Initializer(name, shape, values);
     }
-    return Initializer(info.readable,
-                       std::vector<int64_t>(p.value.shape().begin(), p.value.shape().end()),
+    return Initializer(name, std::vector<int64_t>(p.value.shape().begin(), p.value.shape().end()),
                        p.value.ToHost());
   }
-  size_t used() const { return used_; }
   // A named scalar constant (the input transform's).
   std::string NamedScalar(const std::string& name, float v) { return Initializer(name, {}, {v}); }
 
@@ -102,7 +107,7 @@ class ProtoGraph final : public OnnxGraph {
   ox::GraphProto* g_;
   std::map<const Param*, const ParamInfo*> names_;
   int next_ = 0;
-  size_t used_ = 0;
+  std::map<std::pair<const Param*, bool>, std::string> written_;
 };
 
 void SetType(ox::ValueInfoProto* v, int elem, const std::vector<int64_t>& dims) {

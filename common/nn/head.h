@@ -19,6 +19,8 @@ struct HeadConfig {
   Kind kind = Kind::kLinear;
   int64_t hidden = 256;
   int64_t channels = 32;
+  // kLanguageModel: the output projection is the stage's embedding table, transposed.
+  bool tie_embedding = false;
 };
 
 // The head's layers for a stage whose output has per-example shape `in`; the last layer

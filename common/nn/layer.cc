@@ -33,6 +33,11 @@ ExportLayout Layer::TorchLayout(const Param& p) const {
   return l;
 }
 
+std::unique_ptr<Layer> Layer::MakeTiedOutput(Backend&, const Shape&, int64_t, std::string* error) {
+  *error = std::string("a ") + kind() + " layer has no table to tie an output projection to";
+  return nullptr;
+}
+
 ExportLayout TransposedLayout(int64_t rows, int64_t cols) {
   ExportLayout l;
   l.shape = {cols, rows};

@@ -73,7 +73,7 @@ enum class Epilogue { kNone, kRelu };
 class Layer {
  public:
   virtual ~Layer() = default;
-  // The kind's name (job.proto's field): "linear", "conv2d", ...
+  // The kind's name (job.proto's Layer field)
   virtual const char* kind() const = 0;
   const Shape& input_shape() const { return in_shape_; }  // without the batch dimension
   const Shape& output_shape() const { return out_shape_; }
@@ -89,6 +89,11 @@ class Layer {
   // True for a layer that reads token ids (an embedding): a network starting with one takes
   // integer ids, not values to normalise.
   virtual bool reads_token_ids() const { return false; }
+  // Weight tying: an output projection for input shape `in` to `classes` logits per
+  // position whose weight is this layer's own (an embedding's table, transposed). nullptr
+  // with *error for a layer that cannot lend one.
+  virtual std::unique_ptr<Layer> MakeTiedOutput(Backend& backend, const Shape& in, int64_t classes,
+                                                std::string* error);
 
   // Export: `p` (one of params()) in PyTorch's layout; default: as stored.
   virtual ExportLayout TorchLayout(const Param& p) const;

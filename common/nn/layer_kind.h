@@ -31,6 +31,13 @@ class LayerKind {
   virtual std::unique_ptr<Layer> Make(Backend& backend, const LayerConfig& config, const Shape& in,
                                       uint64_t seed, std::string* error) const = 0;
   virtual int64_t Parameters(const LayerConfig&, const Shape&) const { return 0; }
+  // Weight tying: "" when a layer of this config can lend an output projection from `width`
+  // features to `classes` logits (Layer::MakeTiedOutput), else why not.
+  virtual std::string CanTieOutput(const LayerConfig&, int64_t width, int64_t classes) const {
+    (void)width;
+    (void)classes;
+    return std::string("a ") + name() + " layer has no table to tie an output projection to";
+  }
   virtual double Flops(const LayerConfig&, const Shape&) const { return 0; }
 };
 

@@ -1,6 +1,8 @@
 // Model construction and shape validation.
 #include "common/nn/model.h"
 
+#include "common/nn/layer_kind.h"
+
 namespace localpar {
 namespace {
 
@@ -46,6 +48,18 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
     if (!HeadLayers(st.head, cur, config.classes, &head, &e)) {
       *error = StageLabel(config, k) + ".head: " + e;
       return false;
+    }
+    if (st.head.tie_embedding) {
+      const LayerKind* first = st.layers.empty() ? nullptr : FindLayerKind(st.layers[0].kind);
+      std::string why = st.head.kind != HeadConfig::Kind::kLanguageModel
+                            ? "only a LANGUAGE_MODEL head ties its output to an embedding"
+                        : !first ? "the stage has no first layer to tie the output projection to"
+                                 : first->CanTieOutput(st.layers[0], cur.empty() ? 0 : cur.back(),
+                                                       config.classes);
+      if (!why.empty()) {
+        *error = StageLabel(config, k) + ".head.tie_embedding: " + why;
+        return false;
+      }
     }
     Shape h = cur;
     for (const LayerConfig& l : head) {

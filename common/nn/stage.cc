@@ -33,7 +33,12 @@ std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config
   if (!HeadLayers(config.head, cur, classes, &head_layers, error)) return nullptr;
   for (size_t i = 0; i < head_layers.size(); ++i) {
     std::string e;
-    auto layer = MakeLayer(backend, head_layers[i], cur, HashCombine(seed, 1000 + i), &e);
+    const bool tied = config.head.tie_embedding && i + 1 == head_layers.size();
+    auto layer =
+        tied ? (st->layers_.empty() ? nullptr
+                                    : st->layers_[0]->MakeTiedOutput(backend, cur, classes, &e))
+             : MakeLayer(backend, head_layers[i], cur, HashCombine(seed, 1000 + i), &e);
+    if (tied && st->layers_.empty()) e = "tie_embedding: the stage has no layer to tie to";
     if (!layer) {
       *error = "head: " + e;
       return nullptr;
@@ -59,8 +64,11 @@ int64_t StageParameterCount(const StageConfig& config, const Shape& in, int64_t 
     return true;
   };
   if (!walk(config.layers)) return 0;
+  const int64_t width = cur.empty() ? 0 : cur.back();
   std::vector<LayerConfig> head;
   if (!HeadLayers(config.head, cur, classes, &head, &error) || !walk(head)) return 0;
+  // A tied output projection borrows the embedding's table: only its bias is its own.
+  if (config.head.tie_embedding) n -= width * classes;
   return n;
 }
 

@@ -20,4 +20,14 @@ void CpuBackend::AdamWStep(float* p, float* g, float* m, float* v, int64_t n, fl
   }
 }
 
+double CpuBackend::SquaredNorm(const float* x, int64_t n) {
+  double sum = 0;  // one order, every run and every process alike
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  return sum;
+}
+
+void CpuBackend::Scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 }  // namespace localpar

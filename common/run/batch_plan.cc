@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/data/dataset.h"
+#include "common/job/job.h"
 
 namespace localpar {
 
@@ -30,9 +31,7 @@ BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_ex
       epoch_(start.epoch),
       step_(start.step),
       row_(start.batch_in_epoch * job.batch_size()),
-      test_order_(static_cast<size_t>(test_examples)) {
-  for (int64_t i = 0; i < test_examples; ++i) test_order_[static_cast<size_t>(i)] = i;
-}
+      shuffle_(JobShufflesExamples(job)) {}
 
 bool BatchPlan::Next(PlanItem* item) {
   *item = PlanItem();
@@ -42,7 +41,9 @@ bool BatchPlan::Next(PlanItem* item) {
     case kStartEpoch:
       // Done, unless a resumed epoch still owes its end and its evaluation.
       if (epoch_ >= epochs_ || (step_ >= total_steps_ && row_ == 0)) return false;
-      order_ = EpochOrder(train_n_, seed_, epoch_);
+      // Sources that draw each epoch's examples afresh need no permutation (and a token
+      // corpus's would take memory in proportion to it).
+      if (shuffle_) order_ = EpochOrder(train_n_, seed_, epoch_);
       state_ = kTraining;
       [[fallthrough]];
     case kTraining:

@@ -41,7 +41,10 @@ class BatchPlan {
             const DataCursor& start = {});
   // The next item; false once the run is complete.
   bool Next(PlanItem* item);
-  const std::vector<int64_t>& order() const { return order_; }  // the current epoch's
+  // The current epoch's order of training examples; empty when the source draws them afresh
+  // every epoch (BatchAssembler::Gather then takes rows in order, and the epoch).
+  const std::vector<int64_t>& order() const { return order_; }
+  // Evaluation batches take the evaluation split in order.
   const std::vector<int64_t>& test_order() const { return test_order_; }
   int64_t total_steps() const { return total_steps_; }
 
@@ -55,7 +58,9 @@ class BatchPlan {
   State state_ = kStartEpoch;
   int epoch_;
   int64_t step_, row_, eval_row_ = 0;
-  std::vector<int64_t> order_, test_order_;
+  const bool shuffle_;
+  std::vector<int64_t> order_;
+  const std::vector<int64_t> test_order_;  // empty: in order
 };
 
 }  // namespace localpar

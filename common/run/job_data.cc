@@ -8,9 +8,10 @@ BatchAssembler::BatchAssembler(const Dataset& data, int64_t max_rows)
       x_(static_cast<size_t>(max_rows * data.example_size())),
       y_(static_cast<size_t>(max_rows * data.label_size)) {}
 
-void BatchAssembler::Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows) {
+void BatchAssembler::Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows,
+                            int64_t epoch) {
   rows_ = rows;
-  GatherBatch(data_, order, begin, rows, x_.data(), y_.data());
+  GatherBatch(data_, order, begin, rows, x_.data(), y_.data(), epoch);
 }
 
 Shape BatchAssembler::y_shape() const {
@@ -38,13 +39,15 @@ absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
     o.noise = s.noise();
     split = MakeSynthetic(o);
   } else if (d.has_text()) {
-    TextCorpusOptions o;
-    o.paths.assign(d.text().paths().begin(), d.text().paths().end());
-    o.seq_len = d.text().seq_len();
-    o.holdout_fraction = d.text().holdout_fraction();
-    absl::StatusOr<DataSplit> t = LoadTextCorpus(o, d.train_limit(), d.test_limit());
-    if (!t.ok()) return t.status();
+    absl::StatusOr<DataSplit> t =
+        LoadTextCorpus(ToTextCorpusOptions(job), d.train_limit(), d.test_limit());
+    if (!t.ok()) return MarkDataError(t.status());
     return *std::move(t);  // token ids: never standardised
+  } else if (d.has_tokens()) {
+    absl::StatusOr<DataSplit> t =
+        LoadTokenData(ToTokenDataOptions(job), d.train_limit(), d.test_limit());
+    if (!t.ok()) return MarkDataError(t.status());
+    return *std::move(t);
   } else if (d.has_numpy() || d.has_image_folder()) {
     absl::StatusOr<DataSplit> u =
         d.has_numpy() ? LoadNumpy(ToNumpySource(d.numpy()), d.train_limit(), d.test_limit())

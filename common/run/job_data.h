@@ -15,7 +15,9 @@ namespace localpar {
 class BatchAssembler {
  public:
   BatchAssembler(const Dataset& data, int64_t max_rows);
-  void Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows);
+  // Rows order[begin, begin + rows) of the data (begin.. when `order` is empty); `epoch`
+  // picks a sequence source's random windows.
+  void Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows, int64_t epoch = 0);
   int64_t rows() const { return rows_; }
   const float* x() const { return x_.data(); }
   const int32_t* y() const { return y_.data(); }

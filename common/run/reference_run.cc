@@ -93,7 +93,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
                       train_stats,
                       elapsed};
     if (item.kind == PlanItem::kTrain) {
-      train.Gather(plan.order(), item.begin, item.rows);
+      train.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
       Upload(train, be, &x, &y);
       std::vector<HeadStats> s = trainer.TrainStep(x, y);
       for (int k = 0; k < stages; ++k) train_stats[k].Add(s[k]);

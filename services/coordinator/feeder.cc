@@ -107,7 +107,7 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
       progress_.epoch = item.epoch;
       progress_.phase = FeedProgress::kTraining;
       if (metrics_) metrics_->SetEpoch(item.epoch);
-      train.Gather(plan.order(), item.begin, item.rows);
+      train.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
       if (!SendStep(link, train, item.rows, meta)) return false;
       ledger_.Fed(item);
       const int64_t done = item.step + 1;

@@ -13,6 +13,7 @@
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/exit_codes.h"
 #include "services/common/grpc_util.h"
+#include "services/common/peer_text.h"
 #include "services/localpar/command_flags.h"
 
 namespace localpar {
@@ -43,7 +44,7 @@ std::string StatusError(const std::string& address, const grpc::Status& st) {
                         "worker? `localpar probe` checks workers; `localpar run` prints the "
                         "coordinator's status address)");
   }
-  const std::string& m = st.error_message();
+  const std::string m = SanitizePeerText(st.error_message());
   if (m.find("http1") != std::string::npos || m.find("HTTP/1") != std::string::npos ||
       m.find("Socket closed") != std::string::npos) {
     return absl::StrCat(address, ": ", m,
@@ -56,16 +57,17 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
   const double dt = b.uptime_seconds() - a.uptime_seconds();
   const int64_t step = b.stages_size() > 0 ? b.stages(b.stages_size() - 1).steps() : 0;
   std::cout << absl::StrFormat(
-      "%s (%s): epoch %d/%d, %s, step %d/%d (the last stage; %d fed), up %.0f s\n", b.job(),
-      b.rule(), b.epoch(), b.epochs(), b.phase().empty() ? "running" : b.phase(), step,
-      b.total_steps(), b.fed_steps(), b.uptime_seconds());
+      "%s (%s): epoch %d/%d, %s, step %d/%d (the last stage; %d fed), up %.0f s\n",
+      SanitizePeerText(b.job()), SanitizePeerText(b.rule()), b.epoch(), b.epochs(),
+      b.phase().empty() ? "running" : SanitizePeerText(b.phase()), step, b.total_steps(),
+      b.fed_steps(), b.uptime_seconds());
   if (!b.checkpoints()) {
     std::cout << "checkpoints: off (no --checkpoint_dir)\n";
   } else if (b.last_checkpoint().empty()) {
     std::cout << "checkpoints: none committed yet\n";
   } else {
-    std::cout << absl::StrFormat("last checkpoint: %s (%.0f s ago)\n", b.last_checkpoint(),
-                                 b.checkpoint_age_seconds());
+    std::cout << absl::StrFormat("last checkpoint: %s (%.0f s ago)\n",
+                                 SanitizePeerText(b.last_checkpoint()), b.checkpoint_age_seconds());
   }
   const bool bytes = b.byte_tokens();  // losses in nats, and in bits per byte beside them
   std::cout << "stage  address                 examples/s   loss   " << (bytes ? " bits/byte" : "")
@@ -77,8 +79,8 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
     const std::string bits = bytes ? absl::StrFormat("  %8.3f", BitsPerByte(s.loss())) : "";
     std::cout << absl::StrFormat(
         "%5d  %-22s  %10.0f  %7.4f%s  %3d/%-3d  %7d%s\n", s.stage(),
-        s.replicas() > 1 ? absl::StrCat(s.replicas(), " replicas") : s.address(), rate, s.loss(),
-        bits, s.queue_depth(), s.queue_capacity(), s.rejected(),
+        s.replicas() > 1 ? absl::StrCat(s.replicas(), " replicas") : SanitizePeerText(s.address()),
+        rate, s.loss(), bits, s.queue_depth(), s.queue_capacity(), s.rejected(),
         s.reachable() ? "" : "  UNREACHABLE");
     // With replicas, each one's address, throughput and time spent exchanging gradients.
     for (int r = 0; r < s.replica_addresses_size(); ++r) {
@@ -87,8 +89,8 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
       const double ar_was = same ? a.stages(k).replica_allreduce_seconds(r) : 0;
       const bool up = r < s.replica_reachable_size() && s.replica_reachable(r);
       std::cout << absl::StrFormat(
-          "    r%-2d %-22s  %10.0f  all-reduce %.0f%% of the time%s\n", r, s.replica_addresses(r),
-          dt > 0 ? (s.replica_examples(r) - was) / dt : 0,
+          "    r%-2d %-22s  %10.0f  all-reduce %.0f%% of the time%s\n", r,
+          SanitizePeerText(s.replica_addresses(r)), dt > 0 ? (s.replica_examples(r) - was) / dt : 0,
           dt > 0 && same ? 100 * (s.replica_allreduce_seconds(r) - ar_was) / dt : 0,
           up ? "" : "  UNREACHABLE");
     }
@@ -116,8 +118,9 @@ int Status(const std::string& address, const StatusOptions& o, const SecurityOpt
     }
     if (!st.ok()) {
       // Watching, a coordinator that goes away after answering has finished (or died: its
-      // own exit code says which).
-      if (round > 0 && st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // own exit code says which). A server shutting down mid-call cancels it.
+      if (round > 0 && (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                        st.error_code() == grpc::StatusCode::CANCELLED)) {
         std::cerr << "localpar status: " << address
                   << " stopped answering (the job ended, or its coordinator stopped)\n";
         return 0;

@@ -6,6 +6,10 @@
 //              [--batch=128] [--width=1024] [--input=784] [--stages=4] [--layers=1]
 //              [--precision=f32|tf32|bf16]   (GEMM precision, see GemmPrecision)
 //              [--seconds=2]
+//   step_bench --model=gpt [--device=...] [--batch=64] [--context=256] [--width=128]
+//              [--blocks=4] [--heads=4] [--vocab=256]
+//              (nanoGPT's shakespeare_char model, one stage, BACKPROP: its step against the
+//              backend's GEMM rate on the step's own GEMMs, batched ones included)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +36,10 @@ struct Args {
   int layers = 1;  // Linear + ReLU pairs per stage
   std::string precision = "f32";
   double seconds = 2.0;
+  std::string model = "mlp";  // or "gpt"
+  int64_t context = 256;      // gpt
+  int blocks = 4, heads = 4;
+  int64_t vocab = 256;
 };
 
 bool Parse(int argc, char** argv, Args* a) {
@@ -57,6 +65,16 @@ bool Parse(int argc, char** argv, Args* a) {
       a->stages = std::atoi(v);
     else if (const char* v = val("--layers="))
       a->layers = std::atoi(v);
+    else if (const char* v = val("--model="))
+      a->model = v;
+    else if (const char* v = val("--context="))
+      a->context = std::atoll(v);
+    else if (const char* v = val("--blocks="))
+      a->blocks = std::atoi(v);
+    else if (const char* v = val("--heads="))
+      a->heads = std::atoi(v);
+    else if (const char* v = val("--vocab="))
+      a->vocab = std::atoll(v);
     else if (const char* v = val("--precision="))
       a->precision = v;
     else if (const char* v = val("--seconds="))
@@ -103,6 +121,7 @@ double BestSecondsPerCall(Backend& be, double seconds, F fn) {
 struct GemmShape {
   bool ta, tb;
   int64_t m, n, k;
+  int64_t batch = 1;  // > 1: GemmBatched over that many operands
 };
 
 double GemmRate(Backend& be, const std::vector<GemmShape>& shapes, double seconds) {
@@ -110,21 +129,101 @@ double GemmRate(Backend& be, const std::vector<GemmShape>& shapes, double second
   double flops = 0;
   Rng rng(1);
   for (const GemmShape& s : shapes) {
-    std::vector<float> ha(s.m * s.k), hb(s.k * s.n);
+    std::vector<float> ha(s.batch * s.m * s.k), hb(s.batch * s.k * s.n);
     for (float& v : ha) v = rng.NextUniform();
     for (float& v : hb) v = rng.NextUniform();
-    a.push_back(Tensor::FromHost(be, {s.m * s.k}, ha));
-    b.push_back(Tensor::FromHost(be, {s.k * s.n}, hb));
-    c.push_back(Tensor::Zeros(be, {s.m * s.n}));
-    flops += 2.0 * s.m * s.n * s.k;
+    a.push_back(Tensor::FromHost(be, {s.batch * s.m * s.k}, ha));
+    b.push_back(Tensor::FromHost(be, {s.batch * s.k * s.n}, hb));
+    c.push_back(Tensor::Zeros(be, {s.batch * s.m * s.n}));
+    flops += 2.0 * s.batch * s.m * s.n * s.k;
   }
   double t = BestSecondsPerCall(be, seconds, [&] {
     for (size_t i = 0; i < shapes.size(); ++i) {
       const GemmShape& s = shapes[i];
-      be.Gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a[i].f32(), b[i].f32(), 0.0f, c[i].f32());
+      if (s.batch > 1) {
+        be.GemmBatched(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a[i].f32(), s.m * s.k, b[i].f32(),
+                       s.k * s.n, 0.0f, c[i].f32(), s.m * s.n, s.batch);
+      } else {
+        be.Gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a[i].f32(), b[i].f32(), 0.0f, c[i].f32());
+      }
     }
   });
   return flops / t;
+}
+
+// nanoGPT's model (token and position embeddings, pre-norm blocks, a language-model head)
+// as one BACKPROP stage: tokens per second, and the step against the backend's rate on the
+// step's own GEMMs, the attention's batched ones included.
+int RunGpt(const Args& args, Backend& be) {
+  const int64_t B = args.batch, T = args.context, d = args.width, V = args.vocab;
+  const int64_t h = args.heads, R = B * T, mats = B * h, dh = d / h;
+  ModelConfig mc;
+  mc.input_shape = {T};
+  mc.classes = V;
+  mc.seed = 1;
+  mc.optimizer.clip_norm = 1.0f;
+  StageConfig s;
+  s.layers.push_back(LayerConfig(
+      "embedding", {{"vocab", static_cast<double>(V)}, {"dim", static_cast<double>(d)}}));
+  s.layers.push_back(LayerConfig("position_embedding"));
+  for (int i = 0; i < args.blocks; ++i) {
+    s.layers.push_back(LayerConfig("transformer_block", {{"heads", static_cast<double>(h)}}));
+  }
+  s.head.kind = HeadConfig::Kind::kLanguageModel;
+  mc.stages.push_back(s);
+  Shape cur = mc.input_shape;
+  std::vector<LayerConfig> expanded;
+  for (const LayerConfig& l : mc.stages[0].layers) ExpandLayer(l, &cur, &expanded);
+  mc.stages[0].layers = expanded;
+  std::string error;
+  auto model = Model::Create(be, mc, &error);
+  if (!model) {
+    std::fprintf(stderr, "step_bench: %s\n", error.c_str());
+    return 1;
+  }
+  StepSettings to;
+  to.rule = UpdateRule::kBackprop;
+  ReferenceTrainer trainer(*model, to);
+  Rng rng(2);
+  std::vector<float> hx(R);
+  std::vector<int32_t> hy(R);
+  for (float& v : hx) v = static_cast<float>(rng.NextBelow(V));
+  for (int32_t& v : hy) v = static_cast<int32_t>(rng.NextBelow(V));
+  Tensor x = Tensor::FromHost(be, {B, T}, hx);
+  Tensor y = Tensor::FromHostI32(be, {B, T}, hy);
+  // A linear (m, n, k) forward also costs its weight gradient and its input gradient.
+  std::vector<GemmShape> g;
+  auto linear = [&](int64_t m, int64_t n, int64_t k) {
+    g.push_back({false, false, m, n, k});
+    g.push_back({true, false, k, n, m});
+    g.push_back({false, true, m, k, n});
+  };
+  for (int i = 0; i < args.blocks; ++i) {
+    linear(R, 3 * d, d);
+    linear(R, d, d);
+    linear(R, 4 * d, d);
+    linear(R, d, 4 * d);
+    // Scores and their weighted sum forward, four products of the same sizes backward.
+    for (int j = 0; j < 3; ++j) g.push_back({false, true, T, T, dh, mats});
+    for (int j = 0; j < 3; ++j) g.push_back({false, false, T, dh, T, mats});
+  }
+  linear(R, V, d);
+  double step_flops = 0;
+  for (const GemmShape& s2 : g) step_flops += 2.0 * s2.batch * s2.m * s2.n * s2.k;
+  const double own = GemmRate(be, g, args.seconds);
+  const double step = BestSecondsPerCall(be, args.seconds, [&] { trainer.TrainStep(x, y); });
+  std::printf(
+      "gpt training step: %s, BACKPROP, %lld parameters, batch %lld x context %lld, "
+      "%d blocks of width %lld (%lld heads), vocabulary %lld\n",
+      be.Describe().c_str(), static_cast<long long>(model->num_parameters()),
+      static_cast<long long>(B), static_cast<long long>(T), args.blocks, static_cast<long long>(d),
+      static_cast<long long>(h), static_cast<long long>(V));
+  std::printf("  the step's own GEMMs alone (the GEMM library's rate): %.1f GFLOP/s, %.3f ms\n",
+              own / 1e9, step_flops / own * 1e3);
+  std::printf("  training step: %.3f ms, %.0f tokens/s, %.3f GFLOP of GEMMs -> %.1f GFLOP/s\n",
+              step * 1e3, R / step, step_flops / 1e9, step_flops / step / 1e9);
+  std::printf("  step rate / own-shape GEMM rate:   %.3f\n", step_flops / step / own);
+  return 0;
 }
 
 int Run(const Args& args) {
@@ -141,6 +240,7 @@ int Run(const Args& args) {
   be->set_gemm_precision(args.precision == "bf16"   ? GemmPrecision::kBF16
                          : args.precision == "tf32" ? GemmPrecision::kTF32
                                                     : GemmPrecision::kF32);
+  if (args.model == "gpt") return RunGpt(args, *be);
   const bool backprop = args.rule == "backprop";
   const int64_t B = args.batch, W = args.width, in = args.input, classes = 10;
   const int K = args.stages, L = args.layers;

@@ -3,7 +3,8 @@
 
   tests/bench/torch_compare.py [BUILD_DIR] [--rounds=N] [--cases=mlp,resnet]
 
-For fashion_mlp and fashion_resnet (deploy/jobs), GREEDY and BACKPROP:
+For fashion_mlp, fashion_resnet and shakespeare_char (deploy/jobs), GREEDY and BACKPROP
+(shakespeare_char's BACKPROP on one core as one stage: nanoGPT's own model):
   - one core: `localpar train --threads=1` against a PyTorch twin, with both thread pools
     pinned (torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1: the first alone leaves
     OpenBLAS's own pool on every core);
@@ -68,7 +69,53 @@ def torch_child(args):
         text_format.Parse(f.read(), job)
     nn = torch.nn
 
-    def layer(spec, shape):  # shape: (C, H, W) or (F,)
+    class PositionEmbedding(nn.Module):  # a learned vector per position
+        def __init__(self, t, d):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(t, d) * 0.02)
+
+        def forward(self, x):
+            return x + self.table
+
+    class PositionalEncoding(nn.Module):  # fixed sinusoids, as localpar's
+        def __init__(self, t, d):
+            super().__init__()
+            pos = torch.arange(t, dtype=torch.float64)[:, None]
+            i = torch.arange(d)
+            freq = torch.pow(10000.0, -((i - i % 2).double()) / d)
+            pe = torch.where(i % 2 == 0, torch.sin(pos * freq), torch.cos(pos * freq))
+            self.register_buffer("pe", pe.float())
+
+        def forward(self, x):
+            return x + self.pe
+
+    class CausalSelfAttention(nn.Module):  # nanoGPT's, without dropout
+        def __init__(self, d, heads):
+            super().__init__()
+            self.qkv, self.out, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5)
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+    class Block(nn.Module):  # pre-norm: x + attention(ln(x)), then x + mlp(ln(x))
+        def __init__(self, d, heads, hidden):
+            super().__init__()
+            self.ln1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, heads)
+            self.ln2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(approximate="tanh"),
+                                     nn.Linear(hidden, d))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    def layer(spec, shape):  # shape: (C, H, W), (F,), (T,) token ids or (T, D)
         kind = spec.WhichOneof("kind")
         if kind == "linear":
             n = 1
@@ -107,6 +154,21 @@ def torch_child(args):
                           (shape[2] + 2 * c.padding - k) // s + 1)
         if kind == "global_avg_pool":
             return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), (shape[0],)
+        if kind == "embedding":
+            return nn.Embedding(spec.embedding.vocab, spec.embedding.dim), \
+                (shape[0], spec.embedding.dim)
+        if kind == "position_embedding":
+            return PositionEmbedding(*shape), shape
+        if kind == "positional_encoding":
+            return PositionalEncoding(*shape), shape
+        if kind == "dense":
+            return nn.Linear(shape[-1], spec.dense.out_features), \
+                (*shape[:-1], spec.dense.out_features)
+        if kind == "causal_self_attention":
+            return CausalSelfAttention(shape[-1], spec.causal_self_attention.heads or 1), shape
+        if kind == "transformer_block":
+            t = spec.transformer_block
+            return Block(shape[-1], t.heads or 1, t.mlp_hidden or 4 * shape[-1]), shape
         if kind == "residual":
             body, cur = [], shape
             for b in spec.residual.body:
@@ -125,6 +187,8 @@ def torch_child(args):
 
     def head(spec, shape, classes):
         kind = job_pb2.Head.Kind.Name(spec.kind)
+        if kind == "LANGUAGE_MODEL":  # per position: layer norm, then the logits
+            return nn.Sequential(nn.LayerNorm(shape[-1]), nn.Linear(shape[-1], classes))
         mods = []
         if kind == "POOL_LINEAR" and len(shape) == 3:
             mods, shape = [nn.AdaptiveAvgPool2d(1), nn.Flatten()], (shape[0],)
@@ -144,7 +208,15 @@ def torch_child(args):
             n *= d
         return nn.Sequential(*mods, nn.Flatten(), nn.Linear(n, classes))
 
-    shape = (1, 28, 28)
+    # The data's shape and classes: token windows for a language model, images otherwise.
+    source = job.data.WhichOneof("source")
+    if source in ("text", "tokens"):
+        seq = getattr(job.data, source).seq_len or 64
+        classes = 256 if source == "text" else job.data.tokens.vocab
+        shape = (seq,)
+    else:
+        classes, shape = 10, (1, 28, 28)
+    sequence = len(shape) == 1 and source in ("text", "tokens")
     stages, heads = [], []
     for st in job.stages:
         mods = []
@@ -152,7 +224,7 @@ def torch_child(args):
             m, shape = layer(spec, shape)
             mods.append(m)
         stages.append(nn.Sequential(*mods))
-        heads.append(head(st.head, shape, 10))
+        heads.append(head(st.head, shape, classes))
     params = [p for m in stages + heads for p in m.parameters()]
     # localpar counts batch norm's running statistics among a stage's parameters; PyTorch
     # keeps them as buffers.
@@ -160,12 +232,27 @@ def torch_child(args):
         b.numel() for m in stages + heads for name, b in m.named_buffers()
         if name.endswith(("running_mean", "running_var")))
     adamw = job.optimizer.adamw
-    opt = torch.optim.AdamW(params, lr=job.schedule.lr or 1e-3,
-                            weight_decay=adamw.weight_decay, betas=(0.9, 0.999), eps=1e-8)
-    xent = nn.CrossEntropyLoss()
+    if adamw.decay_matrices_only:  # nanoGPT's groups: matrices decay, vectors do not
+        groups = [{"params": [p for p in params if p.dim() >= 2],
+                   "weight_decay": adamw.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params, "weight_decay": adamw.weight_decay}]
+    opt = torch.optim.AdamW(groups, lr=job.schedule.lr or 1e-3,
+                            betas=(adamw.beta1 or 0.9, adamw.beta2 or 0.999), eps=adamw.eps or 1e-8)
+    clip = job.optimizer.clip_norm
+    ce = nn.CrossEntropyLoss()
     batch = job.batch_size or 128
-    x = torch.randn(batch, 1, 28, 28)
-    y = torch.randint(0, 10, (batch,))
+    if sequence:
+        x = torch.randint(0, classes, (batch, shape[0] if len(shape) == 1 else seq))
+        y = torch.randint(0, classes, (batch, seq))
+
+        def xent(logits, labels):
+            return ce(logits.reshape(-1, classes), labels.reshape(-1))
+    else:
+        x = torch.randn(batch, 1, 28, 28)
+        y = torch.randint(0, 10, (batch,))
+        xent = ce
     greedy = args.rule == "GREEDY"
 
     def step():
@@ -180,6 +267,12 @@ def torch_child(args):
             else:  # BACKPROP: the last head through everything, the others as probes
                 loss = loss + xent(hd(h if last else h.detach()), y)
         loss.backward()
+        if clip > 0:
+            if greedy:  # localpar clips each stage over what it updates
+                for stage, hd in zip(stages, heads):
+                    nn.utils.clip_grad_norm_(list(stage.parameters()) + list(hd.parameters()), clip)
+            else:
+                nn.utils.clip_grad_norm_(params, clip)
         opt.step()
 
     for _ in range(args.warmup):
@@ -216,11 +309,41 @@ def localpar_rate(build, work, job, rule, steps, command, extra=()):
         return json.load(f)
 
 
+def bench_job(job_pb2, text, single):
+    """The job for the benchmark: one small evaluation at the end, not thousands of
+    examples; with `single`, its network as one stage (every layer, the last stage's head)."""
+    from google.protobuf import text_format
+    job = job_pb2.Job()
+    text_format.Parse(text, job)
+    job.eval_limit = 128
+    job.eval_every_steps = 0
+    if not single:
+        return text_format.MessageToString(job)
+    merged = job_pb2.Stage()
+    merged.name = "all"
+    for st in job.stages:
+        merged.layers.extend(st.layers)
+    merged.head.CopyFrom(job.stages[-1].head)
+    del job.stages[:]
+    job.stages.append(merged)
+    return text_format.MessageToString(job)
+
+
+# What each case runs: its job file, its steps, and for each rule the network the one-core
+# comparison trains (the job's stages, or all of them as one stage).
+CASES = {
+    "mlp": ("fashion_mlp", 60, {"GREEDY": False, "BACKPROP": False}),
+    "resnet": ("fashion_resnet", 12, {"GREEDY": False, "BACKPROP": False}),
+    # nanoGPT's baby GPT: BACKPROP as one stage is nanoGPT's own model, step for step.
+    "charlm": ("shakespeare_char", 40, {"BACKPROP": True, "GREEDY": False}),
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build", nargs="?", default="build/ci")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--cases", default="mlp,resnet")
+    ap.add_argument("--cases", default="mlp,resnet,charlm")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--gen"), ap.add_argument("--job"), ap.add_argument("--rule")
     ap.add_argument("--steps", type=int, default=30)
@@ -240,20 +363,26 @@ def main():
         os.makedirs(gen)
         job_module(gen)
         rows = []
+        job_pb2 = job_module(gen, generate=False)
         for case in args.cases.split(","):
-            src = os.path.join(SOURCE, "deploy", "jobs", f"fashion_{case}.textproto")
-            job = os.path.join(work, f"fashion_{case}.textproto")
-            with open(src) as f:  # one small evaluation at the end, not 10,000 examples
+            name, steps, rules = CASES[case]
+            with open(os.path.join(SOURCE, "deploy", "jobs", f"{name}.textproto")) as f:
                 text = f.read()
+            # Data paths made absolute: the copies live elsewhere.
+            text = text.replace('"../../../shared/', f'"{os.path.dirname(SOURCE)}/shared/')
+            job = os.path.join(work, f"{name}.textproto")
             with open(job, "w") as f:
-                f.write(text + "\neval_limit: 128\n")
-            steps = 60 if case == "mlp" else 12
-            for rule in ("GREEDY", "BACKPROP"):
+                f.write(bench_job(job_pb2, text, False))
+            single = os.path.join(work, f"{name}.one_stage.textproto")
+            with open(single, "w") as f:
+                f.write(bench_job(job_pb2, text, True))
+            for rule, as_one_stage in rules.items():
+                core_job = single if as_one_stage else job
                 best = {"lp1": 0, "pt1": 0, "lp2": 0, "pt2": 0}
                 best_setting, lp_setting = "", ""
                 for _ in range(args.rounds):
-                    lp = localpar_rate(build, work, job, rule, steps, "train")
-                    pt = torch_rate(gen, job, rule, steps, 1, 1)
+                    lp = localpar_rate(build, work, core_job, rule, steps, "train")
+                    pt = torch_rate(gen, core_job, rule, steps, 1, 1)
                     if lp["parameters"] != pt["parameters"]:
                         raise SystemExit(f"torch_compare: the PyTorch twin of {case} has "
                                          f"{pt['parameters']} parameters, localpar's network "
@@ -261,21 +390,22 @@ def main():
                     best["lp1"] = max(best["lp1"], lp["examples_per_second"])
                     best["pt1"] = max(best["pt1"], pt["examples_per_second"])
                     # The job's 4 stages, or regrouped into 2 (one worker per core).
-                    for extra, name in (((), "4 workers"), (("--stages=2",), "--stages=2")):
+                    for extra, setting in (((), "4 workers"), (("--stages=2",), "--stages=2")):
                         r = localpar_rate(build, work, job, rule, 3 * steps, "run",
                                           extra)["examples_per_second"]
                         if r > best["lp2"]:
-                            best["lp2"], lp_setting = r, name
-                    for threads, openblas, name in (
+                            best["lp2"], lp_setting = r, setting
+                    for threads, openblas, setting in (
                             (1, 2, "1 torch thread, OpenBLAS's default pool"),
                             (2, 1, "2 torch threads, 1 OpenBLAS thread"),
                             (2, 2, "2 threads each")):
-                        r = torch_rate(gen, job, rule, steps, threads,
+                        r = torch_rate(gen, core_job, rule, steps, threads,
                                        openblas)["examples_per_second"]
                         if r > best["pt2"]:
-                            best["pt2"], best_setting = r, name
-                rows.append((case, rule, best, best_setting, lp_setting))
-                print(f"torch_compare: fashion_{case} {rule}: one core localpar "
+                            best["pt2"], best_setting = r, setting
+                label = f"{name}{' (1 stage)' if as_one_stage else ''}"
+                rows.append((label, rule, best, best_setting, lp_setting))
+                print(f"torch_compare: {label} {rule}: one core localpar "
                       f"{best['lp1']:.0f} / PyTorch {best['pt1']:.0f} ex/s = "
                       f"{best['lp1'] / best['pt1']:.2f}x; two cores localpar run "
                       f"{best['lp2']:.0f} ({lp_setting}) / PyTorch {best['pt2']:.0f} "
@@ -284,7 +414,7 @@ def main():
               "| PyTorch best | ratio |")
         print("|---|---|---|---|---|---|---|---|")
         for case, rule, b, setting, lp_setting in rows:
-            print(f"| fashion_{case} | {rule} | {b['lp1']:.0f} | {b['pt1']:.0f} | "
+            print(f"| {case} | {rule} | {b['lp1']:.0f} | {b['pt1']:.0f} | "
                   f"**{b['lp1'] / b['pt1']:.2f}×** | {b['lp2']:.0f} ({lp_setting}) | "
                   f"{b['pt2']:.0f} ({setting}) | **{b['lp2'] / b['pt2']:.2f}×** |")
     finally:

@@ -108,7 +108,7 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         smoke_bp = [float(r["metric"]) for r in rows
                     if r["model"] == "synthetic_smoke" and r["arm"] == "BACKPROP"]
         mean = sum(smoke_bp) / len(smoke_bp)
-        check(f"| BACKPROP | **{100 * mean:.2f}%** |" in md, "mean over seeds missing or wrong")
+        check(f"| BACKPROP | **{100 * mean:.2f}%** ± " in md, "mean over seeds missing or wrong")
         for model in ("synthetic_smoke", "tiny_lm"):
             for plot in ("metric_vs_time", "stage_heads", "training_curves"):
                 path = os.path.join(os.path.dirname(results), "results", f"{model}_{plot}.svg")

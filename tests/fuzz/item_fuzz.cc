@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "services/common/wire_codec.h"
 #include "common/nn/trainer.h"
+#include "services/common/wire_codec.h"
 #include "services/worker/item_check.h"
 
 namespace {

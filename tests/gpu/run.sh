@@ -42,5 +42,9 @@ wide="--device=cuda --stages=1 --layers=4 --width=8192 --input=8192 --batch=1024
   "$build/bench/step_bench" --device=cuda
   "$build/bench/step_bench" --device=cuda --rule=backprop
   "$build/bench/step_bench" --device=cpu
+  # nanoGPT's shakespeare_char model at batch 64 and context 256, one stage, BACKPROP,
+  # against cuBLAS on the step's own GEMMs (the attention's batched ones included).
+  "$build/bench/step_bench" --device=cuda --model=gpt --batch=64 --context=256
+  "$build/bench/step_bench" --device=cuda --model=gpt --batch=64 --context=256 --precision=bf16
 } 2>&1 | tee "$out/bench.txt"
 exit $status

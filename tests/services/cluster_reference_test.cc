@@ -57,7 +57,8 @@ INSTANTIATE_TEST_SUITE_P(Rules, ClusterMatchesReference,
 std::string LanguageModelJob(const std::string& corpus, const std::string& rule) {
   std::ostringstream j;
   j << "name: \"lm\"\nrule: " << rule << "\nmicro_batches: " << (rule == "BACKPROP" ? 2 : 1)
-    << "\ndata { text { paths: \"" << corpus << "\" seq_len: 8 holdout_fraction: 0.2 } }\n"
+    << "\ndata { text { paths: \"" << corpus
+    << "\" seq_len: 8 holdout_fraction: 0.2 holdout: INTERLEAVED_BLOCKS } }\n"
     << R"(batch_size: 12
 epochs: 1
 seed: 3
@@ -112,6 +113,76 @@ TEST_P(LanguageModelCluster, EndsBitwiseEqualToTheReference) {
 INSTANTIATE_TEST_SUITE_P(Rules, LanguageModelCluster,
                          ::testing::Values("GREEDY", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
+
+// Token files made here (an llm.c shard to train on, a nanoGPT .bin to validate on) train
+// under `localpar run` bitwise equal to `localpar train`: windows at random offsets that
+// both draw alike, a learned position embedding, a tied output projection, clipping. The
+// job file names its data relative to itself.
+TEST(LanguageModelCluster, TokenFilesTrainUnderRunBitwiseEqualToTrain) {
+  TempDir dir;
+  std::vector<uint16_t> ids(6000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * i + 7 * i) % 50);
+  ids[17] = 49;  // the largest id, so the vocabulary read from the files is 50
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = 5000;
+    std::ofstream shard(dir.path() + "/train_000.bin", std::ios::binary);
+    shard.write(reinterpret_cast<const char*>(header.data()), 1024);
+    shard.write(reinterpret_cast<const char*>(ids.data()), 5000 * 2);
+    std::ofstream val(dir.path() + "/val.bin", std::ios::binary);
+    val.write(reinterpret_cast<const char*>(ids.data() + 5000), 1000 * 2);
+  }
+  const std::string job = dir.Write("job.textproto", R"(name: "tokens" rule: GREEDY seed: 4
+batch_size: 8 epochs: 1 max_steps: 12 eval_batch_size: 32
+data { tokens { train_paths: "train_000.bin" validation_paths: "val.bin" seq_len: 16 } }
+optimizer { adamw { decay_matrices_only: true weight_decay: 0.1 } clip_norm: 0.5 }
+schedule { lr: 0.003 }
+stages { layers { embedding { vocab: 50 dim: 16 } } layers { position_embedding {} }
+         layers { transformer_block { heads: 2 } }
+         head { kind: LANGUAGE_MODEL tie_embedding: true } }
+stages { layers { transformer_block { heads: 4 } } head { kind: LANGUAGE_MODEL } }
+)");
+  v1::ModelWeights want = ExpectClusterEqualsReference(dir, job);
+  EXPECT_EQ(want.classes(), 50);  // the vocabulary, from the files
+  const std::vector<double> losses =
+      JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "loss");
+  EXPECT_EQ(losses, JsonNumbers(ReadFile(dir.path() + "/ref/report.json"), "loss"));
+}
+
+// The shipped nanoGPT job, a few steps of it: `localpar run` is bitwise equal to `localpar
+// train` (GREEDY and BACKPROP over its 4 one-block stages), and --data_path points it at the
+// corpus wherever it is.
+TEST(LanguageModelCluster, ShakespeareCharRunIsBitwiseEqualToTrain) {
+  const std::string corpus =
+      std::string(LOCALPAR_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt";
+  if (!std::filesystem::exists(corpus)) GTEST_SKIP() << corpus << " is not here";
+  for (const char* rule : {"GREEDY", "BACKPROP"}) {
+    TempDir dir;
+    std::string text =
+        ReadFile(std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/shakespeare_char.textproto");
+    const std::string job = dir.Write("job.textproto", text + "\neval_limit: 48\n");
+    const std::vector<std::string> flags = {"--max_steps=6", "--rule=" + std::string(rule),
+                                            "--data_path=" + corpus, "--quiet"};
+    auto run = [&](const std::string& command, const std::string& out) {
+      std::vector<std::string> argv = {testing::BinDir() + "/localpar", command, job,
+                                       "--out=" + dir.path() + "/" + out};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      return RunProcess(argv, 300);
+    };
+    auto train = run("train", "train");
+    ASSERT_EQ(train.exit_code, 0) << train.output;
+    auto cluster = run("run", "cluster");
+    ASSERT_EQ(cluster.exit_code, 0) << cluster.output;
+    absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/train/weights.pb");
+    ASSERT_TRUE(want.ok()) << want.status();
+    ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", *want);
+    EXPECT_EQ(JsonNumbers(ReadFile(dir.path() + "/cluster/report.json"), "loss"),
+              JsonNumbers(ReadFile(dir.path() + "/train/report.json"), "loss"))
+        << rule;
+  }
+}
 
 // Activations compressed on the wire: the cluster still equals the reference trainer (which
 // rounds the same way) bit for bit, labels arrive intact (every stage's test accuracy

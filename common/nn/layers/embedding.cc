@@ -10,6 +10,55 @@
 namespace localpar {
 namespace {
 
+// logits = x table^T + bias: the output projection tied to an embedding's table, whose
+// gradient accumulates both uses.
+class TiedOutput final : public Layer {
+ public:
+  TiedOutput(Backend& b, const Shape& in, const Layer& owner, Param* table)
+      : backend_(b),
+        owner_(owner),
+        table_(table),
+        width_(in.back()),
+        vocab_(table->value.shape()[0]) {
+    out_shape_ = in;
+    out_shape_.back() = vocab_;
+    bias_ = MakeParam(b, "bias", ConstantInit(b, {vocab_}, 0.0f));
+  }
+  const char* kind() const override { return "tied_output"; }
+  void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
+    const int64_t rows = x.numel() / width_;
+    Shape s = x.shape();
+    s.back() = vocab_;
+    c.out.Ensure(backend_, s);
+    backend_.Gemm(false, true, rows, vocab_, width_, 1.0f, x.f32(), table_->value.f32(), 0.0f,
+                  c.out.f32());
+    backend_.AddRowVector(c.out.f32(), bias_.value.f32(), rows, vocab_);
+  }
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
+    const int64_t rows = x.numel() / width_;
+    backend_.Gemm(true, false, vocab_, width_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
+                  table_->grad.f32());
+    backend_.SumRows(dy.f32(), bias_.grad.f32(), rows, vocab_);
+    if (dx) {
+      dx->Ensure(backend_, x.shape());
+      backend_.Gemm(false, false, rows, width_, vocab_, 1.0f, dy.f32(), table_->value.f32(), 0.0f,
+                    dx->f32());
+    }
+  }
+  std::vector<Param*> params() override { return {&bias_}; }  // the table is its owner's
+  std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
+    const std::string weight = g.Transpose(g.Parameter(owner_, *table_), {1, 0});
+    return g.Op("Add", {g.Op("MatMul", {x, weight}), g.Parameter(*this, bias_)});
+  }
+
+ private:
+  Backend& backend_;
+  const Layer& owner_;
+  Param* const table_;
+  const int64_t width_, vocab_;
+  Param bias_;
+};
+
 class Embedding final : public Layer {
  public:
   Embedding(Backend& b, const Shape& in, int64_t vocab, int64_t dim, uint64_t seed)
@@ -31,6 +80,17 @@ class Embedding final : public Layer {
   }
   std::vector<Param*> params() override { return {&table_}; }
   bool reads_token_ids() const override { return true; }
+  std::unique_ptr<Layer> MakeTiedOutput(Backend& b, const Shape& in, int64_t classes,
+                                        std::string* error) override {
+    if (in.empty() || in.back() != dim_ || classes != vocab_) {
+      *error = "the embedding (" + std::to_string(vocab_) + " x " + std::to_string(dim_) +
+               ") cannot be tied to an output of " + ShapeString(in) + " to " +
+               std::to_string(classes) + " classes";
+      return nullptr;
+    }
+    auto out = std::make_unique<TiedOutput>(b, in, *this, &table_);
+    return out;
+  }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
     return g.Op("Gather", {g.Parameter(*this, table_), x}, {IntAttr("axis", 0)});
   }
@@ -99,6 +159,12 @@ class EmbeddingKind final : public LayerKind {
   }
   int64_t Parameters(const LayerConfig& c, const Shape&) const override {
     return c.Int("vocab") * c.Int("dim");
+  }
+  std::string CanTieOutput(const LayerConfig& c, int64_t width, int64_t classes) const override {
+    if (c.Int("dim") == width && c.Int("vocab") == classes) return "";
+    return "the embedding (vocab " + std::to_string(c.Int("vocab")) + ", dim " +
+           std::to_string(c.Int("dim")) + ") does not match the head's " + std::to_string(width) +
+           " features to " + std::to_string(classes) + " classes";
   }
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "common/data/dataset.h"
 #include "common/run/reference_run.h"
@@ -100,6 +101,7 @@ TEST(TextCorpus, WindowsPredictTheNextByteAndBlocksAlternateBetweenSplits) {
   o.paths = {dir.path_string()};
   o.seq_len = 4;
   o.holdout_fraction = 0.25f;  // one block of 16 windows in every 4
+  o.interleaved = true;
   absl::StatusOr<DataSplit> s = LoadTextCorpus(o);
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string text = a + b;
@@ -109,15 +111,16 @@ TEST(TextCorpus, WindowsPredictTheNextByteAndBlocksAlternateBetweenSplits) {
   EXPECT_EQ(s->train.example_shape, (Shape{4}));
   EXPECT_EQ(s->train.label_size, 4);
   EXPECT_EQ(s->train.classes, 256);
-  // Train window 0 is bytes 0..3; its labels are bytes 1..4.
+  // Train window 0 is bytes 0..3; its labels are bytes 1..4. The first held-out window is
+  // window 48 (block 3).
+  BatchAssembler first_train(s->train, 1), first_test(s->test, 1);
+  first_train.Gather({}, 0, 1);
+  first_test.Gather({}, 0, 1);
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(s->train.x[i], static_cast<float>(static_cast<uint8_t>(text[i])));
-    EXPECT_EQ(s->train.y[i], static_cast<uint8_t>(text[i + 1]));
-  }
-  // The first held-out window is window 48 (block 3).
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(s->test.x[i], static_cast<float>(static_cast<uint8_t>(text[48 * 4 + i])));
-    EXPECT_EQ(s->test.y[i], static_cast<uint8_t>(text[48 * 4 + i + 1]));
+    EXPECT_EQ(first_train.x()[i], static_cast<float>(static_cast<uint8_t>(text[i])));
+    EXPECT_EQ(first_train.y()[i], static_cast<uint8_t>(text[i + 1]));
+    EXPECT_EQ(first_test.x()[i], static_cast<float>(static_cast<uint8_t>(text[48 * 4 + i])));
+    EXPECT_EQ(first_test.y()[i], static_cast<uint8_t>(text[48 * 4 + i + 1]));
   }
   // A batch carries seq_len labels per example, in the examples' order.
   BatchAssembler batch(s->train, 3);
@@ -151,9 +154,57 @@ TEST(TextCorpus, MissingEmptyOrTooSmallCorporaAreClearErrors) {
 
   WriteBytes(dir.file("tiny"), "hello, world");
   o.paths = {dir.file("tiny")};
+  o.interleaved = true;
   s = LoadTextCorpus(o);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("too few"), std::string::npos) << s.status();
+  o.interleaved = false;  // the tail of 12 bytes is too short for a window of 64
+  s = LoadTextCorpus(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("no training window"), std::string::npos) << s.status();
+}
+
+TEST(TextCorpus, TheDefaultSplitHoldsOutTheTailAndValidationFilesReplaceIt) {
+  DataDir dir;
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>('a' + (i * 7) % 26);
+  WriteBytes(dir.file("t"), text);
+  TextCorpusOptions o;
+  o.paths = {dir.file("t")};
+  o.seq_len = 8;
+  o.holdout_fraction = 0.1f;
+  absl::StatusOr<DataSplit> s = LoadTextCorpus(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->train.size(), (900 - 1) / 8);  // consecutive windows of the first 900 bytes
+  EXPECT_EQ(s->test.size(), (100 - 1) / 8);   // and of the last 100
+  BatchAssembler held(s->test, 2);
+  held.Gather({}, 1, 1);  // the second held-out window starts at byte 908
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(held.x()[i], static_cast<float>(static_cast<uint8_t>(text[908 + i])));
+    EXPECT_EQ(held.y()[i], static_cast<uint8_t>(text[909 + i]));
+  }
+  // Random training windows: a pure function of (seed, epoch, index), within the first 900
+  // bytes, different in another epoch.
+  o.random_windows = true;
+  o.seed = 5;
+  s = LoadTextCorpus(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::set<int64_t> starts, next_epoch;
+  for (int64_t i = 0; i < s->train.size(); ++i) {
+    const int64_t at = s->train.windows->Start(0, i);
+    EXPECT_GE(at, 0);
+    EXPECT_LE(at + 8 + 1, 900);
+    EXPECT_EQ(at, s->train.windows->Start(0, i));
+    starts.insert(at);
+    next_epoch.insert(s->train.windows->Start(1, i));
+  }
+  EXPECT_GT(starts.size(), 50u);
+  EXPECT_NE(starts, next_epoch);
+  WriteBytes(dir.file("v"), text.substr(0, 300));
+  o.validation_paths = {dir.file("v")};
+  s = LoadTextCorpus(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->test.size(), (300 - 1) / 8);
 }
 
 TEST(TextCorpus, UnigramBaselineIsTheCrossEntropyOfSmoothedTrainingCounts) {
@@ -173,7 +224,7 @@ TEST(TextCorpus, TheDebianFortunesCorpusLoadsWhenInstalled) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_GT(s->train.size(), 10000);
   double ratio = static_cast<double>(s->test.size()) / (s->train.size() + s->test.size());
-  EXPECT_NEAR(ratio, 0.1, 0.01);
+  EXPECT_NEAR(ratio, 0.1, 0.01);  // the tail tenth
   // English text: far below 8 bits per byte even without context, far above 0.
   double bits = UnigramBitsPerLabel(*s);
   EXPECT_GT(bits, 3.5);

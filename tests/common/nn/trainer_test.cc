@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/nn/replica_sync.h"
 #include "tests/common/test_util.h"
 
@@ -384,6 +386,79 @@ TEST(LanguageModel, EveryRulesGradientIsThatOfTheMeanPerTokenLoss) {
     }
     EXPECT_TRUE(AllClose(p->grad.ToHost(), numeric, 2e-3f, 2e-2f))
         << UpdateRuleName(w.rule) << " stage " << w.stage;
+  }
+}
+
+// Stage 0 with a learned position embedding and its output projection tied to its token
+// embedding: the table's gradient is that of the loss through both uses.
+TEST(LanguageModel, ATiedOutputProjectionsGradientAddsBothUsesOfTheTable) {
+  auto cpu = MakeCpuBackend();
+  ModelConfig m = TinyLanguageModel();
+  m.stages[0].layers[1] = L("position_embedding");
+  m.stages[0].head.tie_embedding = true;
+  std::string error;
+  ASSERT_TRUE(ValidateModel(m, &error)) << error;
+  auto model = Model::Create(*cpu, m, &error);
+  ASSERT_TRUE(model) << error;
+  // The head owns only its bias: the projection's weight is the table.
+  EXPECT_EQ(StageParameterCount(m.stages[0], m.input_shape, m.classes),
+            model->stage(0).num_parameters());
+  EXPECT_EQ(model->stage(0).head_params().size(), 3u);  // layer norm's two, the bias
+  Tensor x = Tensor::FromHost(*cpu, {3, 4}, std::vector<float>{1, 4, 2, 6, 0, 0, 3, 5, 6, 2, 2, 1});
+  Tensor y = Tensor::FromHostI32(*cpu, {3, 4}, {4, 2, 6, 3, 0, 3, 5, 1, 2, 2, 1, 0});
+  ReferenceTrainer t(*model, Options(UpdateRule::kGreedy));
+  t.ComputeGradients(x, y);
+  for (int which : {0, 1}) {  // the token table, then the position table
+    Param* p = model->stage(0).params()[which];
+    std::vector<float> numeric(static_cast<size_t>(p->value.numel()));
+    const float eps = 1e-2f;
+    for (size_t i = 0; i < numeric.size(); ++i) {
+      const float orig = p->value.f32()[i];
+      p->value.f32()[i] = orig + eps;
+      const double up = t.EvalBatch(x, y)[0].mean_loss();
+      p->value.f32()[i] = orig - eps;
+      const double down = t.EvalBatch(x, y)[0].mean_loss();
+      p->value.f32()[i] = orig;
+      numeric[i] = static_cast<float>((up - down) / (2 * eps));
+    }
+    EXPECT_TRUE(AllClose(p->grad.ToHost(), numeric, 2e-3f, 2e-2f)) << "parameter " << which;
+  }
+  // Only a language model head over the embedding's vocabulary and width can tie.
+  m.stages[1].head.tie_embedding = true;
+  EXPECT_FALSE(ValidateModel(m, &error));
+  EXPECT_NE(error.find("stages[1].head.tie_embedding"), std::string::npos) << error;
+}
+
+// Global-norm clipping, as PyTorch's clip_grad_norm_: above the bound, every gradient of
+// the stage is scaled by clip / (norm + 1e-6) before the update; below it, none is.
+TEST(Optimizer, ClippingScalesTheStagesGradientsToTheBoundOnlyAboveIt) {
+  for (float clip : {0.05f, 1e6f}) {
+    Fixture plain(SmallModel(2));
+    OptimizerConfig with;
+    with.kind = OptimizerConfig::Kind::kSgd;
+    with.clip_norm = clip;
+    Optimizer o(*plain.cpu, with);
+    ReferenceTrainer tp(*plain.model, Options(UpdateRule::kGreedy));
+    tp.ComputeGradients(plain.x, plain.y);
+    std::vector<Param*> ps = plain.model->stage(0).params();
+    double squares = 0;
+    for (Param* p : ps) {
+      for (float g : p->grad.ToHost()) squares += static_cast<double>(g) * g;
+    }
+    const double norm = std::sqrt(squares);
+    std::vector<std::vector<float>> before;
+    for (Param* p : ps) before.push_back(p->value.ToHost());
+    std::vector<std::vector<float>> grads;
+    for (Param* p : ps) grads.push_back(p->grad.ToHost());
+    o.Step(ps, 1.0f);  // plain SGD, lr 1: the update is the (clipped) gradient
+    EXPECT_NEAR(o.last_grad_norm(), norm, 1e-9 * norm);
+    const double scale = clip < norm ? clip / (norm + 1e-6) : 1.0;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      std::vector<float> after = ps[i]->value.ToHost();
+      for (size_t j = 0; j < after.size(); ++j) {
+        EXPECT_NEAR(before[i][j] - after[j], scale * grads[i][j], 1e-6) << i << "," << j;
+      }
+    }
   }
 }
 
