@@ -178,7 +178,7 @@ def run_one(args, spec, model, arm, seed, run_dir):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
-            if args.verbose or line.startswith("epoch") and "test" in line:
+            if args.verbose or line.startswith("epoch") and " accuracy" in line:
                 print(f"    {line.rstrip()}", file=sys.stderr)
         code = proc.wait()
     if code != 0:
@@ -215,6 +215,12 @@ def read_run(run_dir):
 def metric_of(stat, text):
     """The test metric of one head: accuracy, or bits per byte for language models."""
     return stat["loss"] / math.log(2) if text else stat["accuracy"]
+
+
+def held_out(figures):
+    """An epoch's held-out figures: its test split's, or its validation split's (reports
+    name the split they scored)."""
+    return figures.get("test") or figures.get("validation") or []
 
 
 def fmt_metric(value, text):
@@ -348,12 +354,12 @@ def main():
                 run_one(args, spec, m, arm, seed, run_dir)
                 report, curve = read_run(run_dir)
                 curves[rid] = curve
-                last = report["epochs"][-1]["test"]
+                last = held_out(report["epochs"][-1])
                 text = m["text"]
                 elapsed, timeline = 0.0, []
                 for e in report["epochs"]:
                     elapsed += e["seconds"]
-                    timeline.append((elapsed, metric_of(e["test"][-1], text)))
+                    timeline.append((elapsed, metric_of(held_out(e)[-1], text)))
                 row = {
                     "id": rid, "model": m["name"], "arm": arm_label(arm), "rule": arm["rule"],
                     "stages": report["stages"], "seed": seed,
@@ -416,7 +422,7 @@ def main():
         md.append(f"Job `{os.path.relpath(m['job'])}`; budget: "
                   f"{budget or 'as in the job file'}; seeds {', '.join(map(str, m['seeds']))}; "
                   f"{m['data']['train_examples']} training / "
-                  f"{m['data']['test_examples']} held-out examples.\n")
+                  f"{m['data'].get('validation_examples', m['data'].get('test_examples'))} held-out examples.\n")
         if text:
             md.append(f"Unigram baseline (a model that ignores context, fitted on the training "
                       f"split): **{m['data']['unigram_bits_per_label']:.3f} bits per byte** on the "

@@ -317,7 +317,7 @@ class EvalPoints:
                 p = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by the stop
-            if p.get("kind") not in ("eval", "test"):
+            if p.get("kind") not in ("eval", "test", "validation"):
                 continue
             value = p["bits_per_byte"] if self.text else p["accuracy"]
             self.points.setdefault(p["step"], [None] * self.stages)[p["stage"]] = value
@@ -668,7 +668,7 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
         lr = m["lr"]
         md.append(
             f"Job `{os.path.relpath(m['job'])}`; {m['data']['train_examples']} training / "
-            f"{m['data']['test_examples']} held-out examples; batch sizes "
+            f"{m['data'].get('validation_examples', m['data'].get('test_examples'))} held-out examples; batch sizes "
             f"{', '.join(map(str, m['batch_sizes']))}; device batch {m['device_batch']}; "
             f"lr grid {lr['base']:g} x sqrt(B / {lr['base_batch']}) x "
             f"{{{', '.join(f'{f:g}' for f in lr['factors'])}}}; at most {m['max_examples']} "

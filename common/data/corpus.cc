@@ -61,20 +61,28 @@ absl::Status AppendCifarFile(const std::string& path, int64_t limit, Dataset* d)
   return absl::OkStatus();
 }
 
+}  // namespace
+
+std::string MissingCorpusHint(const std::string& path) {
+  if (path == kDefaultTextCorpusDir) {
+    return "; it comes in the Debian package fortunes (apt-get install fortunes)";
+  }
+  if (path.ends_with("tinyshakespeare.txt")) {
+    return "; tiny Shakespeare is karpathy/char-rnn's data/tinyshakespeare/input.txt "
+           "(1,115,394 bytes): point --data_path at your copy";
+  }
+  return "; point --data_path at the files";
+}
+
+namespace {
+
 // The corpus files a path names, in a stable order.
 absl::Status CorpusFiles(const std::string& path, std::vector<std::string>* files) {
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) {
-    std::string hint =
-        path == kDefaultTextCorpusDir
-            ? "; it comes in the Debian package fortunes (apt-get install fortunes)"
-        : path.ends_with("tinyshakespeare.txt")
-            ? "; tiny Shakespeare is karpathy/char-rnn's data/tinyshakespeare/input.txt "
-              "(1,115,394 bytes): point --data_path at your copy"
-            : "; point --data_path at the corpus";
     return absl::NotFoundError(
-        absl::StrCat("text corpus ", path, ": no such file or directory", hint));
+        absl::StrCat("text corpus ", path, ": no such file or directory", MissingCorpusHint(path)));
   }
   if (!fs::is_directory(st)) {
     files->push_back(path);
@@ -110,6 +118,8 @@ absl::StatusOr<DataSplit> LoadCifar10(const std::string& dir, int64_t train_limi
   }
   absl::Status st = AppendCifarFile(absl::StrCat(dir, "/test_batch.bin"), test_limit, &s.test);
   if (!st.ok()) return st;
+  s.class_names = {"airplane", "automobile", "bird",  "cat",  "deer",
+                   "dog",      "frog",       "horse", "ship", "truck"};
   return s;
 }
 

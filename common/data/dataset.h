@@ -42,6 +42,8 @@ struct InputNormalization {
 struct DataSplit {
   Dataset train, test;
   InputNormalization normalization;
+  std::vector<std::string> class_names;  // label i is class_names[i]; empty when unknown
+  std::vector<std::string> warnings;     // what the reader skipped, for the user to see
 };
 
 // Reads the four IDX files of the Fashion-MNIST layout from `dir` (train- and t10k-,
@@ -80,6 +82,10 @@ struct TextCorpusOptions {
   bool random_windows = false;
   uint64_t seed = 0;
 };
+// What to say after "no such file" for a corpus path: where the file comes from (the
+// fortunes package, karpathy/char-rnn's tiny Shakespeare) or the flag that points elsewhere.
+std::string MissingCorpusHint(const std::string& path);
+
 // A byte-level corpus (every byte a token, vocabulary 256), memory-mapped: an example is a
 // window of seq_len bytes (as float ids), its labels the byte after each position. A missing
 // path or an empty corpus is an error naming it; so is a split too short for one window.

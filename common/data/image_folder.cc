@@ -14,7 +14,7 @@
 namespace localpar {
 
 absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
-                                             int64_t* width) {
+                                             int64_t* width, int* stored_channels) {
   png_image image{};
   image.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_file(&image, path.c_str())) {
@@ -22,7 +22,11 @@ absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channe
     png_image_free(&image);
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a readable PNG (", why, ")"));
   }
-  if (channels == 0) channels = (image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
+  const bool colour = (image.format & PNG_FORMAT_FLAG_COLOR) != 0;
+  if (stored_channels) {
+    *stored_channels = (colour ? 3 : 1) + ((image.format & PNG_FORMAT_FLAG_ALPHA) ? 1 : 0);
+  }
+  if (channels == 0) channels = colour ? 3 : 1;
   image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
   std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(image));
   // Transparent pixels are composed over black, so alpha adds nothing the network sees.
@@ -58,17 +62,36 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
         absl::StrCat(dir, ": classes [", absl::StrJoin(f.classes, ","),
                      "] differ from the training folder's [", absl::StrJoin(classes, ","), "]"));
   }
+  const char* kStored[] = {"", "grey", "grey with alpha", "colour (RGB)",
+                           "colour with alpha (RGBA)"};
   for (size_t c = 0; c < f.classes.size(); ++c) {
+    const fs::path folder = fs::path(dir) / f.classes[c];
     std::vector<std::string> files;
-    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(dir) / f.classes[c], ec)) {
-      if (e.is_regular_file() && absl::EndsWithIgnoreCase(e.path().string(), ".png")) {
+    std::vector<std::string> others;
+    for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
+      if (!e.is_regular_file()) continue;
+      if (absl::EndsWithIgnoreCase(e.path().string(), ".png")) {
         files.push_back(e.path().string());
+      } else if (e.path().filename().string()[0] != '.') {  // hidden files are no one's images
+        others.push_back(e.path().filename().string());
       }
+    }
+    if (files.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          folder.string(), ": class folder holds no .png files (every class needs examples)"));
+    }
+    if (!others.empty()) {
+      std::sort(others.begin(), others.end());
+      f.warnings.push_back(absl::StrCat(folder.string(), ": skipped ", others.size(),
+                                        " file(s) that are not .png (", others[0],
+                                        others.size() > 1 ? ", ..." : "", ")"));
     }
     std::sort(files.begin(), files.end());
     for (const std::string& path : files) {
       int64_t h = 0, w = 0;
-      absl::StatusOr<std::vector<uint8_t>> px = ReadPng(path, static_cast<int>(f.channels), &h, &w);
+      int stored = 0;
+      absl::StatusOr<std::vector<uint8_t>> px =
+          ReadPng(path, static_cast<int>(f.channels), &h, &w, &stored);
       if (!px.ok()) return px.status();
       if (f.channels == 0) {
         f.height = h;
@@ -78,6 +101,11 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
         return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w, ", but ",
                                                        f.files[0], " is ", f.height, "x", f.width,
                                                        "; every image must have the same size"));
+      } else if ((stored >= 3) != (f.channels == 3)) {
+        // Colour in a grey folder (or grey in a colour one) would be converted silently.
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": is ", kStored[stored], ", but ", f.files[0], " is ",
+            f.channels == 3 ? "colour" : "grey", "; every image must have the same channels"));
       }
       f.pixels.insert(f.pixels.end(), px->begin(), px->end());
       f.labels.push_back(static_cast<int32_t>(c));

@@ -13,21 +13,26 @@ namespace localpar {
 struct ImageFolder {
   std::vector<std::string> classes;  // folder names, sorted: label i is classes[i]
   int64_t height = 0, width = 0, channels = 0;
-  std::vector<uint8_t> pixels;  // count * height * width * channels, NHWC
-  std::vector<int32_t> labels;  // one per image
-  std::vector<std::string> files;
+  std::vector<uint8_t> pixels;        // count * height * width * channels, NHWC
+  std::vector<int32_t> labels;        // one per image
+  std::vector<std::string> files;     // one per image, its path
+  std::vector<std::string> warnings;  // files skipped (not PNG), one line per class folder
   int64_t count() const { return static_cast<int64_t>(labels.size()); }
 };
 
 // Reads every *.png under dir/<class>/ (files in name order). The first image fixes the
 // size and the channels (1 for grey, 3 for colour; alpha is dropped); every other image must
-// match. `classes`, when given, must be exactly the folder names found (a test folder must
-// have the training folder's classes). Errors name the file.
+// match (a colour image in a grey folder is refused, not converted). A class folder without
+// PNGs is refused; other files are skipped with a warning. `classes`, when given, must be
+// exactly the folder names found (a test folder must have the training folder's classes).
+// Errors name the file.
 absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
                                             const std::vector<std::string>& classes = {});
 
-// Decodes one PNG to `channels` channels (1 or 3).
+// Decodes one PNG to `channels` channels (1 or 3; 0: as stored, alpha dropped).
+// *stored_channels (optional) receives what the file holds: 1 grey, 2 grey and alpha, 3 RGB,
+// 4 RGBA.
 absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
-                                             int64_t* width);
+                                             int64_t* width, int* stored_channels = nullptr);
 
 }  // namespace localpar

@@ -194,7 +194,10 @@ absl::StatusOr<DataSplit> LoadImageFolders(const std::string& train_dir,
           ", the training images are ", train->height, "x", train->width, "x", train->channels));
     }
     fill(*test, test_limit, &s.test);
+    s.warnings.insert(s.warnings.end(), test->warnings.begin(), test->warnings.end());
   }
+  s.class_names = train->classes;
+  s.warnings.insert(s.warnings.begin(), train->warnings.begin(), train->warnings.end());
   return Finish(std::move(s), train_dir);
 }
 

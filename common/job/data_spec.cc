@@ -152,8 +152,48 @@ void ResolveDataPaths(const std::string& dir, v1::Job* job) {
   if (d->has_cifar10()) fix(d->mutable_cifar10()->mutable_dir());
 }
 
+namespace {
+
+// Every file or folder the data source names exists: the error names the field and the
+// resolved path, so a wrong relative path shows where it was looked for.
+absl::Status CheckDataPathsExist(const v1::Data& d) {
+  std::vector<std::pair<std::string, std::string>> named;  // field, path
+  auto add = [&](const std::string& field, const std::string& path) {
+    if (!path.empty()) named.emplace_back(field, path);
+  };
+  auto add_all = [&](const std::string& field,
+                     const google::protobuf::RepeatedPtrField<std::string>& paths) {
+    for (int i = 0; i < paths.size(); ++i) add(absl::StrCat(field, "[", i, "]"), paths[i]);
+  };
+  add_all("data.text.paths", d.text().paths());
+  add_all("data.text.validation_paths", d.text().validation_paths());
+  add_all("data.tokens.train_paths", d.tokens().train_paths());
+  add_all("data.tokens.validation_paths", d.tokens().validation_paths());
+  add("data.numpy.npz", d.numpy().npz());
+  add("data.numpy.x_train", d.numpy().x_train());
+  add("data.numpy.y_train", d.numpy().y_train());
+  add("data.numpy.x_test", d.numpy().x_test());
+  add("data.numpy.y_test", d.numpy().y_test());
+  add("data.image_folder.train_dir", d.image_folder().train_dir());
+  add("data.image_folder.test_dir", d.image_folder().test_dir());
+  add("data.fashion_mnist.dir", d.fashion_mnist().dir());
+  add("data.cifar10.dir", d.cifar10().dir());
+  for (const auto& [field, path] : named) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      const bool corpus = field.starts_with("data.text") || field.starts_with("data.tokens");
+      return MarkDataError(absl::NotFoundError(absl::StrCat(
+          field, ": ", path, ": no such file or folder", corpus ? MissingCorpusHint(path) : "")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ResolveDataShape(v1::Job* job) {
   v1::Data* d = job->mutable_data();
+  if (absl::Status s = CheckDataPathsExist(*d); !s.ok()) return s;
   if (d->has_text()) {
     // Mapped, not read: a missing or unreadable corpus is found now, not after start-up.
     absl::StatusOr<DataSplit> s = LoadTextCorpus(ToTextCorpusOptions(*job), 1, 1);
@@ -166,6 +206,16 @@ absl::Status ResolveDataShape(v1::Job* job) {
         return MarkDataError(absl::NotFoundError(absl::StrCat(
             "data.cifar10.dir: ", path, ": no such file (the CIFAR-10 binary version's files)")));
       }
+    }
+    return absl::OkStatus();
+  }
+  if (d->has_tokens() && d->tokens().vocab() > 0) {
+    // Headers and sizes only (mapping reads nothing); the ids are checked when loaded.
+    const TokenDataOptions o = ToTokenDataOptions(*job);
+    for (const std::vector<std::string>* files : {&o.train_paths, &o.validation_paths}) {
+      if (files->empty()) continue;
+      absl::StatusOr<std::shared_ptr<TokenCorpus>> c = TokenCorpus::Map(*files, o.format);
+      if (!c.ok()) return MarkDataError(c.status());
     }
     return absl::OkStatus();
   }
@@ -221,6 +271,12 @@ absl::Status MarkDataError(absl::Status s) {
 }
 
 bool IsDataError(const absl::Status& s) { return s.GetPayload(kDataErrorPayload).has_value(); }
+
+const char* EvalSplitName(const v1::Job& job) {
+  const v1::Data& d = job.data();
+  const bool held_out = d.has_text() || d.has_tokens() || d.holdout_fraction() > 0;
+  return held_out ? "validation" : "test";
+}
 
 int64_t JobLabelsPerExample(const v1::Job& job) {
   if (job.data().has_text()) return job.data().text().seq_len();

@@ -49,6 +49,11 @@ TokenDataOptions ToTokenDataOptions(const v1::Job& job);
 // Whether an epoch's examples are a shuffled order of a fixed set (most sources), or drawn
 // afresh from (seed, epoch, index) (sequence sources with RANDOM_OFFSETS windows).
 bool JobShufflesExamples(const v1::Job& job);
+// What the job's held-out figures score: "validation" when that split comes from the
+// training data (data.holdout_fraction, a corpus's tail or validation files), "test" when it
+// is a data set's own test split. Progress lines, tables, metrics.jsonl and report.json use
+// the name.
+const char* EvalSplitName(const v1::Job& job);
 // A byte-level language model (data.text): losses are per byte, shown in bits per byte too.
 bool JobReadsBytes(const v1::Job& job);
 // A data error (a missing or unreadable data set) rather than a wrong job: callers exit 4,

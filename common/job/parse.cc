@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -212,9 +213,23 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
                                              const v1::JobOverrides& overrides) {
   absl::StatusOr<std::string> text = ReadJobFile(path);
   if (!text.ok()) return text.status();
+  // Nothing but blanks and comments: say so, not which field comes first.
+  bool empty = true;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty() && line[0] != '#') {
+      empty = false;
+      break;
+    }
+  }
+  if (empty) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid job file ", path,
+        ": empty file (no settings); deploy/jobs/ has examples, docs/jobs.md every field"));
+  }
   absl::StatusOr<v1::Job> job = ParseJobText(*text, path);
   if (!job.ok()) return job.status();
-  ResolveDataPaths(std::filesystem::path(path).parent_path().string(), &*job);
+  ResolveDataPaths(std::filesystem::absolute(path).parent_path().string(), &*job);
   if (absl::Status s = ApplyOverrides(overrides, &*job); !s.ok()) return s;
   auto invalid = [&](const absl::Status& s) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", path, ": ", s.message()));

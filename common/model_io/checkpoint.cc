@@ -359,6 +359,16 @@ void RemoveUncommittedCheckpoints(const std::string& root) {
   }
 }
 
+absl::Status CheckNoCheckpoints(const std::string& root) {
+  std::vector<FoundCheckpoint> found = CommittedCheckpoints(root);
+  if (found.empty()) return absl::OkStatus();
+  const v1::CheckpointManifest& m = found.front().manifest;
+  return absl::FailedPreconditionError(
+      absl::StrCat(root, " already holds checkpoints (the newest, ", found.front().dir, ", of job ",
+                   m.job(), ", rule ", m.rule(), ", seed ", m.seed(), ", at step ", m.step(),
+                   "); continue it with --resume, or give this run another --checkpoint_dir"));
+}
+
 void PruneCheckpoints(const std::string& root, int keep) {
   int kept = 0;
   for (const auto& [id, dir] : CheckpointDirs(root)) {

@@ -74,6 +74,9 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
                                                      const std::string& fingerprint = "");
 // Every committed checkpoint under `root` with a verifying manifest, newest first.
 std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root);
+// A fresh run's check: FailedPrecondition naming the newest checkpoint (job, rule, seed,
+// step) when `root` already holds one, and how to go on.
+absl::Status CheckNoCheckpoints(const std::string& root);
 // Removes all but the newest `keep` committed checkpoints; directories whose manifest does
 // not verify do not count as committed, and are removed too.
 void PruneCheckpoints(const std::string& root, int keep);

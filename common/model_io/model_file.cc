@@ -27,7 +27,7 @@ const v1::NamedTensor* FindParam(const v1::ModelWeights& w, int stage, const std
 }  // namespace
 
 std::vector<float> TorchOrder(const ParamInfo& p, std::vector<int64_t>* shape) {
-  const ExportLayout layout = p.layer->TorchLayout(*p.value);
+  const ExportLayout layout = p.layer->TorchLayout(*p.value, p.nchw_source);
   std::vector<float> ours = p.value->value.ToHost();
   if (shape) *shape = layout.shape;
   if (layout.to_ours.empty()) return ours;
@@ -37,7 +37,7 @@ std::vector<float> TorchOrder(const ParamInfo& p, std::vector<int64_t>* shape) {
 }
 
 void DescribeWeights(const v1::Job& job, const InputNormalization& norm,
-                     v1::ModelWeights* weights) {
+                     const std::vector<std::string>& class_names, v1::ModelWeights* weights) {
   v1::InputTransform* in = weights->mutable_input();
   in->set_scale(norm.scale);
   in->set_mean(norm.mean);
@@ -46,6 +46,8 @@ void DescribeWeights(const v1::Job& job, const InputNormalization& norm,
   weights->clear_input_shape();
   for (int64_t d : JobInputShape(job)) weights->add_input_shape(d);
   weights->set_classes(JobClasses(job));
+  weights->clear_class_names();
+  for (const std::string& n : class_names) weights->add_class_names(n);
   google::protobuf::TextFormat::PrintToString(job, weights->mutable_job_text());
 }
 
@@ -61,52 +63,69 @@ InputNormalization WeightsNormalization(const v1::ModelWeights& weights) {
 
 namespace {
 
-std::string StageLabel(const ModelConfig& config, int k) {
-  return config.stages[k].name.empty() ? absl::StrCat("stage", k) : config.stages[k].name;
-}
+// One parameter as PyTorch would name it, the (innermost) layer it belongs to, and the
+// image its layer's input was flattened from (empty when none).
+struct Named {
+  const Layer* layer;
+  Param* param;
+  std::string name;
+  Shape nchw_source;
+};
 
-// Each parameter of `layer` (in params() order) with its readable name: "<where>.<kind>",
-// then a composite layer's position of each layer inside it, then the parameter's name.
-void Describe(const Layer& layer, const std::string& where,
-              std::vector<std::pair<const Layer*, std::string>>* out) {
-  const std::string here = absl::StrCat(where, ".", layer.kind());
+// Each parameter of `layer` (in params() order) under `prefix`: a composite layer's child
+// modules by their PyTorch names, then the parameter's. `*nchw` follows the image a
+// flatten turned into features in NHWC order, until a layer that changes the shape uses it.
+void Describe(const Layer& layer, const std::string& prefix, Shape* nchw, std::vector<Named>* out) {
   std::vector<const Layer*> children = layer.children();
   if (!children.empty()) {
     for (size_t j = 0; j < children.size(); ++j) {
-      Describe(*children[j], absl::StrCat(here, ".", j), out);
+      Shape inner = *nchw;
+      Describe(*children[j], absl::StrCat(prefix, ".", layer.TorchChildName(j)), &inner, out);
     }
-    return;
+  } else {
+    // params() is not const, but naming the parameters changes nothing.
+    for (Param* p : const_cast<Layer&>(layer).params()) {
+      out->push_back({&layer, p, absl::StrCat(prefix, ".", layer.TorchName(*p)), *nchw});
+    }
   }
-  // A leaf's parameters: params() is not const, but naming them changes nothing.
-  for (Param* p : const_cast<Layer&>(layer).params()) {
-    out->push_back({&layer, absl::StrCat(here, ".", p->name)});
+  if (layer.flattens_image() && layer.input_shape().size() == 3) {
+    *nchw = layer.input_shape();
+  } else if (layer.output_shape() != layer.input_shape()) {
+    nchw->clear();
   }
 }
 
 }  // namespace
 
-std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, int last_stage) {
+std::vector<ParamInfo> DescribeParams(const ModelConfig&, Model& model, int last_stage) {
   std::vector<ParamInfo> out;
+  int global = 0;  // layers are numbered through the whole network, whatever the split
+  Shape nchw;
   for (int k = 0; k <= last_stage && k < model.num_stages(); ++k) {
     Stage& stage = model.stage(k);
-    const std::string label = StageLabel(config, k);
-    std::vector<std::pair<const Layer*, std::string>> names;
-    for (int i = 0; i < stage.num_layers(); ++i) {
-      Describe(stage.layer(i), absl::StrCat(label, ".layers.", i), &names);
+    std::vector<Named> names;
+    for (int i = 0; i < stage.num_layers(); ++i, ++global) {
+      Describe(stage.layer(i), absl::StrCat("layers.", global), &nchw, &names);
     }
     const size_t body_params = names.size();
+    // A head is named by the layer it follows.
+    const std::string head =
+        global == 0 ? std::string("heads.input") : absl::StrCat("heads.", global - 1);
+    Shape head_nchw = nchw;
     for (int i = 0; i < stage.num_head_layers(); ++i) {
-      Describe(stage.head_layer(i), absl::StrCat(label, ".head.", i), &names);
+      Describe(stage.head_layer(i), absl::StrCat(head, ".", i), &head_nchw, &names);
     }
     std::vector<Param*> params = stage.params();
     LP_CHECK_MSG(params.size() == names.size(), "stage %d: %zu parameters, %zu described", k,
                  params.size(), names.size());
     for (size_t i = 0; i < params.size(); ++i) {
+      LP_CHECK_MSG(params[i] == names[i].param, "stage %d: parameter %zu out of order", k, i);
       ParamInfo p;
       p.stage = k;
       p.file_name = absl::StrCat(i, ".", params[i]->name);
-      p.readable = names[i].second;
-      p.layer = names[i].first;
+      p.readable = names[i].name;
+      p.layer = names[i].layer;
+      p.nchw_source = names[i].nchw_source;
       p.head = i >= body_params;
       p.value = params[i];
       out.push_back(std::move(p));

@@ -15,16 +15,22 @@
 namespace localpar {
 
 // Records beside `weights`' parameters what using them needs: the input transform, the
-// per-example input shape, the class count and the normalised job as text.
-void DescribeWeights(const v1::Job& job, const InputNormalization& norm, v1::ModelWeights* weights);
+// per-example input shape, the class count (and names, when the data has them) and the
+// normalised job as text.
+void DescribeWeights(const v1::Job& job, const InputNormalization& norm,
+                     const std::vector<std::string>& class_names, v1::ModelWeights* weights);
 InputNormalization WeightsNormalization(const v1::ModelWeights& weights);
 
 // One parameter of a model, as a weights file and a safetensors file name it.
 struct ParamInfo {
   int stage = 0;
   std::string file_name;  // the weights file's name within its stage: "3.weight"
-  std::string readable;  // "<stage name>.layers.2.linear.weight", "<stage name>.head.0.linear.bias"
+  // PyTorch's state_dict name: layers numbered through the whole network whatever the
+  // split ("layers.7.weight", "layers.3.body.0.weight" inside a residual block), and each
+  // stage's head by the layer it follows ("heads.7.0.weight").
+  std::string readable;
   const Layer* layer = nullptr;  // the (innermost) layer it belongs to: its export layout
+  Shape nchw_source;             // the image its layer's input was flattened from (TorchLayout)
   bool head = false;             // it belongs to the stage's auxiliary head
   Param* value = nullptr;
 };

@@ -5,7 +5,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/core/check.h"
+#include "common/model_io/safetensors.h"
 #include "common/nn/onnx_graph.h"
 #include "proto/onnx_model.pb.h"
 
@@ -143,21 +145,37 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   ProtoGraph graph(g, params);
 
   const bool tokens = model.stage(0).num_layers() > 0 && model.stage(0).layer(0).reads_token_ids();
+  const InputNormalization& norm = trained.normalization;
+  const Shape& in = config.input_shape;
+  // Images arrive as PyTorch hands them over, [N, C, H, W]; localpar computes in [H, W, C].
+  const bool image = !tokens && !norm.tokens && in.size() == 3;
+  std::vector<int64_t> dims(in.begin(), in.end());
+  if (image) dims = {in[2], in[0], in[1]};
   ox::ValueInfoProto* input = g->add_input();
   input->set_name("input");
-  SetType(input, tokens ? ox::TensorProto::INT64 : ox::TensorProto::FLOAT,
-          std::vector<int64_t>(config.input_shape.begin(), config.input_shape.end()));
+  SetType(input, tokens ? ox::TensorProto::INT64 : ox::TensorProto::FLOAT, dims);
   std::string x = "input";
-  const InputNormalization& norm = trained.normalization;
+  const bool pixels = norm.scale != 1.0f;  // trained on pixel bytes, which it scaled itself
+  std::string described;
   if (!tokens && !norm.tokens) {
-    input->set_doc_string("raw values (pixel bytes as 0..255); normalised inside the graph");
-    // (raw * scale - mean) * inv_std, one float32 operation at a time, as training did.
-    x = graph.Op("Mul", {x, graph.NamedScalar("input_scale", norm.scale)});
+    if (image) x = graph.ToNhwc(x);
+    // (value - mean) * inv_std, as training normalised (value = byte * scale for pixels).
     x = graph.Op("Sub", {x, graph.NamedScalar("input_mean", norm.mean)});
     x = graph.Op("Mul", {x, graph.NamedScalar("input_inv_std", norm.inv_std)});
+    described = absl::StrCat(
+        image ? "float32 [N, C, H, W]" : "float32 [N, ...]",
+        pixels
+            ? absl::StrFormat(", pixels scaled to [0, 1] (byte * %.9g, as torchvision's ToTensor() "
+                              "gives them); normalised inside the graph",
+                              norm.scale)
+            : ", values as the training files held them; normalised inside the graph");
   } else {
-    input->set_doc_string("token ids");
+    described = "int64 token ids [N, T]";
   }
+  input->set_doc_string(described);
+  ox::StringStringEntryProto* what = m.add_metadata_props();
+  what->set_key("localpar.input");
+  what->set_value(described);
   for (int k = 0; k <= stage; ++k) {
     for (int i = 0; i < model.stage(k).num_layers(); ++i)
       x = model.stage(k).layer(i).EmitOnnx(graph, x);
@@ -179,6 +197,9 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   ox::StringStringEntryProto* meta = m.add_metadata_props();
   meta->set_key("localpar.stage");
   meta->set_value(absl::StrCat(stage));
+  ox::StringStringEntryProto* names = m.add_metadata_props();
+  names->set_key("localpar.class_names");  // logit i is class i, by name
+  names->set_value(ClassNamesJson(trained.weights));
   return m.SerializeAsString();
 }
 

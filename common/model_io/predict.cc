@@ -53,6 +53,37 @@ absl::Status ReadLabels(const std::string& path, int64_t count, Examples* out) {
   return absl::OkStatus();
 }
 
+// See PrepareInputs.
+absl::Status CheckInputRange(const InputNormalization& norm, const Examples& ex, bool scaled) {
+  const bool takes_pixels = norm.scale != 1.0f;
+  if (!takes_pixels) {
+    if (scaled) {
+      return absl::InvalidArgumentError(
+          "--input_scaled: this model was not trained on pixel bytes; it takes its inputs as "
+          "the training files held them");
+    }
+    return absl::OkStatus();
+  }
+  if (ex.raw.empty()) return absl::OkStatus();
+  const auto [lo, hi] = std::minmax_element(ex.raw.begin(), ex.raw.end());
+  if (scaled) {
+    if (*lo < 0.0f || *hi > 1.0f) {
+      const float* bad = *lo < 0.0f ? &*lo : &*hi;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element ", bad - ex.raw.data(), " is ", *bad,
+          ", outside [0, 1]: --input_scaled says the pixels are already scaled to [0, 1]"));
+    }
+    return absl::OkStatus();
+  }
+  if (!ex.pixel_bytes && *hi <= 1.0f && *hi > 0.0f && *lo >= 0.0f) {
+    return absl::InvalidArgumentError(
+        "every value lies within [0, 1], but this model takes raw pixel values 0..255, as its "
+        "training files held them (it scales them by 1/255 itself); if the examples are "
+        "already scaled (torchvision's ToTensor() does that), pass --input_scaled");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels) {
@@ -66,6 +97,8 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
     ex.labels = f->labels;
     ex.count = f->count();
     ex.pixel_bytes = true;
+    ex.files = f->files;
+    ex.label_names = f->classes;
   } else if (absl::EndsWith(input, ".npy")) {
     absl::StatusOr<NpyArray> a = ReadNpyFile(input);
     if (!a.ok()) return a.status();
@@ -102,7 +135,43 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
   return ex;
 }
 
-absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, const Examples& ex) {
+absl::Status MatchClassNames(const TrainedModel& model, Examples* ex) {
+  const auto& names = model.weights.class_names();
+  if (ex->label_names.empty() || names.empty()) return absl::OkStatus();
+  std::vector<int32_t> to_model(ex->label_names.size());
+  for (size_t c = 0; c < ex->label_names.size(); ++c) {
+    auto it = std::find(names.begin(), names.end(), ex->label_names[c]);
+    if (it == names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("class folder ", ex->label_names[c],
+                                                     " is not one of the model's classes (",
+                                                     absl::StrJoin(names, ", "), ")"));
+    }
+    to_model[c] = static_cast<int32_t>(it - names.begin());
+  }
+  for (int32_t& l : ex->labels) l = to_model[l];
+  ex->label_names.assign(names.begin(), names.end());
+  return absl::OkStatus();
+}
+
+std::string ClassName(const TrainedModel& model, int64_t i) {
+  if (i < model.weights.class_names_size()) return model.weights.class_names(static_cast<int>(i));
+  return absl::StrCat("class ", i);
+}
+
+absl::Status CheckLabels(const TrainedModel& model, const Examples& ex) {
+  const int64_t per = ex.labels.size() / std::max<int64_t>(1, ex.count);
+  for (size_t i = 0; i < ex.labels.size(); ++i) {
+    if (ex.labels[i] >= model.config.classes) {
+      return absl::InvalidArgumentError(absl::StrCat("label ", i / per, " is ", ex.labels[i],
+                                                     ", but the network has ", model.config.classes,
+                                                     " classes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, const Examples& ex,
+                                                 bool scaled) {
   const Shape& want = model.config.input_shape;
   Shape got = ex.example_shape;
   // A sequence model's [count, positions] arrays arrive as [positions]; grey images as
@@ -116,16 +185,6 @@ absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, cons
                                                    ShapeString(ex.example_shape),
                                                    ", the network takes ", ShapeString(want)));
   }
-  if (!ex.labels.empty()) {
-    const int64_t per = ex.labels.size() / std::max<int64_t>(1, ex.count);
-    for (size_t i = 0; i < ex.labels.size(); ++i) {
-      if (ex.labels[i] >= model.config.classes) {
-        return absl::InvalidArgumentError(absl::StrCat("label ", i / per, " is ", ex.labels[i],
-                                                       ", but the network has ",
-                                                       model.config.classes, " classes"));
-      }
-    }
-  }
   std::vector<float> x = ex.raw;
   if (model.normalization.tokens) {
     for (size_t i = 0; i < x.size(); ++i) {
@@ -136,7 +195,10 @@ absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, cons
     }
     return x;
   }
-  ApplyNormalization(model.normalization, x.data(), static_cast<int64_t>(x.size()));
+  InputNormalization norm = model.normalization;
+  if (absl::Status s = CheckInputRange(norm, ex, scaled); !s.ok()) return s;
+  if (scaled) norm.scale = 1.0f;
+  ApplyNormalization(norm, x.data(), static_cast<int64_t>(x.size()));
   return x;
 }
 

@@ -17,7 +17,9 @@ struct Examples {
   std::vector<float> raw;       // count * NumElements(example_shape), as the files hold them
   std::vector<int32_t> labels;  // empty, or count (per-position labels: count * positions)
   int64_t count = 0;
-  bool pixel_bytes = false;  // the values were bytes 0..255 (IDX, PNG, uint8 arrays)
+  bool pixel_bytes = false;              // the values were bytes 0..255 (IDX, PNG, uint8 arrays)
+  std::vector<std::string> files;        // an image folder's: each example's file
+  std::vector<std::string> label_names;  // an image folder's: label i is its folder name
 };
 
 // Reads examples from `input`: an .npy array [count, ...] (float or integer), an IDX images
@@ -26,10 +28,25 @@ struct Examples {
 // IDX labels file. Errors name the file and, for arrays, the index.
 absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels);
 
-// Checks `examples` against the model (shape, label range) and applies its input transform.
-// Returns the network's inputs.
+// An image folder's labels follow its own sorted folder names; a model that knows its
+// classes' names gets them renumbered by name (a folder holding some of the classes only, or
+// named in another order, still scores right). A folder name the model does not know is an
+// error naming it. Nothing changes for a model without names or examples without folders.
+absl::Status MatchClassNames(const TrainedModel& model, Examples* examples);
+
+// Label i's name: the model's own, or "class i" when it was trained without names.
+std::string ClassName(const TrainedModel& model, int64_t i);
+
+// Checks the examples' labels against the model's class count.
+absl::Status CheckLabels(const TrainedModel& model, const Examples& examples);
+
+// Checks `examples` against the model's input shape and applies its input transform.
+// Returns the network's inputs. A model trained on pixel bytes scales them by 1/255 itself:
+// it takes raw values 0..255, or, with `scaled`, values already in [0, 1]. Values that
+// contradict that (all within [0, 1] without `scaled`, any outside it with) are refused:
+// either way the predictions would be garbage.
 absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model,
-                                                 const Examples& examples);
+                                                 const Examples& examples, bool scaled = false);
 
 // Logits of stage `stage`'s head for every example, evaluated `batch` at a time:
 // [count, classes] (or [count, positions, classes]) in *shape.

@@ -46,6 +46,12 @@ std::string JsonString(const std::string& s) {
 
 }  // namespace
 
+std::string ClassNamesJson(const v1::ModelWeights& weights) {
+  std::vector<std::string> quoted;
+  for (const std::string& n : weights.class_names()) quoted.push_back(JsonString(n));
+  return absl::StrCat("[", absl::StrJoin(quoted, ","), "]");
+}
+
 bool LooksLikeSafetensors(const std::string& bytes) { return bytes.size() >= 9 && bytes[8] == '{'; }
 
 absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const std::string& bytes,
@@ -81,7 +87,7 @@ absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const 
     if (!dtype || dtype->string_value() != "F32") {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.readable, ": dtype is not F32"));
     }
-    const ExportLayout layout = p.layer->TorchLayout(*p.value);
+    const ExportLayout layout = p.layer->TorchLayout(*p.value, p.nchw_source);
     std::vector<int64_t> got;
     if (shape) {
       for (const auto& v : shape->list_value().values())
@@ -138,6 +144,15 @@ absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const 
     in->set_inv_std(v);
     auto tokens = m.find("input_tokens");
     in->set_tokens(tokens != m.end() && tokens->second.string_value() == "true");
+    auto names = m.find("class_names");
+    if (names != m.end()) {
+      google::protobuf::ListValue list;
+      if (!google::protobuf::util::JsonStringToMessage(names->second.string_value(), &list).ok()) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": __metadata__.class_names is not a JSON list of strings"));
+      }
+      for (const auto& v : list.values()) w.add_class_names(v.string_value());
+    }
   }
   return w;
 }
@@ -150,7 +165,8 @@ absl::Status WriteSafetensors(const std::vector<ParamInfo>& params, const v1::Mo
       absl::StrCat("\"format\":\"pt\""),
       absl::StrCat("\"producer\":\"localpar\""),
       absl::StrCat(
-          "\"layout\":\"pytorch (linear [out,in], conv [out,in,kh,kw]); activations NHWC\""),
+          "\"layout\":\"pytorch state_dict (linear [out,in] over NCHW-flattened inputs, conv "
+          "[out,in,kh,kw], batch norm weight/bias/running_mean/running_var/num_batches_tracked)\""),
       absl::StrCat("\"input_scale\":", JsonString(absl::StrFormat("%.9g", in.scale()))),
       absl::StrCat("\"input_mean\":", JsonString(absl::StrFormat("%.9g", in.mean()))),
       absl::StrCat("\"input_inv_std\":", JsonString(absl::StrFormat("%.9g", in.inv_std()))),
@@ -158,10 +174,12 @@ absl::Status WriteSafetensors(const std::vector<ParamInfo>& params, const v1::Mo
       absl::StrCat("\"input_shape\":",
                    JsonString(absl::StrCat("[", absl::StrJoin(weights.input_shape(), ","), "]"))),
       absl::StrCat("\"classes\":", JsonString(absl::StrCat(weights.classes()))),
+      absl::StrCat("\"class_names\":", JsonString(ClassNamesJson(weights))),
       absl::StrCat("\"job\":", JsonString(weights.job_text()))};
   header += absl::StrJoin(meta, ",") + "}";
   std::string data;
-  for (const ParamInfo& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
     std::vector<int64_t> shape;
     const std::vector<float> torch = TorchOrder(p, &shape);
     const size_t begin = data.size();
@@ -169,6 +187,19 @@ absl::Status WriteSafetensors(const std::vector<ParamInfo>& params, const v1::Mo
     header += absl::StrCat(",", JsonString(p.readable), ":{\"dtype\":\"F32\",\"shape\":[",
                            absl::StrJoin(shape, ","), "],\"data_offsets\":[", begin, ",",
                            data.size(), "]}");
+    // After a batch norm's last tensor: PyTorch's num_batches_tracked buffer (an int64
+    // scalar), so that load_state_dict(strict=True) finds every name it expects. localpar
+    // does not count batches (its running averages use a fixed momentum): it holds 0.
+    const bool last_of_layer = i + 1 == params.size() || params[i + 1].layer != p.layer;
+    if (p.layer->tracks_batches() && last_of_layer) {
+      const std::string name =
+          absl::StrCat(p.readable.substr(0, p.readable.rfind('.')), ".num_batches_tracked");
+      const int64_t zero = 0;
+      const size_t at = data.size();
+      data.append(reinterpret_cast<const char*>(&zero), sizeof(zero));
+      header += absl::StrCat(",", JsonString(name), ":{\"dtype\":\"I64\",\"shape\":[],",
+                             "\"data_offsets\":[", at, ",", data.size(), "]}");
+    }
   }
   header += "}";
   while ((8 + header.size()) % 8 != 0) header += ' ';

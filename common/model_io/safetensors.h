@@ -22,6 +22,10 @@ bool LooksLikeSafetensors(const std::string& bytes);
 absl::StatusOr<v1::ModelWeights> ReadSafetensors(const std::string& path, const std::string& bytes,
                                                  const ModelConfig& config, Model& model);
 
+// The class names as a JSON list of strings ("[]" when the weights have none): the
+// metadata value safetensors and ONNX files carry them in.
+std::string ClassNamesJson(const v1::ModelWeights& weights);
+
 absl::Status WriteSafetensors(const std::vector<ParamInfo>& params, const v1::ModelWeights& weights,
                               const std::string& path);
 

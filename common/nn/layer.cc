@@ -27,7 +27,7 @@ void LayerConfig::Default(const std::string& name, double value) {
   if (Number(name) == 0) settings[name] = value;
 }
 
-ExportLayout Layer::TorchLayout(const Param& p) const {
+ExportLayout Layer::TorchLayout(const Param& p, const Shape&) const {
   ExportLayout l;
   l.shape.assign(p.value.shape().begin(), p.value.shape().end());
   return l;

@@ -95,8 +95,21 @@ class Layer {
   virtual std::unique_ptr<Layer> MakeTiedOutput(Backend& backend, const Shape& in, int64_t classes,
                                                 std::string* error);
 
-  // Export: `p` (one of params()) in PyTorch's layout; default: as stored.
-  virtual ExportLayout TorchLayout(const Param& p) const;
+  // Export: `p` (one of params()) in PyTorch's layout; default: as stored. `nchw_source`
+  // is the [H, W, C] image this layer's input was flattened from, when a flatten layer came
+  // first (empty otherwise): PyTorch flattens [C, H, W], so a layer reading features
+  // one by one (a linear) takes them in that order.
+  virtual ExportLayout TorchLayout(const Param& p, const Shape& nchw_source) const;
+  // Export: `p`'s name as the PyTorch module would call it ("weight" for batch norm's
+  // gamma, "qkv.weight" for attention's qkv_weight); default: its own name.
+  virtual std::string TorchName(const Param& p) const { return p.name; }
+  // Export: the name of composite child `j` inside this layer's module; default "j".
+  virtual std::string TorchChildName(size_t j) const { return std::to_string(j); }
+  // Export: true for batch norm, whose PyTorch module has a num_batches_tracked buffer.
+  virtual bool tracks_batches() const { return false; }
+  // Export: true for a layer that turns an [H, W, C] image into features in memory order
+  // (flatten), so the layers after it see NHWC-ordered features.
+  virtual bool flattens_image() const { return false; }
   // Emits this layer into an ONNX graph on input x (NHWC, as localpar computes); returns the
   // output's name. Evaluation semantics: dropout is the identity, batch norm uses its
   // running statistics.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "common/job/job.h"
 #include "common/nn/optimizer.h"
 #include "common/run/report.h"
 
@@ -36,8 +37,10 @@ RunLedger::RunLedger(const v1::Job& job, int64_t train_examples, int64_t test_ex
       total_steps_(TotalSteps(job, train_examples)),
       steps_per_epoch_(StepsPerEpoch(job, train_examples)),
       options_(options),
+      validation_(std::string(EvalSplitName(job)) == "validation"),
       progress_(options.log ? *options.log : std::cerr, options.live, options.progress) {
   progress_.set_bytes(job.data().has_text());
+  progress_.set_split(EvalSplitName(job));
 }
 
 RunLedger::~RunLedger() = default;
@@ -177,7 +180,7 @@ void RunLedger::Scored(const Scores& s) {
     v1::Evaluation e;
     e.set_step(s.step);
     e.set_epoch(s.epoch);
-    AddHeadFigures(s.eval, e.mutable_test());
+    AddHeadFigures(s.eval, validation_ ? e.mutable_validation() : e.mutable_test());
     evaluations_[s.step] = std::move(e);
     progress_.InterimResult(s.step, s.epoch, s.eval);
     if (metrics_) metrics_->Write(Point("eval", s.epoch, s.step, 0), s.eval);
@@ -189,12 +192,12 @@ void RunLedger::Scored(const Scores& s) {
   std::vector<HeadStats> train = s.train;
   train.resize(s.eval.size());
   AddHeadFigures(train, e.mutable_train());
-  AddHeadFigures(s.eval, e.mutable_test());
+  AddHeadFigures(s.eval, validation_ ? e.mutable_validation() : e.mutable_test());
   epochs_[s.epoch] = std::move(e);
   progress_.EpochResult(s.epoch, s.eval, s.seconds);
   if (metrics_) {
     metrics_->Write(Point("epoch", s.epoch, s.step, 0), train);
-    metrics_->Write(Point("test", s.epoch, s.step, 0), s.eval);
+    metrics_->Write(Point(validation_ ? "validation" : "test", s.epoch, s.step, 0), s.eval);
   }
 }
 
@@ -246,6 +249,7 @@ v1::RunReport RunLedger::Report(const RunFacts& facts) const {
     const double seconds = train_seconds_ > 0 ? train_seconds_ : r.wall_seconds();
     r.set_examples_per_second(train_examples_ / std::max(seconds, 1e-9));
   }
+  r.set_eval_split(EvalSplitName(job_));
   AddBitsPerByte(job_, &r);
   return r;
 }

@@ -126,6 +126,7 @@ class RunLedger {
   const v1::Job job_;
   const int64_t train_n_, test_n_, total_steps_, steps_per_epoch_;
   const LedgerOptions options_;
+  const bool validation_;  // the held-out figures score a validation split, not a test split
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
   mutable std::mutex mu_;

@@ -141,7 +141,7 @@ void ProgressPrinter::Result(const std::string& what, const std::vector<HeadStat
       }
     }
   }
-  out_ << (pending_ ? "\r\033[K" : "") << what << ": test accuracy" << accs;
+  out_ << (pending_ ? "\r\033[K" : "") << what << ": " << split_ << " accuracy" << accs;
   if (seconds >= 0) out_ << absl::StrFormat(" (%.1fs)", seconds);
   out_ << "\n";
   out_.flush();

@@ -1,6 +1,6 @@
 // The progress output of `localpar train` and `localpar run`, in one format: a line that
 // is rewritten in place on a terminal (printed every few seconds elsewhere), and one line
-// per finished epoch with every stage's test accuracy.
+// per finished epoch with every stage's held-out accuracy (test or validation).
 #pragma once
 
 #include <chrono>
@@ -20,7 +20,7 @@ struct ProgressLine {
   // yet (count 0) shows "-".
   std::vector<HeadStats> recent;
   double elapsed_seconds = -1;  // since the run started (< 0: not shown, nor the ETA)
-  bool evaluating = false;      // the last stage is scoring the epoch's test split
+  bool evaluating = false;      // the last stage is scoring the epoch's held-out split
 };
 
 // "42s", "3m07s", "2h05m".
@@ -38,10 +38,12 @@ class ProgressPrinter {
   // The line Update would print, without the terminal controls.
   std::string Format(const ProgressLine& line);
   void EpochResult(int epoch, const std::vector<HeadStats>& test, double seconds);
-  // An evaluation within an epoch: "step 300 (epoch 1): test accuracy ...".
+  // An evaluation within an epoch: "step 300 (epoch 1): validation accuracy ...".
   void InterimResult(int64_t step, int epoch, const std::vector<HeadStats>& test);
   // Byte-level language models: losses also in bits per byte.
   void set_bytes(bool bytes) { bytes_ = bytes; }
+  // What the results score: "test" (the default) or "validation".
+  void set_split(std::string split) { split_ = std::move(split); }
   void Done();  // clears a live line
 
  private:
@@ -53,6 +55,7 @@ class ProgressPrinter {
   double first_elapsed_ = 0;
   bool pending_ = false;  // a live line is on screen
   bool bytes_ = false;
+  std::string split_ = "test";
   std::chrono::steady_clock::time_point last_{};
 };
 

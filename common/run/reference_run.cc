@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/job.h"
 #include "common/model_io/model_file.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/trainer.h"
@@ -70,10 +71,11 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   ReferenceTrainer trainer(replicas, ToStepSettings(job, ledger.total_steps()));
   const int stages = model->num_stages();
   RunFacts facts{options.version, be.Describe(), model->num_parameters(), stages, job.replicas()};
-  log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d test examples, %s\n",
+  log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d %s examples, %s\n",
                          job.name(), v1::UpdateRule_Name(job.rule()), stages,
                          job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "",
-                         facts.parameters, data.train.size(), data.test.size(), facts.backend);
+                         facts.parameters, data.train.size(), data.test.size(), EvalSplitName(job),
+                         facts.backend);
 
   BatchAssembler train(data.train, job.batch_size()), test(data.test, job.eval_batch_size());
   Tensor x, y;
@@ -82,7 +84,8 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   auto epoch_start = start;
   int64_t examples = 0;
   BatchPlan plan = ledger.Plan();
-  for (PlanItem item; plan.Next(&item);) {
+  bool interrupted = false;
+  for (PlanItem item; !interrupted && plan.Next(&item);) {
     ledger.Fed(item);
     const double elapsed = Seconds(start, Clock::now());
     ProgressLine line{item.epoch,
@@ -103,6 +106,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
       line.examples_per_second = examples / std::max(Seconds(start, Clock::now()), 1e-9);
       ledger.Progress(line);
       ledger.TrainFigures(line.step, item.epoch, train_stats, line.examples_per_second);
+      interrupted = options.stop && options.stop->load() && line.step < ledger.total_steps();
     } else if (item.kind == PlanItem::kEndOfEpoch) {
       ledger.AddTrainSeconds(Seconds(epoch_start, Clock::now()));
     } else if (item.kind == PlanItem::kEval) {
@@ -132,9 +136,10 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   }
   ledger.Done();
   v1::RunReport report = ledger.Report(facts);
+  report.set_interrupted(interrupted);
   if (!options.out_dir.empty()) {
     v1::ModelWeights weights = SnapshotModel(*model);
-    DescribeWeights(job, data.normalization, &weights);
+    DescribeWeights(job, data.normalization, data.class_names, &weights);
     absl::Status st = WriteReport(report, options.out_dir);
     if (st.ok()) st = WriteWeightsFile(weights, options.out_dir + "/weights.pb");
     if (!st.ok()) return st;

@@ -2,6 +2,7 @@
 // report.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -23,6 +24,9 @@ struct RunOptions {
   std::string out_dir;         // where report.json and weights.pb go ("" = nowhere)
   std::string version;         // recorded in the report
   std::string init_from;       // start from these weights (weights.pb or safetensors); "" = none
+  // Polled after every training step: once set, the run stops there and reports (and
+  // writes) what it has, with RunReport.interrupted set.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // Trains `job`; reports progress to `log`. `data` comes from LoadJobData.

@@ -54,8 +54,12 @@ void AddBitsPerByte(const v1::Job& job, v1::RunReport* report) {
   for (v1::EpochFigures& e : *report->mutable_epochs()) {
     add(e.mutable_train());
     add(e.mutable_test());
+    add(e.mutable_validation());
   }
-  for (v1::Evaluation& e : *report->mutable_evaluations()) add(e.mutable_test());
+  for (v1::Evaluation& e : *report->mutable_evaluations()) {
+    add(e.mutable_test());
+    add(e.mutable_validation());
+  }
 }
 
 absl::Status CheckRunTrained(const v1::RunReport& r) {
@@ -71,13 +75,16 @@ absl::Status CheckRunTrained(const v1::RunReport& r) {
         "every batch was refused or lost (see the errors above); the weights are untrained");
   }
   for (const v1::EpochFigures& e : r.epochs()) {
-    for (const auto* heads : {&e.train(), &e.test()}) {
+    for (const auto* heads : {&e.train(), &HeldOut(e)}) {
       for (const v1::HeadFigures& f : *heads) {
         if (f.examples() > 0 && !std::isfinite(f.loss())) {
           return absl::FailedPreconditionError(absl::StrFormat(
               "stage %d's %s loss is %s in epoch %d: training diverged (lower the learning "
               "rate, or add warm-up); the weights are not usable",
-              f.stage(), heads == &e.train() ? "training" : "test",
+              f.stage(),
+              heads == &e.train()              ? "training"
+              : r.eval_split() == "validation" ? "validation"
+                                               : "test",
               std::isnan(f.loss()) ? "NaN" : "infinite", e.epoch()));
         }
       }
@@ -102,15 +109,19 @@ std::string ReportTable(const v1::RunReport& r) {
       r.steps(), r.wall_seconds(), r.examples_per_second());
   if (r.epochs().empty()) return out;
   const v1::EpochFigures& last = *r.epochs().rbegin();
+  const auto& held_out = HeldOut(last);
   bool bytes = false;  // a byte-level language model: bits per byte beside the nats
-  for (const v1::HeadFigures& f : last.test()) bytes = bytes || f.bits_per_byte() > 0;
-  out += bytes ? "stage  train loss  train acc  test loss  test bits/byte  test acc\n"
-               : "stage  train loss  train acc  test loss  test acc\n";
-  for (int k = 0; k < r.stages() && k < last.train_size() && k < last.test_size(); ++k) {
+  for (const v1::HeadFigures& f : held_out) bytes = bytes || f.bits_per_byte() > 0;
+  // "test" or "valid": both 4 or 5 letters, so the columns keep their widths.
+  const char* split = last.test_size() > 0 ? "test" : "valid";
+  out += absl::StrFormat("stage  train loss  train acc %5s loss", split);
+  if (bytes) absl::StrAppendFormat(&out, " %5s bits/byte", split);
+  absl::StrAppendFormat(&out, " %5s acc\n", split);
+  for (int k = 0; k < r.stages() && k < last.train_size() && k < held_out.size(); ++k) {
     absl::StrAppendFormat(&out, "%5d  %10.4f  %8.2f%%  %9.4f", k, last.train(k).loss(),
-                          100 * last.train(k).accuracy(), last.test(k).loss());
-    if (bytes) absl::StrAppendFormat(&out, "  %14.3f", last.test(k).bits_per_byte());
-    absl::StrAppendFormat(&out, "  %7.2f%%", 100 * last.test(k).accuracy());
+                          100 * last.train(k).accuracy(), held_out[k].loss());
+    if (bytes) absl::StrAppendFormat(&out, "  %14.3f", held_out[k].bits_per_byte());
+    absl::StrAppendFormat(&out, "  %7.2f%%", 100 * held_out[k].accuracy());
     if (k < r.stage_reports_size()) {
       absl::StrAppendFormat(&out, "  %8.0f ex/s", r.stage_reports(k).examples_per_second());
     }

@@ -21,6 +21,13 @@ absl::Status WriteJsonFile(const google::protobuf::Message& message, const std::
 // Writes report.json into `dir` (created if missing).
 absl::Status WriteReport(const v1::RunReport& report, const std::string& dir);
 
+// An epoch's or an evaluation's held-out figures: its test or its validation figures,
+// whichever the run scored (RunReport.eval_split).
+template <typename Figures>
+const google::protobuf::RepeatedPtrField<v1::HeadFigures>& HeldOut(const Figures& f) {
+  return f.test_size() > 0 ? f.test() : f.validation();
+}
+
 // A loss in nats per byte as bits per byte (byte-level language models).
 inline double BitsPerByte(double nats) { return nats / 0.69314718055994531; }
 

@@ -5,8 +5,12 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <prometheus/text_serializer.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -67,7 +71,10 @@ MHD_Result Handle(void* self, MHD_Connection* connection, const char* url, const
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen) {
+namespace {
+
+// host:port as an IPv4 socket address; nullopt when it is not one.
+std::optional<sockaddr_in> ParseListen(const std::string& listen) {
   size_t colon = listen.rfind(':');
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
@@ -81,11 +88,42 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   } else if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     port = -1;
   }
-  if (port < 0 || port > 65535) {
+  if (port < 0 || port > 65535) return std::nullopt;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+}  // namespace
+
+absl::Status CheckMetricsListen(const std::string& listen) {
+  std::optional<sockaddr_in> addr = ParseListen(listen);
+  if (!addr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen=", listen, ": not IPV4:PORT (e.g. 0.0.0.0:9100)"));
+  }
+  if (addr->sin_port == 0) return absl::OkStatus();  // any free port will do
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::OkStatus();  // nothing to learn here; Start will say
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound = bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0;
+  const int error = errno;
+  close(fd);
+  if (!bound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_listen=", listen, ": cannot listen there (", strerror(error), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen) {
+  std::optional<sockaddr_in> parsed = ParseListen(listen);
+  if (!parsed) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics: ", listen, " is not IPV4:PORT (e.g. 0.0.0.0:9100)"));
   }
-  addr.sin_port = htons(static_cast<uint16_t>(port));
+  sockaddr_in addr = *parsed;
+  const int port = ntohs(addr.sin_port);
   auto m = std::unique_ptr<MetricsServer>(new MetricsServer());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->daemon_ = MHD_start_daemon(

@@ -44,6 +44,10 @@ inline constexpr const char* kRejectReasons[] = {
 // prometheus-cpp's own Exposer (civetweb) cannot start in our processes: civetweb creates
 // its threads with a ~100 KB stack, and cuBLASLt's 94 KB of static TLS (the worker links
 // CUDA) leaves too little, so pthread_create fails. libmicrohttpd's stack size is set here.
+// Refuses a --metrics_listen that is not IPv4:PORT, or whose port cannot be bound now (in
+// use, or an address not this host's), before anything starts.
+absl::Status CheckMetricsListen(const std::string& listen);
+
 class MetricsServer {
  public:
   // `listen` is host:port (IPv4); port 0 picks a free one.

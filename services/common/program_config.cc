@@ -4,7 +4,9 @@
 #include <iostream>
 
 #include "common/io/atomic_file.h"
+#include "common/model_io/checkpoint.h"
 #include "services/common/exit_codes.h"
+#include "services/common/metrics.h"
 
 #ifndef LOCALPAR_VERSION
 #define LOCALPAR_VERSION "0.0"
@@ -119,6 +121,15 @@ absl::Status CheckRunSettings(const v1::CoordinatorConfig& c) {
     if (absl::Status s = CheckWritableDirectory(c.checkpoint_dir(), "--checkpoint_dir"); !s.ok()) {
       return s;
     }
+    // A fresh run into a folder of another run's checkpoints: refused before anything starts.
+    if (!c.resume() && !c.resume_if_present()) {
+      if (absl::Status s = CheckNoCheckpoints(c.checkpoint_dir()); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir=", s.message()));
+      }
+    }
+  }
+  if (!c.metrics_listen().empty()) {
+    if (absl::Status s = CheckMetricsListen(c.metrics_listen()); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

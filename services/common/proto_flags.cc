@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -112,6 +113,17 @@ absl::Status SetScalar(Message* m, const FieldDescriptor* f, const std::string& 
         for (absl::string_view v : absl::StrSplit(value, ',', absl::SkipEmpty())) {
           r->AddString(m, f, std::string(v));
         }
+      } else if (const std::string& choices = f->options().GetExtension(v1::choices);
+                 !choices.empty()) {
+        for (absl::string_view c : absl::StrSplit(choices, ',')) {
+          if (absl::EqualsIgnoreCase(c, value)) {
+            r->SetString(m, f, std::string(c));
+            return absl::OkStatus();
+          }
+        }
+        return Invalid(name, absl::StrCat("expected one of ",
+                                          absl::StrJoin(absl::StrSplit(choices, ','), ", "),
+                                          ", got '", value, "'"));
       } else {
         r->SetString(m, f, value);
       }
@@ -256,6 +268,9 @@ std::string FlagHelp(const Message& defaults, const FlagOptions& options) {
     const FieldDescriptor* f = flag.field();
     if (f->options().GetExtension(v1::testing)) continue;
     std::string value = f->options().GetExtension(v1::value);
+    if (const std::string& choices = f->options().GetExtension(v1::choices); !choices.empty()) {
+      value = absl::StrJoin(absl::StrSplit(choices, ','), "|");
+    }
     if (value.empty()) {
       switch (f->cpp_type()) {
         case FieldDescriptor::CPPTYPE_BOOL:

@@ -23,13 +23,7 @@ Checkpointer::Checkpointer(const v1::CoordinatorConfig& c, const v1::Job& job,
 
 absl::Status Checkpointer::CheckFresh() const {
   if (!enabled()) return absl::OkStatus();
-  std::vector<FoundCheckpoint> found = CommittedCheckpoints(dir_);
-  if (found.empty()) return absl::OkStatus();
-  const v1::CheckpointManifest& m = found.front().manifest;
-  return absl::FailedPreconditionError(
-      absl::StrCat(dir_, " already holds checkpoints (the newest, ", found.front().dir, ", of job ",
-                   m.job(), ", rule ", m.rule(), ", seed ", m.seed(), ", at step ", m.step(),
-                   "); continue it with --resume, or give this run another --checkpoint_dir"));
+  return CheckNoCheckpoints(dir_);
 }
 
 absl::StatusOr<FoundCheckpoint> Checkpointer::FindResume(std::ostream& log) {

@@ -5,6 +5,7 @@
 
 #include "common/nn/rule.h"
 #include "common/nn/step.h"
+#include "services/common/interrupt.h"
 
 namespace localpar {
 
@@ -97,6 +98,7 @@ bool Feeder::StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor&
 // The same batches in the same order as the reference run (RunReference).
 bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
   stopped_early_ = false;
+  interrupted_ = false;
   BatchPlan plan = ledger_.Plan(start);
   BatchAssembler train(data_.train, job_.batch_size()), test(data_.test, job_.eval_batch_size());
   for (PlanItem item; plan.Next(&item);) {
@@ -121,11 +123,14 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
         return false;
       }
       const int64_t stop = config_.stop_after_steps();
-      if (stop > 0 && done >= stop && done < ledger_.total_steps()) {
-        if (ledger_.last_checkpoint_step() != done && !StartCheckpoint(link, done, item.after)) {
+      const bool asked = InterruptRequested().load();
+      if ((asked || (stop > 0 && done >= stop)) && done < ledger_.total_steps()) {
+        if (checkpointer_.enabled() && ledger_.last_checkpoint_step() != done &&
+            !StartCheckpoint(link, done, item.after)) {
           return false;
         }
         stopped_early_ = true;
+        interrupted_ = asked;
         return true;
       }
       continue;

@@ -29,8 +29,11 @@ class Feeder {
   bool Feed(PipelineLink& link, const DataCursor& start);
   // A control item down every chain, with a fresh sequence number (returned in *seq).
   bool SendControl(PipelineLink& link, v1::Control::Kind kind, uint64_t* seq = nullptr);
-  // Whether the last Feed stopped at --stop_after_steps.
+  // Whether the last Feed stopped before the plan's end: at --stop_after_steps, or
+  // because the process was asked to stop (SIGINT, SIGTERM), after a checkpoint when
+  // checkpoints are on.
   bool stopped_early() const { return stopped_early_; }
+  bool interrupted() const { return interrupted_; }
 
  private:
   uint64_t NextSeq() { return ++seq_; }
@@ -52,6 +55,7 @@ class Feeder {
   const int job_micro_batches_;  // the rule's: 1 unless it splits batches
   std::atomic<uint64_t> seq_{0};
   bool stopped_early_ = false;
+  bool interrupted_ = false;
 };
 
 }  // namespace localpar

@@ -8,6 +8,7 @@
 #include "common/model_io/tensor_proto.h"
 #include "common/run/report.h"
 #include "services/common/exit_codes.h"
+#include "services/common/interrupt.h"
 #include "services/common/program_config.h"
 #include "services/coordinator/cluster_report.h"
 
@@ -32,7 +33,6 @@ JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions&
       job_(std::move(job)),
       data_(std::move(data)),
       ledger_(ledger),
-      metrics_(metrics),
       log_(log),
       pool_({config.workers().begin(), config.workers().end()}, job_.replicas(), security),
       checkpointer_(config, job_, std::move(fingerprint), metrics, ledger, log),
@@ -108,12 +108,35 @@ absl::Status JobRunner::Run() {
          << fin.error_message() << "); a worker that missed SHUTDOWN keeps running until it is "
          << "stopped\n";
   }
+  if (feeder_.interrupted()) return Interrupted(result);
   if (feeder_.stopped_early()) {
     log_ << "localpar: stopped after step " << ledger_.fed_steps() << " at checkpoint "
          << checkpointer_.last_committed() << "; continue with --resume (localpar run: "
          << "--resume=" << checkpointer_.dir() << ")\n";
   }
   return result;
+}
+
+// What a run stopped by a signal says: where it stopped, what it wrote, how to go on.
+absl::Status JobRunner::Interrupted(const absl::Status& collected) const {
+  if (!collected.ok() && ExitCodeOf(collected) != kExitTrainingFailed) return collected;
+  std::string m = absl::StrCat("interrupted after step ", ledger_.fed_steps(), " of ",
+                               ledger_.total_steps(), "; ");
+  if (config_.out().empty()) {
+    absl::StrAppend(&m, "no --out, so no weights or report were written");
+  } else {
+    absl::StrAppend(&m, "the weights after that step and the report so far are in ", config_.out());
+  }
+  if (checkpointer_.enabled() && !checkpointer_.last_committed().empty()) {
+    absl::StrAppend(&m, "; checkpoint ", checkpointer_.last_committed(),
+                    " holds the run: to continue, run the same command with --resume=",
+                    checkpointer_.dir(), " (localpar run) or --resume (localpar_coordinator)");
+  } else {
+    absl::StrAppend(&m,
+                    "; with no --checkpoint_dir this run cannot be resumed (give one to be able "
+                    "to stop and go on), so the rest of the training is lost");
+  }
+  return WithExitCode(absl::CancelledError(m), kExitInterrupted);
 }
 
 // ---- configuration and recovery -------------------------------------------------------
@@ -177,6 +200,11 @@ absl::Status JobRunner::Recover(const grpc::Status& st, int attempt) {
   const auto deadline = Clock::now() + std::chrono::seconds(config_.recovery_timeout_s());
   std::chrono::milliseconds backoff(100);
   while (!(lost = pool_.Unreachable(1)).empty()) {
+    if (InterruptRequested().load()) {
+      return WithExitCode(absl::CancelledError(absl::StrCat("interrupted while waiting for ", lost,
+                                                            "; last checkpoint: ", last)),
+                          kExitInterrupted);
+    }
     if (Clock::now() > deadline) {
       return WorkerLostError(absl::StrCat(lost, " did not come back within ",
                                           config_.recovery_timeout_s(),
@@ -236,11 +264,12 @@ absl::Status JobRunner::Collect() {
     *weights.add_stages() = *std::move(w);
   }
   if (absl::Status agree = CheckReplicasAgree(weights); !agree.ok()) return agree;
-  DescribeWeights(job_, data_.normalization, &weights);
+  DescribeWeights(job_, data_.normalization, data_.class_names, &weights);
   // Nothing is lost from here on: end the progress line before the table.
   monitor_.Stop();
   v1::RunReport report = ledger_.Report(
       RunFacts{VersionString(), backend_, parameters_, pool_.size(), pool_.replicas()});
+  report.set_interrupted(feeder_.interrupted());
   AddStageReports(stats, &report);
   std::cout << ReportTable(report);
   absl::Status result = CheckRunTrained(report);

@@ -54,6 +54,7 @@ class JobRunner {
   // when the run can go on.
   absl::Status Recover(const grpc::Status& why, int attempt);
   absl::Status Collect();
+  absl::Status Interrupted(const absl::Status& collected) const;
   // With replicas, every stage's replicas must hold the same weights at the end.
   absl::Status CheckReplicasAgree(const v1::ModelWeights& weights);
   DataCursor StartCursor() const;
@@ -63,7 +64,6 @@ class JobRunner {
   const v1::Job job_;
   const DataSplit data_;
   RunLedger& ledger_;
-  CoordinatorMetrics* const metrics_;
   std::ostream& log_;
   WorkerPool pool_;
   Checkpointer checkpointer_;

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "services/common/exit_codes.h"
+#include "services/common/interrupt.h"
 #include "services/common/program_config.h"
 #include "services/coordinator/coordinator.h"
 
@@ -10,7 +11,10 @@ int main(int argc, char** argv) {
       "localpar_coordinator --job=FILE --workers=HOST:PORT,... [flags] [--config=FILE]\n"
       "Trains a job on running workers, one per stage, in stage order. --config reads a\n"
       "text-format localpar.v1.CoordinatorConfig first; flags beside it override it.\n"
-      "Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data, 5 a worker was lost.";
+      "SIGINT or SIGTERM stops it after the current step: a checkpoint (with --checkpoint_dir),\n"
+      "the weights and report so far (with --out), exit 130; a second one stops it at once.\n"
+      "Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data, 5 a worker was lost,\n"
+      "6 training failed, 130 interrupted.";
   localpar::v1::CoordinatorConfig config = localpar::CoordinatorDefaults();
   localpar::FlagOptions options;
   options.config_flag = true;
@@ -33,6 +37,8 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_coordinator: " << s.message() << "\n";
     return localpar::kExitUsage;
   }
+  // SIGINT or SIGTERM: stop at the next step, checkpoint, write what there is, exit 130.
+  localpar::InstallInterruptHandler();
   // The one place the coordinator's errors are printed and mapped to exit codes.
   absl::Status s = localpar::RunCoordinator(config, security, std::cerr);
   if (!s.ok()) std::cerr << "localpar: " << s.message() << "\n";

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_join.h"
+#include "proto/job.pb.h"
 #include "services/common/exit_codes.h"
 
 namespace localpar {
@@ -44,6 +45,18 @@ bool ParseCommand(const std::string& command, const std::string& usage, const Ar
   }
   *argument = positional[0];
   return true;
+}
+
+FlagOptions KeepOverrides(const std::set<std::string>& keep, const std::set<std::string>& exclude) {
+  FlagOptions options;
+  options.exclude = exclude;
+  const google::protobuf::Descriptor* d = v1::JobOverrides::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    if (!keep.count(d->field(i)->name())) {
+      options.exclude.insert("overrides." + d->field(i)->name());
+    }
+  }
+  return options;
 }
 
 int Fail(int code, const std::string& message) {

@@ -2,6 +2,7 @@
 // argument (the job file, or an address).
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,12 @@ bool ParseCommandArgs(const std::string& command, const std::string& usage, cons
                       google::protobuf::Message* message, const FlagOptions& options,
                       const std::vector<std::string>& names, std::vector<std::string>* values,
                       int* exit_code);
+
+// Flag options for a command that takes only some of the job overrides (`keep`, by field
+// name of localpar.v1.JobOverrides): the others are neither accepted nor listed in --help.
+// `exclude` names further fields to leave out.
+FlagOptions KeepOverrides(const std::set<std::string>& keep,
+                          const std::set<std::string>& exclude = {});
 
 // Prints "localpar: MESSAGE" and returns `code`.
 int Fail(int code, const std::string& message);

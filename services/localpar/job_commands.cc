@@ -3,11 +3,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/io/atomic_file.h"
+#include "common/job/job.h"
 #include "common/nn/rule.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
 #include "google/protobuf/struct.pb.h"
 #include "services/common/exit_codes.h"
+#include "services/common/interrupt.h"
 #include "services/common/program_config.h"
 #include "services/localpar/command_flags.h"
 
@@ -28,10 +30,10 @@ void Explain(const v1::Job& job) {
 
 // Parses a job command's flags and loads its job with the overrides; -1 to go on, else the
 // exit code.
-int LoadJobCommand(const char* command, const char* usage, const Args& args, v1::JobCommand* c,
-                   v1::Job* job, std::string* path) {
+int LoadJobCommand(const char* command, const char* usage, const Args& args,
+                   const FlagOptions& flags, v1::JobCommand* c, v1::Job* job, std::string* path) {
   int rc = 0;
-  if (!ParseCommand(command, usage, args, c, {}, path, &rc)) return rc;
+  if (!ParseCommand(command, usage, args, c, flags, path, &rc)) return rc;
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(*path, c->overrides());
   if (!loaded.ok()) {
     return Fail(IsDataError(loaded.status()) ? kExitBadData : kExitBadJob,
@@ -67,6 +69,7 @@ int TrainCommandMain(const Args& args) {
   }
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
+  for (const std::string& w : data->warnings) std::cerr << "localpar: warning: " << w << "\n";
   if (absl::Status s = CheckReplicasFitData(*job, data->train.size()); !s.ok()) {
     return Fail(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
   }
@@ -77,6 +80,8 @@ int TrainCommandMain(const Args& args) {
   options.progress = !t.quiet();
   options.version = VersionString();
   options.init_from = t.init_from();
+  InstallInterruptHandler();  // Ctrl-C: stop after the step, write what there is
+  options.stop = &InterruptRequested();
   absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);
   if (!report.ok()) {
     if (!t.init_from().empty() && report.status().message().rfind(t.init_from(), 0) == 0) {
@@ -91,6 +96,23 @@ int TrainCommandMain(const Args& args) {
   }
   std::cout << ReportTable(*report);
   if (!options.out_dir.empty()) std::cout << "report: " << options.out_dir << "/report.json\n";
+  if (report->interrupted()) {
+    return Fail(
+        kExitInterrupted,
+        absl::StrCat("interrupted after step ", report->steps(), "; ",
+                     options.out_dir.empty()
+                         ? "no --out, so no weights or report were written"
+                         : absl::StrCat("the weights after that step and the report so "
+                                        "far are in ",
+                                        options.out_dir),
+                     "; `localpar train` keeps no checkpoints, so it cannot resume: run "
+                     "it again, or `localpar run` with --checkpoint_dir to be able to "
+                     "stop and go on",
+                     options.out_dir.empty()
+                         ? ""
+                         : absl::StrCat(" (--init_from=", options.out_dir,
+                                        "/weights.pb starts a new run from these weights)")));
+  }
   if (absl::Status trained = CheckRunTrained(*report); !trained.ok()) {
     return Fail(kExitTrainingFailed, std::string(trained.message()));
   }
@@ -105,11 +127,27 @@ int ValidateCommandMain(const Args& args) {
                               "localpar validate JOB_FILE [flags]\n"
                               "Checks JOB_FILE (with any overrides) and prints it with every "
                               "default filled in.",
-                              args, &c, &job, &path);
+                              args, {}, &c, &job, &path);
       rc >= 0) {
     return rc;
   }
   std::cout << path << ": ok\n" << job.DebugString();
+  // The text format leaves zero values out; name the defaults it cannot show.
+  std::vector<std::string> unseen;
+  if (job.seed() == 0) unseen.push_back("seed: 0");
+  for (int k = 0; k < job.stages_size(); ++k) {
+    const v1::Stage& st = job.stages(k);
+    if (st.name().empty()) {
+      unseen.push_back(absl::StrCat("stages[", k, "].name: none (messages say stages[", k, "])"));
+    }
+    if (st.head().kind() == v1::Head::LINEAR) {
+      unseen.push_back(absl::StrCat("stages[", k, "].head.kind: LINEAR"));
+    }
+  }
+  if (!unseen.empty()) {
+    std::cout << "# defaults the text above leaves out (zero values):\n";
+    for (const std::string& u : unseen) std::cout << "#   " << u << "\n";
+  }
   if (c.explain()) Explain(job);
   return kExitOk;
 }
@@ -122,18 +160,21 @@ int DataCommandMain(const Args& args) {
                               "localpar data JOB_FILE [flags]\n"
                               "Loads the job's data and prints its figures as JSON (examples, "
                               "classes, the unigram baseline in bits).",
-                              args, &c, &job, &path);
+                              args, KeepOverrides({"data_path"}, {"explain"}), &c, &job, &path);
       rc >= 0) {
     return rc;
   }
   absl::StatusOr<DataSplit> data = LoadJobData(job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
+  for (const std::string& w : data->warnings) std::cerr << "localpar: warning: " << w << "\n";
   google::protobuf::Struct figures;
   auto set = [&](const char* key, double v) {
     (*figures.mutable_fields())[key].set_number_value(v);
   };
   set("train_examples", static_cast<double>(data->train.size()));
-  set("test_examples", static_cast<double>(data->test.size()));
+  // "test_examples", or "validation_examples" where the held-out split comes from training.
+  set(absl::StrCat(EvalSplitName(job), "_examples").c_str(),
+      static_cast<double>(data->test.size()));
   set("classes", data->train.classes);
   set("labels_per_example", static_cast<double>(data->train.label_size));
   set("unigram_bits_per_label", UnigramBitsPerLabel(*data));

@@ -29,8 +29,10 @@
 namespace localpar {
 namespace {
 
+// Ctrl-C (or SIGTERM) once: the coordinator is asked to stop after its current step and
+// write what the run has; twice: everything stops at once.
 volatile std::sig_atomic_t g_interrupted = 0;
-void OnSignal(int) { g_interrupted = 1; }
+void OnSignal(int) { g_interrupted = g_interrupted + 1; }
 
 constexpr int kMaxRestarts = 5;
 // A process that answers no health check (or only NOT_SERVING) this long is hung or stopped.
@@ -84,9 +86,9 @@ class Launcher {
       return kExitFailure;
     }
     const int rc = Supervise();
-    if (rc == kExitInterrupted) return rc;
-    // After a clean run the workers were told to shut down; give them a moment, then stop.
-    StopAll(children_, std::chrono::seconds(rc == kExitOk ? 10 : 2));
+    // After a clean run (or one stopped cleanly) the workers were told to shut down; give
+    // them a moment, then stop.
+    StopAll(children_, std::chrono::seconds(rc == kExitOk || rc == kExitInterrupted ? 10 : 2));
     return rc;
   }
 
@@ -209,11 +211,17 @@ class Launcher {
         return WIFEXITED(coordinator.status) ? WEXITSTATUS(coordinator.status) : kExitFailure;
       }
       Announce();
-      if (g_interrupted) {
-        std::cerr << "\nlocalpar: interrupted; stopping the coordinator and " << stages_
-                  << " workers\n";
+      if (g_interrupted > 1 || (g_interrupted && coordinator.exited)) {
+        std::cerr << "\nlocalpar: interrupted again; stopping the coordinator and " << stages_
+                  << " workers now, without writing anything more\n";
         StopAll(children_, std::chrono::seconds(5));
         return kExitInterrupted;
+      }
+      if (g_interrupted && !interrupt_forwarded_) {
+        interrupt_forwarded_ = true;
+        std::cerr << "\nlocalpar: interrupted; stopping after the current step and writing what "
+                     "the run has (Ctrl-C again to stop at once)\n";
+        kill(coordinator.pid, SIGINT);
       }
       for (int k = 0; k < stages_; ++k) {
         if (!children_[k].Lost()) continue;
@@ -330,6 +338,7 @@ class Launcher {
   std::vector<Child> children_;  // the workers in stage order, then the coordinator
   std::string checkpoint_dir_;
   bool status_announced_ = false;
+  bool interrupt_forwarded_ = false;
   bool targets_written_ = false;
   Clock::time_point worker_lost_at_ = Clock::time_point::max();
   HealthWatch health_;  // ids: the stage for workers, `stages_` for the coordinator
@@ -347,6 +356,18 @@ void RemoveStaleRunDirs() {
     std::optional<std::vector<int>> pid = ReadPortFile((e.path() / "launcher.pid").string(), 1);
     if (pid && kill((*pid)[0], 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
   }
+}
+
+// True when some process wrote to its log in `run_dir`: worth keeping after a failure.
+bool HoldsLogs(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir, ec)) {
+    if (e.path().filename().string().find(".log") != std::string::npos && e.is_regular_file(ec) &&
+        e.file_size(ec) > 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -374,6 +395,11 @@ int Launch(const LaunchOptions& o) {
       return kExitFailure;
     }
   }
+  SecurityOptions security;
+  if (absl::Status s = LoadSecurity(o.run.coordinator().security(), &security); !s.ok()) {
+    std::cerr << "localpar: " << s.message() << "\n";
+    return kExitUsage;
+  }
   RemoveStaleRunDirs();
   char tmpl[] = "/tmp/localpar.XXXXXX";
   if (!mkdtemp(tmpl)) {
@@ -389,14 +415,9 @@ int Launch(const LaunchOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const std::string run_dir = tmpl;
-  SecurityOptions security;
-  if (absl::Status s = LoadSecurity(o.run.coordinator().security(), &security); !s.ok()) {
-    std::cerr << "localpar: " << s.message() << "\n";
-    return kExitUsage;
-  }
   const int rc = Launcher(o, security, job->stages_size(), job->replicas(), run_dir).Run();
   std::error_code ec;
-  if (rc == kExitOk || rc == kExitInterrupted) {
+  if (rc == kExitOk || rc == kExitInterrupted || !HoldsLogs(run_dir)) {
     std::filesystem::remove_all(run_dir, ec);
   } else {
     std::filesystem::remove(run_dir + "/launcher.pid", ec);  // kept for its logs

@@ -43,6 +43,17 @@ int OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
 
 int LastStage(const TrainedModel& m) { return static_cast<int>(m.config.stages.size()) - 1; }
 
+// A CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180).
+std::string CsvField(const std::string& v) {
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string out = "\"";
+  for (char ch : v) {
+    out += ch;
+    if (ch == '"') out += '"';
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 int ExportCommandMain(const Args& args) {
@@ -54,14 +65,20 @@ int ExportCommandMain(const Args& args) {
                         "Writes the weights that JOB_FILE trained (weights.pb from --out of run or "
                         "train) as a safetensors file, or the network with its input normalisation "
                         "as an ONNX model (opset 17) that ONNX Runtime runs.",
-                        args, &c, {}, {"JOB_FILE", "WEIGHTS"}, &pos, &rc)) {
+                        args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"},
+                        &pos, &rc)) {
     return rc;
   }
   if (c.out().empty()) return Fail(kExitUsage, "--out: name the file to write");
   std::string format = c.format();
-  if (format.empty()) {
-    if (absl::EndsWith(c.out(), ".onnx")) format = "onnx";
-    if (absl::EndsWith(c.out(), ".safetensors")) format = "safetensors";
+  std::string named;  // the format --out's file name says
+  if (absl::EndsWith(c.out(), ".onnx")) named = "onnx";
+  if (absl::EndsWith(c.out(), ".safetensors")) named = "safetensors";
+  if (format.empty()) format = named;
+  if (!named.empty() && format != named) {
+    return Fail(kExitUsage, absl::StrCat("--out=", c.out(), " names a .", named,
+                                         " file, but --format=", c.format(),
+                                         "; make them agree (or leave --format out)"));
   }
   if (format != "onnx" && format != "safetensors") {
     return Fail(kExitUsage,
@@ -103,8 +120,12 @@ int PredictCommandMain(const Args& args) {
   if (!ParseCommandArgs("predict",
                         "localpar predict JOB_FILE WEIGHTS --input=PATH [flags]\n"
                         "Runs the trained network on your examples, with the input normalisation "
-                        "of training, and prints accuracy when labels are known.",
-                        args, &c, {}, {"JOB_FILE", "WEIGHTS"}, &pos, &rc)) {
+                        "of training, and prints accuracy when labels are known.\n"
+                        "Images go in as the training files held them: raw pixels 0..255 (bytes "
+                        "or floats); with\n--input_scaled, floats already in [0, 1]. Values that "
+                        "contradict that are refused.",
+                        args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"},
+                        &pos, &rc)) {
     return rc;
   }
   if (c.input().empty())
@@ -125,7 +146,15 @@ int PredictCommandMain(const Args& args) {
   }
   absl::StatusOr<Examples> ex = ReadExamples(c.input(), c.labels());
   if (!ex.ok()) return Fail(kExitBadData, std::string(ex.status().message()));
-  absl::StatusOr<std::vector<float>> inputs = PrepareInputs(model, *ex);
+  if (absl::Status s = MatchClassNames(model, &*ex); !s.ok()) {
+    return Fail(kExitBadData, absl::StrCat(c.input(), ": ", s.message()));
+  }
+  // Labels come from --labels, or from an image folder's class folders.
+  if (absl::Status s = CheckLabels(model, *ex); !s.ok()) {
+    return Fail(kExitBadData,
+                absl::StrCat(c.labels().empty() ? c.input() : c.labels(), ": ", s.message()));
+  }
+  absl::StatusOr<std::vector<float>> inputs = PrepareInputs(model, *ex, c.input_scaled());
   if (!inputs.ok()) {
     return Fail(kExitBadData, absl::StrCat(c.input(), ": ", inputs.status().message()));
   }
@@ -148,20 +177,47 @@ int PredictCommandMain(const Args& args) {
   } else {
     std::cout << absl::StrFormat("%d examples, stage %d's head\n", ex->count, stage);
   }
+  // A classifier's first predictions by class name, each example by its file where known.
+  const bool per_example = shape.size() == 2;
+  auto best = [&](int64_t r) {
+    const float* p = probs.data() + r * classes;
+    return std::max_element(p, p + classes) - p;
+  };
+  auto example_name = [&](int64_t r) {
+    return r < static_cast<int64_t>(ex->files.size()) ? ex->files[r] : absl::StrCat("example ", r);
+  };
+  constexpr int64_t kShown = 10;
+  if (per_example) {
+    for (int64_t r = 0; r < std::min(rows, kShown); ++r) {
+      std::cout << absl::StrFormat("  %s: %s (%.1f%%)\n", example_name(r),
+                                   ClassName(model, best(r)), 100.0 * probs[r * classes + best(r)]);
+    }
+    if (rows > kShown) {
+      std::cout << absl::StrFormat("  ... %d more%s\n", rows - kShown,
+                                   c.out().empty() ? " (--out=FILE.csv writes every one)" : "");
+    }
+  }
   if (!c.out().empty()) {
     if (c.logits()) probs = logits;
     absl::Status s;
     if (absl::EndsWith(c.out(), ".npy")) {
       s = WriteNpyFile(c.out(), std::vector<int64_t>(shape.begin(), shape.end()), probs);
     } else {
+      // example[,file][,position],predicted, then a column per class named after it.
+      const bool files = !ex->files.empty();
       std::string csv = "example";
+      if (files) csv += ",file";
       if (shape.size() > 2) csv += ",position";
-      for (int64_t k = 0; k < classes; ++k) absl::StrAppend(&csv, ",p", k);
+      csv += ",predicted";
+      for (int64_t k = 0; k < classes; ++k)
+        absl::StrAppend(&csv, ",", CsvField(ClassName(model, k)));
       csv += "\n";
       const int64_t positions = rows / std::max<int64_t>(1, ex->count);
       for (int64_t r = 0; r < rows; ++r) {
         absl::StrAppend(&csv, r / positions);
+        if (files) absl::StrAppend(&csv, ",", CsvField(ex->files[r / positions]));
         if (shape.size() > 2) absl::StrAppend(&csv, ",", r % positions);
+        absl::StrAppend(&csv, ",", CsvField(ClassName(model, best(r))));
         for (int64_t k = 0; k < classes; ++k)
           absl::StrAppend(&csv, absl::StrFormat(",%.6g", probs[r * classes + k]));
         csv += "\n";

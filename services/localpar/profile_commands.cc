@@ -29,13 +29,13 @@ constexpr char kProjectUsage[] =
 
 // Parses the command, loads the job (without the stage regrouping: for plan --stages is
 // the target) and times every layer on the backend --device and --threads pick.
-int Profile(const char* command, const char* usage, const Args& args, v1::ProfileCommand* c,
-            v1::Job* job, std::vector<UnitProfile>* units, std::string* device,
-            bool per_replica = false) {
+int Profile(const char* command, const char* usage, const Args& args, const FlagOptions& flags,
+            v1::ProfileCommand* c, v1::Job* job, std::vector<UnitProfile>* units,
+            std::string* device, bool per_replica = false) {
   *c = ProfileDefaults();
   std::string path;
   int rc = 0;
-  if (!ParseCommand(command, usage, args, c, {}, &path, &rc)) return rc;
+  if (!ParseCommand(command, usage, args, c, flags, &path, &rc)) return rc;
   v1::JobOverrides overrides = c->overrides();
   if (!c->json()) overrides.clear_stages();  // --json describes the job's stages as regrouped
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(path, overrides);
@@ -115,7 +115,12 @@ int PlanCommandMain(const Args& args) {
   v1::Job job;
   std::vector<UnitProfile> profile;
   std::string device;
-  if (int rc = Profile("plan", kPlanUsage, args, &c, &job, &profile, &device); rc >= 0) return rc;
+  const FlagOptions flags =
+      KeepOverrides({"stages", "rule", "batch_size", "data_path"},
+                    {"project_stages", "link_gbps", "latency_us", "cores", "json"});
+  if (int rc = Profile("plan", kPlanUsage, args, flags, &c, &job, &profile, &device); rc >= 0) {
+    return rc;
+  }
   const int stages = c.overrides().stages();
   if (stages < 1) return Fail(kExitUsage, "plan needs --stages=K (K >= 1)");
   absl::StatusOr<Partition> best = BestPartition(profile, stages);
@@ -148,7 +153,9 @@ int ProjectCommandMain(const Args& args) {
   v1::Job job;
   std::vector<UnitProfile> profile;
   std::string device;
-  if (int rc = Profile("project", kProjectUsage, args, &c, &job, &profile, &device, true);
+  const FlagOptions flags =
+      KeepOverrides({"stages", "replicas", "rule", "batch_size", "data_path"}, {"naive"});
+  if (int rc = Profile("project", kProjectUsage, args, flags, &c, &job, &profile, &device, true);
       rc >= 0) {
     return rc;
   }

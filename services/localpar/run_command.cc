@@ -21,9 +21,8 @@ int RunCommandMain(const Args& args) {
   o.run = RunDefaults();
   FlagOptions flags;
   // The launcher sets these itself; --resume=DIR stands for --resume plus the directory.
-  flags.exclude = {"coordinator.job",    "coordinator.workers",
-                   "coordinator.resume", "coordinator.resume_if_present",
-                   "metrics_port_file",  "status_port_file"};
+  flags.exclude = {"coordinator.job", "coordinator.workers", "coordinator.resume",
+                   "metrics_port_file", "status_port_file"};
   int rc = 0;
   if (!ParseCommand("run",
                     "localpar run JOB_FILE [flags]\n"
@@ -35,9 +34,6 @@ int RunCommandMain(const Args& args) {
   const v1::RunCommand& r = o.run;
   if (r.threads() < 1) return Fail(kExitUsage, "--threads must be >= 1");
   if (r.queue_capacity() < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
-  if (r.device() != "cpu" && r.device() != "cuda" && r.device() != "auto") {
-    return Fail(kExitUsage, "--device=" + r.device() + ": expected cpu, cuda or auto");
-  }
   o.bin_dir = BinDir();
   return Launch(o);
 }

@@ -68,163 +68,25 @@ def torch_child(args):
     with open(args.job) as f:
         text_format.Parse(f.read(), job)
     nn = torch.nn
-
-    class PositionEmbedding(nn.Module):  # a learned vector per position
-        def __init__(self, t, d):
-            super().__init__()
-            self.table = nn.Parameter(torch.randn(t, d) * 0.02)
-
-        def forward(self, x):
-            return x + self.table
-
-    class PositionalEncoding(nn.Module):  # fixed sinusoids, as localpar's
-        def __init__(self, t, d):
-            super().__init__()
-            pos = torch.arange(t, dtype=torch.float64)[:, None]
-            i = torch.arange(d)
-            freq = torch.pow(10000.0, -((i - i % 2).double()) / d)
-            pe = torch.where(i % 2 == 0, torch.sin(pos * freq), torch.cos(pos * freq))
-            self.register_buffer("pe", pe.float())
-
-        def forward(self, x):
-            return x + self.pe
-
-    class CausalSelfAttention(nn.Module):  # nanoGPT's, without dropout
-        def __init__(self, d, heads):
-            super().__init__()
-            self.qkv, self.out, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(x).split(d, dim=2)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5)
-            mask = torch.ones(t, t, dtype=torch.bool).tril()
-            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
-
-    class Block(nn.Module):  # pre-norm: x + attention(ln(x)), then x + mlp(ln(x))
-        def __init__(self, d, heads, hidden):
-            super().__init__()
-            self.ln1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, heads)
-            self.ln2 = nn.LayerNorm(d)
-            self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(approximate="tanh"),
-                                     nn.Linear(hidden, d))
-
-        def forward(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
-
-    def layer(spec, shape):  # shape: (C, H, W), (F,), (T,) token ids or (T, D)
-        kind = spec.WhichOneof("kind")
-        if kind == "linear":
-            n = 1
-            for d in shape:
-                n *= d
-            return nn.Sequential(nn.Flatten(), nn.Linear(n, spec.linear.out_features)), \
-                (spec.linear.out_features,)
-        if kind == "relu":
-            return nn.ReLU(), shape
-        if kind == "gelu":
-            return nn.GELU(approximate="tanh"), shape
-        if kind == "dropout":
-            return nn.Dropout(spec.dropout.rate), shape
-        if kind == "flatten":
-            n = 1
-            for d in shape:
-                n *= d
-            return nn.Flatten(), (n,)
-        if kind == "conv2d":
-            c = spec.conv2d
-            k, s, p = c.kernel or 3, c.stride or 1, c.padding
-            h = (shape[1] + 2 * p - k) // s + 1
-            w = (shape[2] + 2 * p - k) // s + 1
-            return nn.Conv2d(shape[0], c.out_channels, k, s, p), (c.out_channels, h, w)
-        if kind == "batch_norm":
-            return (nn.BatchNorm2d(shape[0]) if len(shape) == 3 else nn.BatchNorm1d(shape[0])), shape
-        if kind == "layer_norm":
-            return nn.LayerNorm(shape[-1]), shape
-        if kind in ("max_pool", "avg_pool"):
-            c = getattr(spec, kind)
-            k = c.kernel or 2
-            s = c.stride or k
-            pool = (nn.MaxPool2d(k, s, c.padding) if kind == "max_pool"
-                    else nn.AvgPool2d(k, s, c.padding, count_include_pad=True))
-            return pool, (shape[0], (shape[1] + 2 * c.padding - k) // s + 1,
-                          (shape[2] + 2 * c.padding - k) // s + 1)
-        if kind == "global_avg_pool":
-            return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), (shape[0],)
-        if kind == "embedding":
-            return nn.Embedding(spec.embedding.vocab, spec.embedding.dim), \
-                (shape[0], spec.embedding.dim)
-        if kind == "position_embedding":
-            return PositionEmbedding(*shape), shape
-        if kind == "positional_encoding":
-            return PositionalEncoding(*shape), shape
-        if kind == "dense":
-            return nn.Linear(shape[-1], spec.dense.out_features), \
-                (*shape[:-1], spec.dense.out_features)
-        if kind == "causal_self_attention":
-            return CausalSelfAttention(shape[-1], spec.causal_self_attention.heads or 1), shape
-        if kind == "transformer_block":
-            t = spec.transformer_block
-            return Block(shape[-1], t.heads or 1, t.mlp_hidden or 4 * shape[-1]), shape
-        if kind == "residual":
-            body, cur = [], shape
-            for b in spec.residual.body:
-                m, cur = layer(b, cur)
-                body.append(m)
-
-            class Residual(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.body = nn.Sequential(*body)
-
-                def forward(self, x):
-                    return x + self.body(x)
-            return Residual(), shape
-        raise SystemExit(f"torch_compare: no twin for layer kind {kind}")
-
-    def head(spec, shape, classes):
-        kind = job_pb2.Head.Kind.Name(spec.kind)
-        if kind == "LANGUAGE_MODEL":  # per position: layer norm, then the logits
-            return nn.Sequential(nn.LayerNorm(shape[-1]), nn.Linear(shape[-1], classes))
-        mods = []
-        if kind == "POOL_LINEAR" and len(shape) == 3:
-            mods, shape = [nn.AdaptiveAvgPool2d(1), nn.Flatten()], (shape[0],)
-        elif kind == "MLP":
-            n = 1
-            for d in shape:
-                n *= d
-            mods, shape = [nn.Flatten(), nn.Linear(n, spec.hidden or 256), nn.ReLU()], \
-                (spec.hidden or 256,)
-        elif kind == "CONV_POOL_LINEAR":
-            ch = spec.channels or 32
-            mods = [nn.Conv2d(shape[0], ch, 3, 1, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                    nn.Flatten()]
-            shape = (ch,)
-        n = 1
-        for d in shape:
-            n *= d
-        return nn.Sequential(*mods, nn.Flatten(), nn.Linear(n, classes))
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import torch_twin  # noqa: E402
 
     # The data's shape and classes: token windows for a language model, images otherwise.
     source = job.data.WhichOneof("source")
     if source in ("text", "tokens"):
         seq = getattr(job.data, source).seq_len or 64
         classes = 256 if source == "text" else job.data.tokens.vocab
-        shape = (seq,)
+        input_shape = (seq,)
     else:
-        classes, shape = 10, (1, 28, 28)
-    sequence = len(shape) == 1 and source in ("text", "tokens")
-    stages, heads = [], []
+        classes, input_shape = 10, (28, 28, 1)
+    # The twin needs the head sizes localpar fills in when the job leaves them out.
     for st in job.stages:
-        mods = []
-        for spec in st.layers:
-            m, shape = layer(spec, shape)
-            mods.append(m)
-        stages.append(nn.Sequential(*mods))
-        heads.append(head(st.head, shape, classes))
+        if st.head.kind == job_pb2.Head.MLP and not st.head.hidden:
+            st.head.hidden = 256
+        if st.head.kind == job_pb2.Head.CONV_POOL_LINEAR and not st.head.channels:
+            st.head.channels = 32
+    twin, sequence = torch_twin.build(torch, job, classes, input_shape, job_pb2)
+    stages, heads = twin.stage_modules(), twin.head_modules()
     params = [p for m in stages + heads for p in m.parameters()]
     # localpar counts batch norm's running statistics among a stage's parameters; PyTorch
     # keeps them as buffers.
@@ -244,7 +106,7 @@ def torch_child(args):
     ce = nn.CrossEntropyLoss()
     batch = job.batch_size or 128
     if sequence:
-        x = torch.randint(0, classes, (batch, shape[0] if len(shape) == 1 else seq))
+        x = torch.randint(0, classes, (batch, seq))
         y = torch.randint(0, classes, (batch, seq))
 
         def xent(logits, labels):

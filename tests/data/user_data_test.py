@@ -13,6 +13,7 @@ classes declared wrongly, an image of another size, and no test split without a 
 import gzip
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -47,6 +48,7 @@ def idx(name, offset):
 def png(path, img):
     h, w = img.shape[:2]
     colour = img.ndim == 3
+    kind = (6 if img.shape[2] == 4 else 2) if colour else 0  # RGBA, RGB or grey
     raw = b"".join(b"\x00" + img[r].tobytes() for r in range(h))
 
     def chunk(kind, data):
@@ -54,7 +56,7 @@ def png(path, img):
                 struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
     with open(path, "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n" +
-                chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2 if colour else 0, 0, 0, 0)) +
+                chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, kind, 0, 0, 0)) +
                 chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
@@ -79,7 +81,8 @@ def write_job(work, name, data):
 def final_test_accuracy(out):
     with open(os.path.join(out, "report.json")) as f:
         report = json.load(f)
-    return report["epochs"][-1]["test"][-1]["accuracy"]
+    last = report["epochs"][-1]
+    return (last.get("test") or last["validation"])[-1]["accuracy"]
 
 
 def main():
@@ -109,7 +112,8 @@ def main():
             out = os.path.join(work, f"limited_{how}")
             lp(how, job, "--quiet", f"--out={out}")
             with open(os.path.join(out, "report.json")) as f:
-                scored = [t["examples"] for e in json.load(f)["epochs"] for t in e["test"]]
+                scored = [t["examples"] for e in json.load(f)["epochs"]
+                          for t in e.get("test") or e["validation"]]
             if set(scored) != {100}:
                 raise Failure(f"eval_limit 100 ({how}): evaluations scored {scored}")
         print("user_data_test: eval_limit 100 scores 100 examples per evaluation (run and train)")
@@ -118,7 +122,7 @@ def main():
         np.savez_compressed(npzc, x_train=x.astype(np.float32) / 255, y_train=y.astype(np.int32))
         job = write_job(work, "npzc", f'numpy {{ npz: "{npzc}" }} holdout_fraction: 0.2')
         out = lp("train", job, "--quiet", f"--out={work}/holdout_train")
-        if "1200 train / 300 test" not in out:
+        if "1200 train / 300 validation" not in out:
             raise Failure(f"holdout_fraction 0.2 of 1500 should leave 1200 / 300:\n{out}")
         lp("run", job, "--quiet", f"--out={work}/holdout_run")
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "containers"))
@@ -157,6 +161,68 @@ def main():
         if f"{100 * want:.2f}%" not in line:
             raise Failure(f"predict on the test folder says {line!r}, the run {want:.4f}")
         print(f"user_data_test: image folder of PNGs: run, then predict agrees ({line})")
+
+        # Class names travel with the weights: predict names each image's file and class,
+        # the CSV has a column per class name, and the exports carry them.
+        if not re.search(r"test/(pullover|trouser|tshirt)/\d{5}\.png: (pullover|trouser|tshirt) "
+                         r"\(\d+\.\d%\)", got):
+            raise Failure(f"predict does not name the files and classes:\n{got}")
+        csv_out = os.path.join(work, "preds.csv")
+        lp("predict", job, f"{run_out}/weights.pb", f"--input={folders}/test", f"--out={csv_out}")
+        with open(csv_out) as f:
+            header, first = f.readline().strip(), f.readline().strip().split(",")
+        if header != "example,file,predicted,pullover,trouser,tshirt" or \
+                not first[1].endswith(".png") or first[2] not in names:
+            raise Failure(f"predict's CSV: {header} / {first}")
+        st = os.path.join(work, "folders.safetensors")
+        lp("export", job, f"{run_out}/weights.pb", f"--out={st}")
+        with open(st, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            meta = json.loads(f.read(n))["__metadata__"]
+        if json.loads(meta["class_names"]) != names:
+            raise Failure(f"safetensors metadata class_names: {meta.get('class_names')}")
+        onnx = os.path.join(work, "folders.onnx")
+        lp("export", job, f"{run_out}/weights.pb", f"--out={onnx}")
+        if b'localpar.class_names' not in open(onnx, "rb").read() or \
+                b'["pullover","trouser","tshirt"]' not in open(onnx, "rb").read():
+            raise Failure("the ONNX metadata has no class names")
+        # A folder with some of the classes, in another order, is scored by name; a class
+        # the model does not know is refused, naming it.
+        part = os.path.join(work, "part")
+        shutil.copytree(os.path.join(folders, "test", "tshirt"), os.path.join(part, "a_tshirt"))
+        shutil.copytree(os.path.join(folders, "test", "trouser"), os.path.join(part, "trouser"))
+        out = lp("predict", job, f"{run_out}/weights.pb", f"--input={part}", expect=4)
+        if "class folder a_tshirt is not one of the model's classes" not in out:
+            raise Failure(f"an unknown class folder is not refused by name:\n{out}")
+        os.rename(os.path.join(part, "a_tshirt"), os.path.join(part, "tshirt"))
+        out = lp("predict", job, f"{run_out}/weights.pb", f"--input={part}")
+        if "accuracy:" not in out:
+            raise Failure(f"a folder with 2 of the 3 classes is not scored:\n{out}")
+        print("user_data_test: class names in predict's lines and CSV, safetensors and ONNX; "
+              "a folder of some classes scored by name")
+
+        # Folder hygiene: a stray file is skipped with a warning; an RGBA image in a grey
+        # folder and an empty class folder are refused, naming them.
+        notes = os.path.join(folders, "train", "trouser", "notes.txt")
+        with open(notes, "w") as f:
+            f.write("not an image\n")
+        out = lp("data", job)
+        if "warning" not in out or "skipped 1 file(s) that are not .png (notes.txt)" not in out:
+            raise Failure(f"a non-PNG file is skipped silently:\n{out}")
+        os.remove(notes)
+        rgba = os.path.join(folders, "train", "trouser", "zz_rgba.png")
+        png(rgba, np.zeros((14, 14, 4), np.uint8))
+        out = lp("data", job, expect=4)
+        if "zz_rgba.png: is colour with alpha (RGBA)" not in out or "grey" not in out:
+            raise Failure(f"an RGBA image in a grey folder is not refused:\n{out}")
+        os.remove(rgba)
+        os.makedirs(os.path.join(folders, "train", "zempty"))
+        out = lp("data", job, expect=4)
+        if "zempty: class folder holds no .png files" not in out:
+            raise Failure(f"an empty class folder is not refused:\n{out}")
+        os.rmdir(os.path.join(folders, "train", "zempty"))
+        print("user_data_test: a stray file warned about; RGBA in a grey folder and an empty class "
+              "folder refused, naming them")
 
         # Bad input: exit 4, naming the file.
         bad = os.path.join(work, "bad.npy")

@@ -2,8 +2,9 @@
 
   export_test.py BUILD_DIR SOURCE_DIR
 
-For fashion_mlp, fashion_resnet, fortunes_charlm and tests/onnx/every_layer.textproto (every
-image layer and head kind), a short training run's weights are exported to ONNX, run in ONNX
+For fashion_mlp, fashion_resnet, fortunes_charlm, tests/onnx/every_layer.textproto (every
+image layer and head kind) and tests/onnx/every_sequence_layer.textproto (a learned position
+embedding and a tied output on tiny Shakespeare), a short training run's weights are exported to ONNX, run in ONNX
 Runtime (npm's onnxruntime-node, tests/onnx/node_modules) and compared with `localpar predict
 --logits` on the same raw examples: max |difference| <= 1e-4, the same argmax on >= 99.9%.
 For every stage of the ResNet too. The MLP's safetensors file is read with NumPy alone (its
@@ -14,6 +15,7 @@ errors: a job that does not match its weights, a corrupt .npy, labels out of ran
 import glob
 import gzip
 import json
+import re
 import os
 import shutil
 import struct
@@ -43,8 +45,8 @@ def lp(*args, expect=0, timeout=600):
 
 
 def job(name):
-    if name == "every_layer":
-        return os.path.join(SOURCE, "tests", "onnx", "every_layer.textproto")
+    if name.startswith("every_"):
+        return os.path.join(SOURCE, "tests", "onnx", f"{name}.textproto")
     return os.path.join(SOURCE, "deploy", "jobs", f"{name}.textproto")
 
 
@@ -62,9 +64,17 @@ def fortunes_windows(n, t=64):
     return np.stack([text[s:s + t] for s in starts]).astype(np.int64)
 
 
-def run_ort(model, inputs, expected):
+def shakespeare_windows(n, t=32):
+    path = os.path.join(SOURCE, "..", "shared", "data", "tinyshakespeare.txt")
+    text = np.frombuffer(open(path, "rb").read(), np.uint8)
+    # From the last tenth, the job's validation text.
+    starts = len(text) * 9 // 10 + np.arange(n) * ((len(text) // 10 - t) // n)
+    return np.stack([text[s:s + t] for s in starts]).astype(np.int64)
+
+
+def run_ort(model, inputs, expected, labels=None):
     p = subprocess.run(["node", os.path.join(SOURCE, "tests", "onnx", "run_onnx.js"), model,
-                        inputs, expected], capture_output=True, text=True, timeout=600,
+                        inputs, expected, *([labels] if labels else [])], capture_output=True, text=True, timeout=600,
                        env=dict(ENV, NODE_PATH=os.path.dirname(ORT)))
     if p.returncode != 0:
         raise Failure(f"ONNX Runtime on {model}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
@@ -72,21 +82,41 @@ def run_ort(model, inputs, expected):
     return figures
 
 
-def check_onnx(work, name, steps, inputs, stages=None):
+def check_onnx(work, name, steps, inputs, stages=None, pixels=False, labels=None):
+    """ONNX Runtime against predict. Images go to predict as the files hold them ([N, H, W,
+    C], pixel bytes 0..255) and to ONNX Runtime as a PyTorch user holds them: [N, C, H, W],
+    pixels scaled to [0, 1]. With labels, both must score the same accuracy."""
     out = os.path.join(work, name)
     lp("train", job(name), f"--max_steps={steps}", f"--out={out}", "--quiet")
     weights = os.path.join(out, "weights.pb")
     x = os.path.join(work, f"{name}.input.npy")
     np.save(x, inputs)
+    xo = x
+    if inputs.ndim == 4:
+        scaled = inputs * (np.float32(1) / np.float32(255)) if pixels else inputs
+        xo = os.path.join(work, f"{name}.nchw.npy")
+        np.save(xo, scaled.astype(np.float32).transpose(0, 3, 1, 2).copy())
+    y = None
+    if labels is not None:
+        y = os.path.join(work, f"{name}.labels.npy")
+        np.save(y, labels)
     for stage in stages or [None]:
         flag = [] if stage is None else [f"--stage={stage}"]
         model = os.path.join(work, f"{name}{'' if stage is None else stage}.onnx")
         logits = os.path.join(work, f"{name}{'' if stage is None else stage}.logits.npy")
         lp("export", job(name), weights, f"--out={model}", *flag)
-        lp("predict", job(name), weights, f"--input={x}", "--logits", f"--out={logits}", *flag)
-        f = run_ort(model, x, logits)
+        said = lp("predict", job(name), weights, f"--input={x}", "--logits", f"--out={logits}",
+                  *flag, *([f"--labels={y}"] if y else []))
+        f = run_ort(model, xo, logits, y)
         print(f"export_test: {name} stage {'last' if stage is None else stage}: {f['rows']} rows, "
               f"max |diff| {f['max_abs_diff']:.2e}, argmax agreement {f['argmax_agreement']:.4f}")
+        if y:
+            m = re.search(r"accuracy: ([0-9.]+)% \((\d+) of", said)
+            if not m or int(m.group(2)) != f["correct"]:
+                raise Failure(f"{name}: ONNX Runtime gets {f['correct']} of {f['rows']} right, "
+                              f"predict said: {said}")
+            print(f"export_test: {name}: ONNX Runtime on [N, C, H, W] in [0, 1] scores "
+                  f"{m.group(1)}% ({f['correct']} of {f['rows']}), as predict does")
     return weights
 
 
@@ -100,7 +130,8 @@ def read_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", info
+        if info["dtype"] != "F32":  # batch norm's num_batches_tracked (int64)
+            continue
         b, e = info["data_offsets"]
         tensors[name] = np.frombuffer(body[b:e], np.float32).reshape(info["shape"])
     return header["__metadata__"], tensors
@@ -115,10 +146,9 @@ def check_safetensors(work, weights):
     raw = fashion_test_images(2000)
     x = ((raw * np.float32(meta["input_scale"]) - np.float32(meta["input_mean"])) *
          np.float32(meta["input_inv_std"])).reshape(len(raw), -1)
-    for block in ["block1", "block2", "block3", "block4"]:  # linear + relu, PyTorch [out, in]
-        x = np.maximum(x @ t[f"{block}.layers.0.linear.weight"].T +
-                       t[f"{block}.layers.0.linear.bias"], 0)
-    logits = x @ t["block4.head.0.linear.weight"].T + t["block4.head.0.linear.bias"]
+    for i in (0, 2, 4, 6):  # linear + relu, PyTorch [out, in]
+        x = np.maximum(x @ t[f"layers.{i}.weight"].T + t[f"layers.{i}.bias"], 0)
+    logits = x @ t["heads.7.0.weight"].T + t["heads.7.0.bias"]
     xin = os.path.join(work, "mlp_st.input.npy")
     ref = os.path.join(work, "mlp_st.logits.npy")
     np.save(xin, raw)
@@ -156,13 +186,44 @@ def check_init_from(work, weights, st):
     print("export_test: --init_from: train and run bitwise equal, from weights.pb and safetensors")
 
 
+def labels_of_test_set(n):
+    raw = gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")).read()
+    return np.frombuffer(raw, np.uint8, offset=8)[:n].astype(np.int64)
+
+
+def check_input_range(work, weights):
+    """Images already scaled to [0, 1] (torchvision's ToTensor()) are refused unless
+    --input_scaled says so; with it, the accuracy is that of the raw 0..255 images."""
+    raw = fashion_test_images(2000)
+    x255 = os.path.join(work, "x255.npy")
+    x01 = os.path.join(work, "x01.npy")
+    y = os.path.join(work, "y.npy")
+    np.save(x255, raw)
+    np.save(x01, raw / np.float32(255))
+    np.save(y, labels_of_test_set(2000))
+    want = lp("predict", job("fashion_mlp"), weights, f"--input={x255}", f"--labels={y}")
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={x01}", f"--labels={y}", expect=4)
+    if "--input_scaled" not in out or "0..255" not in out or "x01.npy" not in out:
+        raise Failure(f"inputs in [0, 1] are not refused with the way out:\n{out}")
+    got = lp("predict", job("fashion_mlp"), weights, f"--input={x01}", f"--labels={y}",
+             "--input_scaled")
+    accuracy = [line for line in want.splitlines() if line.startswith("accuracy")]
+    if not accuracy or accuracy[0] not in got:
+        raise Failure(f"--input_scaled does not give the raw images' accuracy:\n{want}\n{got}")
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={x255}", "--input_scaled",
+             expect=4)
+    if "outside [0, 1]" not in out:
+        raise Failure(f"--input_scaled with raw pixels is not refused:\n{out}")
+    print(f"export_test: inputs in [0, 1] refused without --input_scaled; with it, {accuracy[0]}")
+
+
 def check_errors(work, weights):
     cnn = job("fashion_cnn")
     out = lp("export", cnn, weights, f"--out={work}/x.onnx", expect=3)
-    if "conv1.layers.0.conv2d.weight" not in out:
+    if "layers.0.weight" not in out:
         raise Failure(f"a mismatched export does not name the parameter:\n{out}")
     out = lp("train", cnn, "--max_steps=1", f"--init_from={weights}", "--quiet", expect=3)
-    if "--init_from" not in out or "conv2d.weight" not in out:
+    if "--init_from" not in out or "layers.0.weight" not in out:
         raise Failure(f"a mismatched --init_from does not name the parameter:\n{out}")
     bad = os.path.join(work, "bad.npy")
     with open(bad, "wb") as f:
@@ -175,7 +236,7 @@ def check_errors(work, weights):
     np.save(x, fashion_test_images(5).astype(np.uint8))
     np.save(y, np.array([1, 2, 3, 4, 12], np.int64))
     out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
-    if "label 4 is 12" not in out:
+    if "few_labels.npy: label 4 is 12" not in out:
         raise Failure(f"a label out of range is not named by index:\n{out}")
     np.save(y, np.array([1, 2, 3], np.int64))
     out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
@@ -191,14 +252,18 @@ def main():
     work = tempfile.mkdtemp(prefix="localpar-export-")
     try:
         images = fashion_test_images(10000)
-        mlp = check_onnx(work, "fashion_mlp", 200, images)
-        check_onnx(work, "fashion_resnet", 20, images[:3000], stages=[0, 1, 2, None])
+        mlp = check_onnx(work, "fashion_mlp", 200, images, pixels=True,
+                         labels=labels_of_test_set(10000))
+        check_onnx(work, "fashion_resnet", 20, images[:3000], stages=[0, 1, 2, None], pixels=True,
+                   labels=labels_of_test_set(3000))
         check_onnx(work, "fortunes_charlm", 20, fortunes_windows(1000))
         rng = np.random.default_rng(7)
         check_onnx(work, "every_layer", 0, rng.normal(0, 1, (500, 8, 8, 2)).astype(np.float32),
                    stages=[0, 1, 2, None])
+        check_onnx(work, "every_sequence_layer", 30, shakespeare_windows(500), stages=[0, None])
         st = check_safetensors(work, mlp)
         check_init_from(work, mlp, st)
+        check_input_range(work, mlp)
         check_errors(work, mlp)
     except Failure as e:
         print(f"export_test: FAILED: {e}")

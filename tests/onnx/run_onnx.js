@@ -1,8 +1,9 @@
 // Runs an exported .onnx model in ONNX Runtime (npm's onnxruntime-node, CPU) and compares its
-// outputs with localpar's own: node run_onnx.js MODEL INPUT.npy EXPECTED.npy
-// INPUT holds the raw examples (float32, or int64 token ids); EXPECTED localpar predict's
-// --logits output. Prints the figures as one JSON line and exits 1 when they miss the bar:
-// max |difference| <= 1e-4 and the same argmax on >= 99.9% of rows.
+// outputs with localpar's own: node run_onnx.js MODEL INPUT.npy EXPECTED.npy [LABELS.npy]
+// INPUT holds the model's inputs (float32, or int64 token ids); EXPECTED localpar predict's
+// --logits output; LABELS (int64, one per row) adds how many rows ONNX Runtime gets right.
+// Prints the figures as one JSON line and exits 1 when they miss the bar: max |difference|
+// <= 1e-4 and the same argmax on >= 99.9% of rows.
 'use strict';
 const fs = require('fs');
 const ort = require('onnxruntime-node');
@@ -28,9 +29,10 @@ function readNpy(path) {
 }
 
 async function main() {
-  const [model, inputPath, expectedPath] = process.argv.slice(2);
+  const [model, inputPath, expectedPath, labelsPath] = process.argv.slice(2);
   const input = readNpy(inputPath);
   const expected = readNpy(expectedPath);
+  const labels = labelsPath ? readNpy(labelsPath).values : null;
   const session = await ort.InferenceSession.create(model, {intraOpNumThreads: 1});
   const type = input.values instanceof BigInt64Array ? 'int64' : 'float32';
   const n = input.shape[0];
@@ -38,7 +40,7 @@ async function main() {
   const classes = expected.shape[expected.shape.length - 1];
   const outPer = expected.values.length / n;
   const batch = 500;
-  let maxDiff = 0, rows = 0, same = 0;
+  let maxDiff = 0, rows = 0, same = 0, correct = 0;
   for (let begin = 0; begin < n; begin += batch) {
     const m = Math.min(batch, n - begin);
     const slice = input.values.subarray(begin * per, (begin + m) * per);
@@ -54,12 +56,13 @@ async function main() {
         if (got > out[r * classes + a]) a = c;
         if (want > expected.values[begin * outPer + r * classes + e]) e = c;
       }
+      if (labels) correct += BigInt(a) === labels[rows] ? 1 : 0;
       rows += 1;
       same += a === e ? 1 : 0;
     }
   }
   const agree = same / rows;
-  console.log(JSON.stringify({model, rows, max_abs_diff: maxDiff, argmax_agreement: agree}));
+  console.log(JSON.stringify({model, rows, max_abs_diff: maxDiff, argmax_agreement: agree, correct}));
   if (!(maxDiff <= 1e-4) || agree < 0.999) process.exit(1);
 }
 

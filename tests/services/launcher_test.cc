@@ -282,8 +282,9 @@ stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: 
   }
 }
 
-// A directory of the user's own: the error names the files looked for, and does not send
-// the user to the Debian package (that hint is for the default directory only).
+// A directory of the user's own: the error names the field and the folder (and, for a
+// folder that is there, the files looked for), and does not send the user to the Debian
+// package (that hint is for the default directory only).
 TEST(Launcher, AMissingDataSetIsADataErrorNamingTheFiles) {
   TempDir dir;
   std::string job = dir.Write("job.textproto",
@@ -291,8 +292,18 @@ TEST(Launcher, AMissingDataSetIsADataErrorNamingTheFiles) {
                               "stages { layers { linear { out_features: 4 } } }\n");
   auto r = RunProcess({testing::BinDir() + "/localpar", "run", job}, 30);
   EXPECT_EQ(r.exit_code, 4) << r.output;
-  EXPECT_NE(r.output.find("/nonexistent/train-images-idx3-ubyte.gz (or "
-                          "/nonexistent/train-images-idx3-ubyte): no such file"),
+  EXPECT_NE(r.output.find("data.fashion_mnist.dir: /nonexistent: no such file or folder"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+  std::filesystem::create_directories(dir.path() + "/idx");
+  job = dir.Write("job.textproto",
+                  "rule: GREEDY data { fashion_mnist { dir: \"idx\" } }\n"
+                  "stages { layers { linear { out_features: 4 } } }\n");
+  r = RunProcess({testing::BinDir() + "/localpar", "run", job}, 30);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find(dir.path() + "/idx/train-images-idx3-ubyte.gz (or " + dir.path() +
+                          "/idx/train-images-idx3-ubyte): no such file"),
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
@@ -453,12 +464,75 @@ TEST(Launcher, ACheckpointOnDemandCommitsAndStatusShowsIt) {
   testing::WaitProcess(run.launcher, 30);
 }
 
-TEST(Launcher, CtrlCStopsEveryProcess) {
-  LongRun run;
+// Ctrl-C stops the run at a step: every process goes, the weights and the report so far
+// are written, and the message says what was kept and how to go on.
+TEST(Launcher, CtrlCStopsEveryProcessAndSaysWhatWasLost) {
+  TempDir out;
+  LongRun run({"--out=" + out.path()});
   ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
   kill(run.launcher, SIGINT);
-  EXPECT_EQ(testing::WaitProcess(run.launcher, 30), 130) << ReadFile(run.dir.path() + "/log");
+  EXPECT_EQ(testing::WaitProcess(run.launcher, 60), 130) << ReadFile(run.dir.path() + "/log");
   for (pid_t c : run.children) EXPECT_FALSE(testing::ProcessAlive(c)) << c;
+  const std::string log = ReadFile(run.dir.path() + "/log");
+  EXPECT_NE(log.find("localpar: interrupted after step "), std::string::npos) << log;
+  EXPECT_NE(
+      log.find(" of 500; the weights after that step and the report so far are in " + out.path()),
+      std::string::npos)
+      << log;
+  EXPECT_NE(log.find("with no --checkpoint_dir this run cannot be resumed"), std::string::npos)
+      << log;
+  EXPECT_NE(ReadFile(out.path() + "/report.json").find("\"interrupted\": true"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(out.path() + "/weights.pb"));
+}
+
+// With checkpoints, Ctrl-C leaves one at the step it stopped at, names it and the flag that
+// continues it; continuing ends bitwise equal to the uninterrupted reference.
+TEST(Launcher, CtrlCCheckpointsAndTheRunContinuesBitwiseEqual) {
+  TempDir ckpt;
+  LongRun run({"--checkpoint_dir=" + ckpt.path(), "--checkpoint_every_steps=100000"});
+  ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
+  kill(run.launcher, SIGINT);
+  EXPECT_EQ(testing::WaitProcess(run.launcher, 60), 130) << ReadFile(run.dir.path() + "/log");
+  for (pid_t c : run.children) EXPECT_FALSE(testing::ProcessAlive(c)) << c;
+  const std::string log = ReadFile(run.dir.path() + "/log");
+  EXPECT_NE(log.find("no --out, so no weights or report were written"), std::string::npos) << log;
+  EXPECT_NE(log.find("; checkpoint " + ckpt.path() +
+                     "/ckpt-000001 holds the run: to continue, "
+                     "run the same command with --resume=" +
+                     ckpt.path()),
+            std::string::npos)
+      << log;
+  const std::string job = run.dir.path() + "/job.textproto";
+  auto resumed = RunProcess({testing::BinDir() + "/localpar", "run", job, "--quiet",
+                             "--resume=" + ckpt.path(), "--out=" + run.dir.path() + "/resumed"},
+                            300);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + ckpt.path() + "/ckpt-000001"), std::string::npos)
+      << resumed.output;
+  ExpectWeightsFileEquals(run.dir.path() + "/resumed/weights.pb",
+                          testing::ReferenceWeights(job, run.dir.path() + "/ref"));
+}
+
+// `localpar train` stops at a step too, and says it cannot resume.
+TEST(Launcher, CtrlCStopsTrainAtAStepWritingWhatItHas) {
+  TempDir dir;
+  const std::string job = dir.Write("job.textproto", PipelineJob(50, 64 * 10));
+  pid_t train = testing::StartProcess(
+      {testing::BinDir() + "/localpar", "train", job, "--out=" + dir.path() + "/out"},
+      dir.path() + "/log");
+  for (int i = 0; i < 500 && ReadFile(dir.path() + "/log").find("step") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(train, SIGINT);
+  EXPECT_EQ(testing::WaitProcess(train, 60), 130);
+  const std::string log = ReadFile(dir.path() + "/log");
+  EXPECT_NE(log.find("localpar: interrupted after step "), std::string::npos) << log;
+  EXPECT_NE(log.find("`localpar train` keeps no checkpoints, so it cannot resume"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(ReadFile(dir.path() + "/out/report.json").find("\"interrupted\": true"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/out/weights.pb"));
 }
 
 TEST(Launcher, AKilledWorkerStopsTheJobWithWorkerLost) {

@@ -109,10 +109,17 @@ class CausalSelfAttention final : public Layer {
   }
   std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &out_proj_, &out_bias_}; }
 
-  ExportLayout TorchLayout(const Param& p) const override {
+  ExportLayout TorchLayout(const Param& p, const Shape& nchw) const override {
     if (&p == &wqkv_) return TransposedLayout(width_, 3 * width_);
     if (&p == &out_proj_) return TransposedLayout(width_, width_);
-    return Layer::TorchLayout(p);
+    return Layer::TorchLayout(p, nchw);
+  }
+  // nanoGPT's module: qkv and out, each an nn.Linear.
+  std::string TorchName(const Param& p) const override {
+    if (&p == &wqkv_) return "qkv.weight";
+    if (&p == &bqkv_) return "qkv.bias";
+    if (&p == &out_proj_) return "out.weight";
+    return "out.bias";
   }
 
   // [N, T, D]: qkv split into heads, softmax(q k^T * scale) over earlier positions,

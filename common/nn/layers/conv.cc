@@ -69,8 +69,8 @@ class Conv2d final : public Layer {
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
 
   // Ours: [(ky * k + kx) * cin + ci, co]; PyTorch's (and ONNX's): [co, ci, ky, kx].
-  ExportLayout TorchLayout(const Param& p) const override {
-    if (&p != &weight_) return Layer::TorchLayout(p);
+  ExportLayout TorchLayout(const Param& p, const Shape& nchw) const override {
+    if (&p != &weight_) return Layer::TorchLayout(p, nchw);
     const int64_t k = window_.kernel, cin = window_.channels, cout = out_channels_;
     ExportLayout l;
     l.shape = {cout, cin, k, k};

@@ -103,6 +103,7 @@ class Flatten final : public Layer {
  public:
   explicit Flatten(const Shape& in) { out_shape_ = {NumElements(in)}; }
   const char* kind() const override { return "flatten"; }
+  bool flattens_image() const override { return true; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     c.out = x.Reshaped({x.rows(), x.row_size()});
   }

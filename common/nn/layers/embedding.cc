@@ -68,6 +68,7 @@ class Embedding final : public Layer {
     table_ = MakeParam(b, "table", UniformInit(b, {vocab, dim}, 1.0f, HashCombine(seed, 1)));
   }
   const char* kind() const override { return "embedding"; }
+  std::string TorchName(const Param&) const override { return "weight"; }  // nn.Embedding
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     Shape s = x.shape();
     s.push_back(dim_);

@@ -54,9 +54,27 @@ class Linear final : public Layer {
     return true;
   }
 
-  ExportLayout TorchLayout(const Param& p) const override {
-    if (&p == &weight_) return TransposedLayout(in_, out_);
-    return Layer::TorchLayout(p);
+  // PyTorch's [out, in], its inputs in the order torch.flatten gives an [C, H, W] image
+  // (ours are [H, W, C]) when the input is one, or was one before a flatten layer.
+  ExportLayout TorchLayout(const Param& p, const Shape& nchw) const override {
+    if (&p != &weight_) return Layer::TorchLayout(p, nchw);
+    const Shape& image = !tokenwise_ && in_shape_.size() == 3 ? in_shape_ : nchw;
+    if (tokenwise_ || image.size() != 3 || NumElements(image) != in_) {
+      return TransposedLayout(in_, out_);
+    }
+    const int64_t h = image[0], w = image[1], c = image[2];
+    ExportLayout l;
+    l.shape = {out_, in_};
+    l.to_ours.resize(static_cast<size_t>(in_ * out_));
+    int64_t i = 0;
+    for (int64_t o = 0; o < out_; ++o) {
+      for (int64_t ci = 0; ci < c; ++ci) {
+        for (int64_t y = 0; y < h; ++y) {
+          for (int64_t x = 0; x < w; ++x) l.to_ours[i++] = ((y * w + x) * c + ci) * out_ + o;
+        }
+      }
+    }
+    return l;
   }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
     std::string flat = x;

@@ -21,6 +21,7 @@ class LayerNorm final : public Layer {
     beta_ = MakeParam(b, "beta", ConstantInit(b, {cols_}, 0.0f));
   }
   const char* kind() const override { return "layer_norm"; }
+  std::string TorchName(const Param& p) const override { return &p == &gamma_ ? "weight" : "bias"; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext&) override {
     int64_t rows = x.numel() / cols_;
     c.out.Ensure(backend_, x.shape());
@@ -65,6 +66,13 @@ class BatchNorm final : public Layer {
     running_var_.value = ConstantInit(b, {cols_}, 1.0f);
   }
   const char* kind() const override { return "batch_norm"; }
+  // nn.BatchNorm's names: weight and bias, running_mean and running_var as they are.
+  std::string TorchName(const Param& p) const override {
+    if (&p == &gamma_) return "weight";
+    if (&p == &beta_) return "bias";
+    return p.name;
+  }
+  bool tracks_batches() const override { return true; }
   void Forward(const Tensor& x, LayerCache& c, const ForwardContext& ctx) override {
     int64_t rows = x.numel() / cols_;
     c.out.Ensure(backend_, x.shape());

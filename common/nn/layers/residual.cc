@@ -44,6 +44,7 @@ class Residual final : public Layer {
     }
     return out;
   }
+  std::string TorchChildName(size_t j) const override { return "body." + std::to_string(j); }
   std::vector<const Layer*> children() const override {
     std::vector<const Layer*> out;
     for (const auto& l : body_) out.push_back(l.get());

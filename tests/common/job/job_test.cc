@@ -224,6 +224,51 @@ TEST(JobFiles, MissingFileIsNotFound) {
 namespace localpar {
 namespace {
 
+// Relative data paths are relative to the job file's folder, whatever the current
+// directory; a missing file or folder of any source is a data error naming the field and
+// the path as resolved.
+TEST(JobFiles, EveryDataSourceResolvesAndChecksItsPathsNamingTheField) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "jobs-relative" / "sub";
+  std::filesystem::remove_all(dir.parent_path());  // files a previous run left beside the job
+  std::filesystem::create_directories(dir);
+  const std::string job = (dir / "job.textproto").string();
+  const std::vector<std::pair<std::string, std::string>> sources = {
+      {"numpy { npz: \"blobs.npz\" }", "data.numpy.npz"},
+      {"numpy { x_train: \"x.npy\" y_train: \"y.npy\" } holdout_fraction: 0.1",
+       "data.numpy.x_train"},
+      {"image_folder { train_dir: \"pics\" } holdout_fraction: 0.1", "data.image_folder.train_dir"},
+      {"fashion_mnist { dir: \"idx\" }", "data.fashion_mnist.dir"},
+      {"cifar10 { dir: \"cifar\" }", "data.cifar10.dir"},
+      {"text { paths: \"corpus.txt\" seq_len: 8 }", "data.text.paths[0]"},
+      {"tokens { train_paths: \"t.bin\" validation_paths: \"v.bin\" seq_len: 8 vocab: 9 }",
+       "data.tokens.train_paths[0]"},
+      {"tokens { train_paths: \"t.bin\" validation_paths: \"v.bin\" seq_len: 8 }",
+       "data.tokens.train_paths[0]"},
+  };
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path("/");  // not the job's folder
+  for (const auto& [source, field] : sources) {
+    std::ofstream(job) << "rule: GREEDY data { " << source
+                       << " } stages { layers { linear { out_features: 4 } } }\n";
+    absl::StatusOr<v1::Job> j = LoadJobFile(job);
+    ASSERT_FALSE(j.ok()) << source;
+    EXPECT_TRUE(IsDataError(j.status())) << j.status();
+    const std::string m(j.status().message());
+    EXPECT_EQ(m.rfind(field + ": " + dir.string() + "/", 0), 0u) << m;
+    EXPECT_NE(m.find("no such file or folder"), std::string::npos) << m;
+  }
+  // Once the file is there, beside the job, it is found from anywhere.
+  std::ofstream(dir / "corpus.txt") << std::string(4096, 'a');
+  std::ofstream(job) << "rule: GREEDY data { text { paths: \"corpus.txt\" seq_len: 8 } } "
+                        "stages { layers { embedding { vocab: 256 dim: 4 } } head { kind: "
+                        "LANGUAGE_MODEL } }\n";
+  absl::StatusOr<v1::Job> j = LoadJobFile(job);
+  std::filesystem::current_path(cwd);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->data().text().paths(0), (dir / "corpus.txt").string());
+}
+
 TEST(JobFiles, EveryJobRuleIsARuleOfTheCoreUnderTheSameName) {
   const auto* e = v1::UpdateRule_descriptor();
   int rules = 0;

@@ -1,0 +1,197 @@
+"""A PyTorch twin of a localpar job's network, built from the job itself.
+
+Its state_dict has the names localpar's safetensors export writes: the layers numbered
+through the whole network whatever the split (`layers.7.weight`; `layers.3.body.0.weight`
+inside a residual block, whose body is an nn.Sequential), and each stage's head named by
+the layer it follows (`heads.7.0.weight`). A transformer block is the two pre-norm residual
+blocks localpar builds for it. Images are [C, H, W], as PyTorch holds them.
+
+    twin = build(torch, job, classes, input_shape)   # input_shape: localpar's, [H, W, C]
+    twin.stage_modules(), twin.head_modules()         # per stage, for training loops
+    twin(x)                                           # the last stage's head
+"""
+
+
+def build(torch, job, classes, input_shape, job_pb2):
+    nn = torch.nn
+
+    class FlatLinear(nn.Linear):  # localpar's linear: the whole example flattened
+        def forward(self, x):
+            return super().forward(x.flatten(1))
+
+    class PositionEmbedding(nn.Module):  # a learned vector per position
+        def __init__(self, t, d):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(t, d) * 0.02)
+
+        def forward(self, x):
+            return x + self.table
+
+    class PositionalEncoding(nn.Module):  # fixed sinusoids, as localpar's
+        def __init__(self, t, d):
+            super().__init__()
+            pos = torch.arange(t, dtype=torch.float64)[:, None]
+            i = torch.arange(d)
+            freq = torch.pow(10000.0, -((i - i % 2).double()) / d)
+            pe = torch.where(i % 2 == 0, torch.sin(pos * freq), torch.cos(pos * freq))
+            self.register_buffer("pe", pe.float(), persistent=False)
+
+        def forward(self, x):
+            return x + self.pe
+
+    class CausalSelfAttention(nn.Module):  # nanoGPT's, without dropout
+        def __init__(self, d, heads):
+            super().__init__()
+            self.qkv, self.out, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5)
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+    class Residual(nn.Module):
+        def __init__(self, body):
+            super().__init__()
+            self.body = nn.Sequential(*body)
+
+        def forward(self, x):
+            return x + self.body(x)
+
+    class GlobalAvgPool(nn.Module):
+        def forward(self, x):
+            return x.mean(dim=(2, 3))
+
+    class TiedOutput(nn.Module):  # logits from the embedding's own table, and a bias
+        def __init__(self, embedding, vocab):
+            super().__init__()
+            self.tied = [embedding]  # a list: not a submodule, so not in state_dict twice
+            self.bias = nn.Parameter(torch.zeros(vocab))
+
+        def forward(self, x):
+            return x @ self.tied[0].weight.t() + self.bias
+
+    def numel(shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+    def layer(spec, shape):  # shape: (C, H, W), (F,), (T,) token ids or (T, D); -> [modules]
+        kind = spec.WhichOneof("kind")
+        if kind == "linear":
+            return [FlatLinear(numel(shape), spec.linear.out_features)], (spec.linear.out_features,)
+        if kind == "relu":
+            return [nn.ReLU()], shape
+        if kind == "gelu":
+            return [nn.GELU(approximate="tanh")], shape
+        if kind == "dropout":
+            return [nn.Dropout(spec.dropout.rate)], shape
+        if kind == "flatten":
+            return [nn.Flatten()], (numel(shape),)
+        if kind == "conv2d":
+            c = spec.conv2d
+            k, s, p = c.kernel or 3, c.stride or 1, c.padding
+            h = (shape[1] + 2 * p - k) // s + 1
+            w = (shape[2] + 2 * p - k) // s + 1
+            return [nn.Conv2d(shape[0], c.out_channels, k, s, p)], (c.out_channels, h, w)
+        if kind == "batch_norm":
+            bn = nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d
+            return [bn(shape[0], eps=spec.batch_norm.eps or 1e-5,
+                       momentum=spec.batch_norm.momentum or 0.1)], shape
+        if kind == "layer_norm":
+            return [nn.LayerNorm(shape[-1], eps=spec.layer_norm.eps or 1e-5)], shape
+        if kind in ("max_pool", "avg_pool"):
+            c = getattr(spec, kind)
+            k = c.kernel or 2
+            s = c.stride or k
+            pool = (nn.MaxPool2d(k, s, c.padding) if kind == "max_pool"
+                    else nn.AvgPool2d(k, s, c.padding, count_include_pad=True))
+            return [pool], (shape[0], (shape[1] + 2 * c.padding - k) // s + 1,
+                            (shape[2] + 2 * c.padding - k) // s + 1)
+        if kind == "global_avg_pool":
+            return [GlobalAvgPool()], (shape[0],)
+        if kind == "embedding":
+            return [nn.Embedding(spec.embedding.vocab, spec.embedding.dim)], \
+                (shape[0], spec.embedding.dim)
+        if kind == "position_embedding":
+            return [PositionEmbedding(*shape)], shape
+        if kind == "positional_encoding":
+            return [PositionalEncoding(*shape)], shape
+        if kind == "dense":
+            return [nn.Linear(shape[-1], spec.dense.out_features)], \
+                (*shape[:-1], spec.dense.out_features)
+        if kind == "causal_self_attention":
+            return [CausalSelfAttention(shape[-1], spec.causal_self_attention.heads or 1)], shape
+        if kind == "transformer_block":  # the two pre-norm residual blocks localpar builds
+            t, d = spec.transformer_block, shape[-1]
+            hidden = t.mlp_hidden or 4 * d
+            return [Residual([nn.LayerNorm(d), CausalSelfAttention(d, t.heads or 1)]),
+                    Residual([nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(approximate="tanh"),
+                              nn.Linear(hidden, d)])], shape
+        if kind == "residual":
+            body, cur = [], shape
+            for b in spec.residual.body:
+                m, cur = layer(b, cur)
+                body.extend(m)
+            return [Residual(body)], shape
+        raise SystemExit(f"torch_twin: no twin for layer kind {kind}")
+
+    def head(spec, shape, embedding):  # common/nn/head.cc's layers, one module each
+        kind = job_pb2.Head.Kind.Name(spec.kind)
+        image = len(shape) == 3
+        if kind == "LANGUAGE_MODEL":
+            out = (TiedOutput(embedding, classes) if spec.tie_embedding
+                   else nn.Linear(shape[-1], classes))
+            return nn.Sequential(nn.LayerNorm(shape[-1]), out)
+        mods = []
+        if kind == "POOL_LINEAR" and image:
+            mods, shape = [GlobalAvgPool()], (shape[0],)
+        elif kind == "MLP":
+            mods, shape = [FlatLinear(numel(shape), spec.hidden), nn.ReLU()], (spec.hidden,)
+        elif kind == "CONV_POOL_LINEAR":
+            ch = spec.channels
+            mods = [nn.Conv2d(shape[0], ch, 3, 1, 1), nn.ReLU(), GlobalAvgPool()]
+            shape = (ch,)
+        return nn.Sequential(*mods, FlatLinear(numel(shape), classes))
+
+    sequence = len(input_shape) == 1
+    shape = tuple(input_shape) if sequence else (
+        (input_shape[2], input_shape[0], input_shape[1]) if len(input_shape) == 3
+        else tuple(input_shape))
+
+    class Twin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList()
+            self.heads = nn.ModuleDict()
+            self.bounds = []  # each stage's [begin, end) in layers
+            cur, embedding = shape, None
+            for st in job.stages:
+                begin = len(self.layers)
+                for spec in st.layers:
+                    mods, cur = layer(spec, cur)
+                    for m in mods:
+                        if isinstance(m, nn.Embedding):
+                            embedding = m
+                        self.layers.append(m)
+                self.bounds.append((begin, len(self.layers)))
+                name = str(len(self.layers) - 1) if len(self.layers) else "input"
+                self.heads[name] = head(st.head, cur, embedding)
+
+        def stage_modules(self):
+            return [nn.Sequential(*self.layers[b:e]) for b, e in self.bounds]
+
+        def head_modules(self):
+            return [self.heads[str(e - 1) if e else "input"] for _, e in self.bounds]
+
+        def forward(self, x, stage=None):
+            last = len(self.bounds) - 1 if stage is None else stage
+            for m in self.layers[:self.bounds[last][1]]:
+                x = m(x)
+            return self.head_modules()[last](x)
+
+    return Twin(), sequence

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""The safetensors export is a PyTorch state_dict as is.
+
+  tests/onnx/torch_state_dict_test.py BUILD_DIR SOURCE_DIR
+
+For the MLP, the CNN and the ResNet of deploy/jobs (and tests/onnx/every_layer.textproto,
+which has a linear reading an image and a flatten before a linear): a few training steps
+with `localpar train`, `localpar export --format=safetensors`, then the PyTorch twin that
+tests/bench/torch_compare.py also uses, built from the job the file carries, takes the file
+with load_state_dict(strict=True). In eval mode, on [N, C, H, W] images scaled to [0, 1]
+(what torchvision's ToTensor() gives), its logits must agree with `localpar predict
+--logits` within 1e-5. The names must not depend on the split: the MLP trained as 2 stages
+exports the same layer names as trained as 4.
+PyTorch is Debian's python3-torch; where it is missing the test says so and passes skipped.
+"""
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import shutil
+
+BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/ci")
+SOURCE = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
+FASHION = "/usr/share/datasets/fashion-mnist"
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+
+
+class Failure(Exception):
+    pass
+
+
+def lp(*args, expect=0):
+    p = subprocess.run([os.path.join(BUILD, "localpar"), *args], capture_output=True, text=True,
+                       env=ENV, timeout=900)
+    if p.returncode != expect:
+        raise Failure(f"localpar {' '.join(args)}: exit {p.returncode}, wanted {expect}\n"
+                      f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return p.stdout + p.stderr
+
+
+def read_safetensors(torch, path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    dtypes = {"F32": torch.float32, "I64": torch.int64}
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        t = torch.frombuffer(bytearray(body[b:e]), dtype=dtypes[info["dtype"]])
+        tensors[name] = t.reshape(info["shape"])
+    return header["__metadata__"], tensors
+
+
+def job_path(name):
+    if name.startswith("every_"):
+        return os.path.join(SOURCE, "tests", "onnx", f"{name}.textproto")
+    return os.path.join(SOURCE, "deploy", "jobs", f"{name}.textproto")
+
+
+def check(torch, np, job_pb2, work, name, steps, images, extra=()):
+    from google.protobuf import text_format
+    out = os.path.join(work, name)
+    lp("train", job_path(name), f"--max_steps={steps}", f"--out={out}", "--quiet", *extra)
+    st = os.path.join(work, f"{name}.safetensors")
+    lp("export", job_path(name), os.path.join(out, "weights.pb"), f"--out={st}", *extra)
+    meta, tensors = read_safetensors(torch, st)
+    job = job_pb2.Job()
+    text_format.Parse(meta["job"], job)
+    input_shape = json.loads(meta["input_shape"])
+    sys.path.insert(0, os.path.join(SOURCE, "tests", "bench"))
+    import torch_twin
+    twin, _ = torch_twin.build(torch, job, int(meta["classes"]), input_shape, job_pb2)
+    missing = set(twin.state_dict()) ^ set(tensors)
+    if missing:
+        raise Failure(f"{name}: names differ from the twin's state_dict: {sorted(missing)[:8]}")
+    twin.load_state_dict(tensors, strict=True)
+    twin.eval()
+    # The reference: localpar predict on the raw pixels.
+    xin = os.path.join(work, f"{name}.x.npy")
+    ref = os.path.join(work, f"{name}.logits.npy")
+    np.save(xin, images)
+    lp("predict", job_path(name), os.path.join(out, "weights.pb"), f"--input={xin}", "--logits",
+       f"--out={ref}", *extra)
+    want = np.load(ref)
+    # What a PyTorch user holds: [N, C, H, W] in [0, 1]; the training normalisation on top.
+    x01 = (images * np.float32(meta["input_scale"])).transpose(0, 3, 1, 2).copy()
+    x = (torch.from_numpy(x01) - float(np.float32(meta["input_mean"]))) * float(
+        np.float32(meta["input_inv_std"]))
+    with torch.no_grad():
+        got = twin(x).numpy()
+    diff = float(np.abs(got - want).max())
+    print(f"torch_state_dict_test: {name}: {len(tensors)} tensors, load_state_dict(strict=True), "
+          f"logits max |diff| {diff:.2e} over {len(images)} images")
+    if not diff <= 1e-5:
+        raise Failure(f"{name}: the twin's logits differ from predict's by {diff}")
+    return tensors
+
+
+def main():
+    probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    if probe.returncode != 0:
+        print("torch_state_dict_test: skipped: PyTorch is not installed (Debian's python3-torch)")
+        print("torch_state_dict_test: ok")
+        return 0
+    import numpy as np
+    import torch
+    torch.set_num_threads(1)
+    work = tempfile.mkdtemp(prefix="localpar-torch-")
+    try:
+        subprocess.run(["protoc", "-I", SOURCE, "--python_out", work,
+                        os.path.join(SOURCE, "proto", "job.proto"),
+                        os.path.join(SOURCE, "proto", "options.proto")], check=True)
+        sys.path.insert(0, work)
+        from proto import job_pb2
+        raw = gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")).read()
+        images = np.frombuffer(raw, np.uint8, offset=16).reshape(-1, 28, 28, 1)[:1000]
+        images = images.astype(np.float32)
+        four = check(torch, np, job_pb2, work, "fashion_mlp", 30, images)
+        check(torch, np, job_pb2, work, "fashion_cnn", 10, images[:300])
+        check(torch, np, job_pb2, work, "fashion_resnet", 10, images[:300])
+        rng = np.random.default_rng(7)
+        check(torch, np, job_pb2, work, "every_layer", 20,
+              rng.normal(0, 1, (200, 8, 8, 2)).astype(np.float32))
+        two = check(torch, np, job_pb2, work, "fashion_mlp", 30, images[:200], ["--stages=2"])
+        layers4 = sorted(k for k in four if k.startswith("layers."))
+        layers2 = sorted(k for k in two if k.startswith("layers."))
+        if layers4 != layers2:
+            raise Failure(f"layer names depend on the split: {layers4} vs {layers2}")
+        print(f"torch_state_dict_test: the MLP as 4 and as 2 stages: the same {len(layers4)} "
+              f"layer names; heads {sorted(k for k in two if k.startswith('heads.'))}")
+    except Failure as e:
+        print(f"torch_state_dict_test: FAILED: {e}")
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("torch_state_dict_test: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
