@@ -67,6 +67,12 @@ absl::StatusOr<DataSplit> LoadJobData(const v1::Job& job) {
             : LoadFashionMnist(d.fashion_mnist().dir(), d.train_limit(), d.test_limit());
     if (!f.ok()) return f.status();
     split = *std::move(f);
+    // The packaged Fashion-MNIST: its classes have names (another IDX folder's may not).
+    if (d.has_fashion_mnist() && d.fashion_mnist().dir() == kDefaultFashionMnistDir &&
+        split.train.classes == 10 && split.class_names.empty()) {
+      split.class_names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                           "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+    }
   }
   if (d.holdout_fraction() > 0) HoldOut(split, d.holdout_fraction());
   Standardize(split);

@@ -5,7 +5,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <iostream>
 #include <optional>
 #include <set>
 
@@ -188,8 +187,7 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
   if (absl::Status s = CheckJobAgainstFlags(c, *job); !s.ok()) return s;
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
   if (!data.ok()) return WithExitCode(data.status(), kExitBadData);
-  for (const std::string& w : data->warnings)
-    std::cerr << "localpar_coordinator: warning: " << w << "\n";
+  for (const std::string& w : data->warnings) log << "localpar: warning: " << w << "\n";
   if (absl::Status s = CheckReplicasFitData(*job, data->train.size()); !s.ok()) {
     return JobError(absl::StrCat("invalid job file ", c.job(), ": ", s.message()));
   }

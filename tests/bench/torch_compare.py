@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """localpar against PyTorch on the same network, batch, optimizer, data shape and threads.
 
-  tests/bench/torch_compare.py [BUILD_DIR] [--rounds=N] [--cases=mlp,resnet]
+  tests/bench/torch_compare.py [BUILD_DIR] [--rounds=N] [--cases=mlp,resnet,charlm]
 
 For fashion_mlp, fashion_resnet and shakespeare_char (deploy/jobs), GREEDY and BACKPROP
 (shakespeare_char's BACKPROP on one core as one stage: nanoGPT's own model):

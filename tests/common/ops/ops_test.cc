@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/core/tensor.h"
+#include "common/ops/activation_math.h"
 #include "tests/common/test_util.h"
 
 namespace localpar {
@@ -171,6 +172,28 @@ TEST_P(GemmBatchedTest, EveryProblemMatchesTheReferenceOnEveryBackend) {
 
 INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmBatchedTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+
+// The CPU GELU computes tanh without libm (so that its loops vectorise); it must stay
+// within float rounding of the libm formula the CUDA kernels use, over the whole range.
+TEST(Gelu, VectorisedTanhMatchesLibm) {
+  auto cpu = MakeCpuBackend();
+  const int n = 40001;
+  std::vector<float> x(n), ones(n, 1.0f);
+  for (int i = 0; i < n; ++i) x[i] = -20.0f + 40.0f * static_cast<float>(i) / (n - 1);
+  Tensor xt = Tensor::FromHost(*cpu, {n}, x), dy = Tensor::FromHost(*cpu, {n}, ones);
+  Tensor y = Tensor::Empty(*cpu, {n}), dx = Tensor::Empty(*cpu, {n});
+  cpu->GeluForward(xt.f32(), y.f32(), n);
+  cpu->GeluBackward(xt.f32(), dy.f32(), dx.f32(), n);
+  const std::vector<float> got = y.ToHost(), grad = dx.ToHost();
+  double worst_y = 0, worst_g = 0;
+  for (int i = 0; i < n; ++i) {
+    worst_y = std::max(worst_y, std::fabs(got[i] - GeluValue(x[i])) /
+                                    std::max(1.0, std::fabs(static_cast<double>(x[i]))));
+    worst_g = std::max(worst_g, std::fabs(static_cast<double>(grad[i] - GeluDerivative(x[i]))));
+  }
+  EXPECT_LT(worst_y, 1e-6);
+  EXPECT_LT(worst_g, 1e-6);
+}
 
 TEST(Attention, HeadPermutationsAreInversesAndCausalRowsSumToOne) {
   auto cpu = MakeCpuBackend();
