@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates the deployment files offline (tests/containers runs the Compose cluster itself;
 # there is no Kubernetes cluster here): every kustomize overlay renders and passes the
-# Kubernetes and Prometheus Operator schemas; the Compose file parses; the dashboards are JSON.
+# Kubernetes and Prometheus Operator schemas and the connection check; the Compose file
+# parses; the dashboards are JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d deploy/validate/node_modules ]; then
@@ -14,6 +15,9 @@ cmp -s dashboards/localpar.json k8s/base/grafana-dashboard.json || {
 for overlay in k8s/overlays/*/; do
   echo "k8s: $overlay"
   kubectl kustomize "$overlay" | node deploy/validate/validate-k8s.mjs
+  # The connections the programs make, from the coordinator's own arguments, against the
+  # NetworkPolicies; the coordinator a Job with its status port declared.
+  kubectl kustomize "$overlay" | /usr/bin/python3 deploy/check_k8s_connections.py "$overlay"
 done
 docker-compose -f deploy/compose/docker-compose.yml config --quiet
 echo "compose: deploy/compose/docker-compose.yml ok"

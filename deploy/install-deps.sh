@@ -9,7 +9,7 @@ packages=(
   libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libmicrohttpd-dev libgloo-dev dataset-fashion-mnist
   prometheus curl docker.io cgroupfs-mount apparmor docker-compose debootstrap openssl
   clang-14 libclang-rt-14-dev
-  fortunes gnuplot-nox python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy
+  fortunes gnuplot-nox python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
 )
 
 missing=()

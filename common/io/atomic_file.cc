@@ -2,6 +2,7 @@
 #include "common/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -62,7 +63,26 @@ absl::Status CheckWritableDirectory(const std::string& dir, const std::string& f
         absl::StrCat(flag, "=", dir, ": not writable: ", s.message()));
   }
   std::filesystem::remove(probe, ec);
+  RemoveStaleTemporaries(dir);
   return absl::OkStatus();
+}
+
+int RemoveStaleTemporaries(const std::string& dir) {
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at + 5 >= name.size()) continue;
+    const std::string digits = name.substr(at + 5);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    // Only a writer that is gone: a live one (another run sharing the folder) keeps its file.
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH && e.is_regular_file(ec)) {
+      removed += std::filesystem::remove(e.path(), ec) ? 1 : 0;
+    }
+  }
+  return removed;
 }
 
 absl::Status WriteFileAtomically(const std::string& path,

@@ -21,8 +21,13 @@ inline absl::Status WriteFileAtomically(const std::string& path, std::string_vie
 }
 
 // Makes `dir` (and its parents) and proves a file can be written there, before any work
-// whose result would go there; the error names `flag`, the directory and the reason.
+// whose result would go there; the error names `flag`, the directory and the reason. Also
+// removes what killed writers left there (RemoveStaleTemporaries).
 absl::Status CheckWritableDirectory(const std::string& dir, const std::string& flag);
+
+// Removes WriteFileAtomically's temporary files ("NAME.tmp.PID") in `dir` whose writer is
+// no longer running (a process killed mid-write); returns how many.
+int RemoveStaleTemporaries(const std::string& dir);
 
 // The status for a failed system call on `path` (`what` says which step), from errno.
 absl::Status FileError(const std::string& path, const char* what, int error_number);

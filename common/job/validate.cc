@@ -18,7 +18,28 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
 
 bool Finite(float v) { return std::isfinite(v); }
 
+// A name printed to terminals (progress, tables, status): no control characters, so a job
+// file cannot retitle, clear or colour the terminal of whoever runs or watches it.
+absl::Status CheckName(const std::string& field, const std::string& name) {
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return Invalid(field, absl::StrFormat("holds a control character (byte 0x%02x at %d); "
+                                            "names are printed to terminals",
+                                            c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRun(const v1::Job& job) {
+  if (absl::Status s = CheckName("name", job.name()); !s.ok()) return s;
+  for (int k = 0; k < job.stages_size(); ++k) {
+    if (absl::Status s = CheckName(absl::StrCat("stages[", k, "].name"), job.stages(k).name());
+        !s.ok()) {
+      return s;
+    }
+  }
   if (job.rule() == v1::UPDATE_RULE_UNSPECIFIED || !v1::UpdateRule_IsValid(job.rule())) {
     return Invalid("rule", "required: " + RuleNameList());
   }

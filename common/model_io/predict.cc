@@ -128,6 +128,11 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
     ex.raw.assign(idx->data.begin(), idx->data.end());
     ex.pixel_bytes = true;
   }
+  if (ex.count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(input,
+                                                   ": holds no examples (its first "
+                                                   "dimension is 0); nothing to predict"));
+  }
   if (!labels.empty()) {
     ex.labels.clear();
     if (absl::Status s = ReadLabels(labels, ex.count, &ex); !s.ok()) return s;

@@ -25,7 +25,8 @@ int Probe(const std::string& address, int timeout_ms, const SecurityOptions& sec
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status st = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
   if (!st.ok()) {
-    std::cerr << "localpar probe: " << address << ": " << st.error_message() << "\n";
+    std::cerr << "localpar probe: " << address << ": " << SanitizePeerText(st.error_message())
+              << "\n";
     return 1;
   }
   bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
@@ -148,10 +149,11 @@ int RequestCheckpoint(const std::string& address, const SecurityOptions& securit
   v1::CheckpointResponse resp;
   grpc::Status st = stub->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);
   if (!st.ok()) {
-    std::cerr << "localpar checkpoint: " << address << ": " << st.error_message() << "\n";
+    std::cerr << "localpar checkpoint: " << address << ": " << SanitizePeerText(st.error_message())
+              << "\n";
     return 1;
   }
-  std::cout << resp.message() << "\n";
+  std::cout << SanitizePeerText(resp.message()) << "\n";
   return 0;
 }
 

@@ -1,6 +1,8 @@
 // Building and restoring a worker's stage.
 #include "services/worker/stage_host.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,7 @@
 #include "common//model_io/checkpoint.h"
 #include "common/job/job.h"
 #include "common/run/device.h"
+#include "services/common/peer_text.h"
 #include "services/common/wire_codec.h"
 
 namespace localpar {
@@ -57,6 +60,17 @@ static absl::Status CheckReplicaRequest(const v1::Job& job, const v1::ConfigureR
   if (req.collective_host().empty()) {
     return absl::InvalidArgumentError("collective_host: required with replicas");
   }
+  // Gloo resolves the name itself and does not survive one that does not resolve.
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(req.collective_host().c_str(), nullptr, &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collective_host: '", SanitizePeerText(req.collective_host(), 128),
+                     "' does not resolve on this worker (", gai_strerror(rc), ")"));
+  }
+  freeaddrinfo(found);
   if (req.rendezvous_timeout_s() < 0) {
     return absl::InvalidArgumentError("rendezvous_timeout_s: must be >= 0");
   }

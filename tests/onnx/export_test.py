@@ -242,7 +242,14 @@ def check_errors(work, weights):
     out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
     if "3 labels for 5 examples" not in out:
         raise Failure(f"labels of another length are not refused:\n{out}")
-    print("export_test: mismatched weights, corrupt .npy and bad labels refused, naming them")
+    none = os.path.join(work, "none.npy")
+    np.save(none, np.zeros((0, 28, 28, 1), np.float32))
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={none}", f"--out={work}/n.npy",
+             expect=4)
+    if "none.npy: holds no examples" not in out:
+        raise Failure(f"an .npy of 0 examples is not refused:\n{out}")
+    print("export_test: mismatched weights, corrupt .npy, 0 examples and bad labels refused, "
+          "naming them")
 
 
 def main():

@@ -124,6 +124,32 @@ TEST(Cli, SmallerRoughEdges) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/x.onnx"));
 }
 
+// Names reach terminals: a job file's control characters are refused, naming the field.
+// What a killed writer left in --out is cleaned when the next run starts there; a live
+// writer's file is left alone.
+TEST(Cli, ControlCharactersInNamesAndStaleTemporariesAreHandled) {
+  TempDir dir;
+  const std::string evil =
+      dir.Write("evil.textproto",
+                "name: \"evil\\033]0;pwned\\007\" rule: GREEDY data { synthetic {} }\n"
+                "stages { layers { linear { out_features: 4 } } }\n");
+  auto r = RunProcess({Bin(), "validate", evil}, 10);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("name: holds a control character (byte 0x1b at 4)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find('\033'), std::string::npos) << "the escape itself is never echoed";
+  const std::string out = dir.path() + "/out";
+  std::filesystem::create_directories(out);
+  const std::string dead = out + "/weights.pb.tmp.99999999";  // above any pid_max
+  const std::string live = out + "/report.json.tmp." + std::to_string(getpid());
+  dir.Write("out/weights.pb.tmp.99999999", "half a file");
+  dir.Write("out/report.json.tmp." + std::to_string(getpid()), "being written");
+  r = RunProcess({Bin(), "train", Smoke(), "--max_steps=1", "--quiet", "--out=" + out}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dead)) << "a killed writer's temporary file stays";
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a live writer's file was removed";
+}
+
 TEST(Cli, FlagValuesTakeAnyCase) {
   // Enum-like values in any case: rules, devices, the non-finite policy.
   auto r = RunProcess({Bin(), "validate", Smoke(), "--rule=backprop"}, 10);

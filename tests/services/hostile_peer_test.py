@@ -252,6 +252,25 @@ def case_failed_configure_keeps_the_stage():
     w.stop()
 
 
+def case_unresolvable_collective_host():
+    """A replica told a collective_host that does not resolve: refused in-band, naming it
+    (Gloo resolved it itself and crashed), and the worker goes on serving."""
+    w = Worker("badhost")
+    w.configure(job("GREEDY"))
+    j = job("GREEDY")
+    j.replicas = 2
+    try:
+        w.configure(j, replica=1, rendezvous="127.0.0.1:1", rendezvous_group="g",
+                    collective_host="no-such-host.invalid")
+        check(False, "an unresolvable collective_host is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT, f"INVALID_ARGUMENT, got {e.code()}")
+        check("collective_host: 'no-such-host.invalid' does not resolve" in e.details(),
+              e.details())
+    w.healthy("an unresolvable collective_host")
+    w.stop()
+
+
 def case_memory_is_bounded_by_the_job():
     w = Worker("memory")
     w.configure(job("GREEDY"))
@@ -483,7 +502,7 @@ def case_upstream_that_stops_reading():
     w.stop()
 
 
-CASES = [case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
+CASES = [case_unresolvable_collective_host, case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
          case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
          case_message_cap_refuses_before_receiving,
          case_metrics_take_many_clients_and_serve_only_metrics, case_access_control,
