@@ -19,6 +19,10 @@ for overlay in k8s/overlays/*/; do
   # NetworkPolicies; the coordinator a Job with its status port declared.
   kubectl kustomize "$overlay" | /usr/bin/python3 deploy/check_k8s_connections.py "$overlay"
 done
+for tool in k8s/tools/*.yaml; do
+  echo "k8s: $tool"
+  node deploy/validate/validate-k8s.mjs < "$tool"
+done
 docker-compose -f deploy/compose/docker-compose.yml config --quiet
 echo "compose: deploy/compose/docker-compose.yml ok"
 docker-compose -f deploy/compose/docker-compose.yml -f deploy/compose/docker-compose.replicas.yml \

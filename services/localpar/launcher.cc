@@ -5,10 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -358,6 +360,21 @@ void RemoveStaleRunDirs() {
   }
 }
 
+// What one idle worker process holds (gRPC, oneDNN and OpenBLAS pools, its queues).
+constexpr int64_t kWorkerMiB = 200;
+
+// MemAvailable from /proc/meminfo, in MiB (a large number when it cannot be read).
+int64_t AvailableMemoryMiB() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib / 1024;
+  }
+  return int64_t{1} << 40;
+}
+
 // True when some process wrote to its log in `run_dir`: worth keeping after a failure.
 bool HoldsLogs(const std::string& run_dir) {
   std::error_code ec;
@@ -387,6 +404,24 @@ int Launch(const LaunchOptions& o) {
   if (!job.ok()) {
     std::cerr << "localpar: " << job.status().message() << "\n";
     return IsDataError(job.status()) ? kExitBadData : kExitBadJob;
+  }
+  // One worker process per stage replica, each about kWorkerMiB before its stage's state:
+  // a job of a thousand stages is refused here, not by the kernel's OOM killer.
+  const int64_t wanted = static_cast<int64_t>(job->stages_size()) * std::max(1, job->replicas());
+  const int64_t available_mib = AvailableMemoryMiB();
+  const int64_t fit = o.run.has_max_local_workers()
+                          ? o.run.max_local_workers()
+                          : std::max<int64_t>(1, available_mib / kWorkerMiB);
+  if (wanted > fit) {
+    std::cerr << "localpar: the job needs " << wanted << " worker processes (" << job->stages_size()
+              << " stages x " << std::max(1, job->replicas()) << " replicas), about "
+              << wanted * kWorkerMiB << " MiB at ~" << kWorkerMiB << " MiB each; "
+              << (o.run.has_max_local_workers()
+                      ? absl::StrCat("--max_local_workers is ", o.run.max_local_workers())
+                      : absl::StrCat("this machine has ", available_mib, " MiB available"))
+              << ". Run its stages across machines (localpar_worker on each, then "
+                 "localpar_coordinator), or raise --max_local_workers.\n";
+    return kExitUsage;
   }
   for (const char* program : {"/localpar_worker", "/localpar_coordinator"}) {
     const std::string bin = o.bin_dir + program;

@@ -97,6 +97,25 @@ TEST(Cli, RunChecksFlagsBeforeStartingAnyProcess) {
   EXPECT_EQ(r.output.find("worker logs are in"), std::string::npos) << r.output;
 }
 
+// `run` starts a process per stage replica: a job that needs more than the machine holds is
+// refused before any starts, with the estimate and how to go on.
+TEST(Cli, RunRefusesMoreLocalWorkersThanTheMachineHolds) {
+  TempDir dir;
+  std::string many = "rule: GREEDY data { synthetic {} }\n";
+  for (int k = 0; k < 1000; ++k) many += "stages { layers { relu {} } }\n";
+  const std::string job = dir.Write("many.textproto", many);
+  auto r = RunProcess({Bin(), "run", job}, 30);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the job needs 1000 worker processes (1000 stages x 1 replicas)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("MiB available"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("workers up"), std::string::npos) << r.output;
+  r = RunProcess({Bin(), "run", Smoke(), "--max_local_workers=1"}, 30);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--max_local_workers is 1"), std::string::npos) << r.output;
+}
+
 TEST(Cli, SmallerRoughEdges) {
   TempDir dir;
   // An empty job file says so.
