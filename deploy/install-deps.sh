@@ -10,6 +10,8 @@ packages=(
   prometheus curl docker.io cgroupfs-mount apparmor docker-compose debootstrap openssl
   clang-14 libclang-rt-14-dev
   fortunes gnuplot-nox python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
+  # PyTorch: the export test loads the safetensors export with load_state_dict(strict=True)
+  python3-torch
 )
 
 missing=()
