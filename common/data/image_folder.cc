@@ -41,8 +41,30 @@ absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channe
   return pixels;
 }
 
+absl::Status ReadPngSize(const std::string& path, int64_t* height, int64_t* width) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&image, path.c_str())) {
+    std::string why = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a readable PNG (", why, ")"));
+  }
+  *height = image.height;
+  *width = image.width;
+  png_image_free(&image);
+  // A few kilobytes of PNG can describe gigabytes of pixels: nothing that large is decoded.
+  constexpr int64_t kMaxPixels = int64_t{1} << 26;
+  if (*height * *width > kMaxPixels) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", *height, "x", *width,
+                                                   ", over the ", kMaxPixels,
+                                                   " pixels an example may have"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
-                                            const std::vector<std::string>& classes) {
+                                            const std::vector<std::string>& classes,
+                                            int64_t expect_height, int64_t expect_width) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -90,6 +112,18 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
     for (const std::string& path : files) {
       int64_t h = 0, w = 0;
       int stored = 0;
+      // The header first: a size that cannot fit is refused before anything is decoded.
+      if (absl::Status s = ReadPngSize(path, &h, &w); !s.ok()) return s;
+      if (expect_height > 0 && (h != expect_height || w != expect_width)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w,
+                                                       ", the network takes ", expect_height, "x",
+                                                       expect_width, " images"));
+      }
+      if (f.channels != 0 && (h != f.height || w != f.width)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w, ", but ",
+                                                       f.files[0], " is ", f.height, "x", f.width,
+                                                       "; every image must have the same size"));
+      }
       absl::StatusOr<std::vector<uint8_t>> px =
           ReadPng(path, static_cast<int>(f.channels), &h, &w, &stored);
       if (!px.ok()) return px.status();
@@ -97,10 +131,6 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
         f.height = h;
         f.width = w;
         f.channels = static_cast<int64_t>(px->size()) / (h * w);
-      } else if (h != f.height || w != f.width) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w, ", but ",
-                                                       f.files[0], " is ", f.height, "x", f.width,
-                                                       "; every image must have the same size"));
       } else if ((stored >= 3) != (f.channels == 3)) {
         // Colour in a grey folder (or grey in a colour one) would be converted silently.
         return absl::InvalidArgumentError(absl::StrCat(

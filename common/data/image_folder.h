@@ -26,8 +26,14 @@ struct ImageFolder {
 // PNGs is refused; other files are skipped with a warning. `classes`, when given, must be
 // exactly the folder names found (a test folder must have the training folder's classes).
 // Errors name the file.
+// `expect_height`/`expect_width` (0: any) are checked against each file's header before it
+// is decoded, as is a bound of 2^26 pixels per image.
 absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
-                                            const std::vector<std::string>& classes = {});
+                                            const std::vector<std::string>& classes = {},
+                                            int64_t expect_height = 0, int64_t expect_width = 0);
+
+// A PNG's size from its header alone (nothing decoded); refuses more than 2^26 pixels.
+absl::Status ReadPngSize(const std::string& path, int64_t* height, int64_t* width);
 
 // Decodes one PNG to `channels` channels (1 or 3; 0: as stored, alpha dropped).
 // *stored_channels (optional) receives what the file holds: 1 grey, 2 grey and alpha, 3 RGB,

@@ -86,11 +86,14 @@ absl::Status CheckInputRange(const InputNormalization& norm, const Examples& ex,
 
 }  // namespace
 
-absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels) {
+absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels,
+                                      const Shape& expected) {
   Examples ex;
   std::error_code ec;
+  const bool image = expected.size() == 3;
   if (std::filesystem::is_directory(input, ec)) {
-    absl::StatusOr<ImageFolder> f = ReadImageFolder(input);
+    absl::StatusOr<ImageFolder> f =
+        ReadImageFolder(input, {}, image ? expected[0] : 0, image ? expected[1] : 0);
     if (!f.ok()) return f.status();
     ex.example_shape = {f->height, f->width, f->channels};
     ex.raw.assign(f->pixels.begin(), f->pixels.end());
@@ -117,6 +120,24 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
     }
     ex.pixel_bytes = a->dtype == "u1";
   } else {
+    if (!expected.empty()) {
+      // The header first: [count, rows, cols(, channels)] against the network's input.
+      absl::StatusOr<std::vector<int64_t>> dims = ReadIdxDims(input);
+      if (!dims.ok()) return dims.status();
+      int64_t per = 1;
+      for (size_t i = 1; i < dims->size(); ++i) {
+        const int64_t d = (*dims)[i];
+        per = d > 0 && per <= (int64_t{1} << 40) / d ? per * d : -1;  // -1: absurd, refused
+        if (per < 0) break;
+      }
+      if (dims->size() < 2 || per != NumElements(expected)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            input, ": its header says examples of ",
+            dims->size() < 2 ? std::string("no") : (per < 0 ? "over 2^40" : absl::StrCat(per)),
+            " values each, the network takes ", ShapeString(expected), " (", NumElements(expected),
+            " values); nothing was decoded"));
+      }
+    }
     absl::StatusOr<IdxArray> idx = ReadIdxFile(input);
     if (!idx.ok()) return idx.status();
     if (idx->dims.size() < 2) {

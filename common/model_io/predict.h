@@ -26,7 +26,10 @@ struct Examples {
 // file (gzipped or not), or an image folder (one subfolder of PNGs per class, labels from
 // the folder names in sorted order). `labels` (optional) names an .npy integer array or an
 // IDX labels file. Errors name the file and, for arrays, the index.
-absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels);
+// `expected` (the network's per-example shape; empty: any) is checked against an IDX
+// header or each PNG's header before anything is decoded.
+absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels,
+                                      const Shape& expected = {});
 
 // An image folder's labels follow its own sorted folder names; a model that knows its
 // classes' names gets them renumbered by name (a folder holding some of the classes only, or

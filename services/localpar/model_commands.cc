@@ -144,7 +144,7 @@ int PredictCommandMain(const Args& args) {
     return Fail(kExitUsage,
                 absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
   }
-  absl::StatusOr<Examples> ex = ReadExamples(c.input(), c.labels());
+  absl::StatusOr<Examples> ex = ReadExamples(c.input(), c.labels(), model.config.input_shape);
   if (!ex.ok()) return Fail(kExitBadData, std::string(ex.status().message()));
   if (absl::Status s = MatchClassNames(model, &*ex); !s.ok()) {
     return Fail(kExitBadData, absl::StrCat(c.input(), ": ", s.message()));

@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -242,6 +243,31 @@ def check_errors(work, weights):
     out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
     if "3 labels for 5 examples" not in out:
         raise Failure(f"labels of another length are not refused:\n{out}")
+    # Headers are checked before anything is decoded: an IDX file whose header promises
+    # 65535 x 65535 images (4 GiB of them) and a PNG of 9000 x 9000 pixels (a few kilobytes
+    # of file each).
+    huge = os.path.join(work, "huge-images-idx3-ubyte.gz")
+    with gzip.open(huge, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 1, 65535, 65535) + b"\0" * 1000)
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={huge}", expect=4)
+    if "its header says examples of 4294836225 values each" not in out or \
+            "nothing was decoded" not in out:
+        raise Failure(f"a huge IDX header is not refused before decoding:\n{out}")
+    big = os.path.join(work, "big")
+    for c in ("a", "b"):
+        os.makedirs(os.path.join(big, c))
+    w = h = 9000
+    raw = zlib.compress(b"\0" * ((w + 1) * h), 9)
+
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data +
+                struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    with open(os.path.join(big, "a", "big.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                + chunk(b"IDAT", raw) + chunk(b"IEND", b""))
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={big}", expect=4)
+    if "big.png: is 9000x9000, over the 67108864 pixels an example may have" not in out:
+        raise Failure(f"a 9000 x 9000 PNG is not refused from its header:\n{out}")
     none = os.path.join(work, "none.npy")
     np.save(none, np.zeros((0, 28, 28, 1), np.float32))
     out = lp("predict", job("fashion_mlp"), weights, f"--input={none}", f"--out={work}/n.npy",
