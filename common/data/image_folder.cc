@@ -13,53 +13,57 @@
 
 namespace localpar {
 
-absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
-                                             int64_t* width, int* stored_channels) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&image, path.c_str())) {
-    std::string why = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a readable PNG (", why, ")"));
-  }
-  const bool colour = (image.format & PNG_FORMAT_FLAG_COLOR) != 0;
-  if (stored_channels) {
-    *stored_channels = (colour ? 3 : 1) + ((image.format & PNG_FORMAT_FLAG_ALPHA) ? 1 : 0);
-  }
-  if (channels == 0) channels = colour ? 3 : 1;
-  image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
-  std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(image));
-  // Transparent pixels are composed over black, so alpha adds nothing the network sees.
-  png_color black{0, 0, 0};
-  if (!png_image_finish_read(&image, &black, pixels.data(), 0, nullptr)) {
-    std::string why = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot decode the PNG (", why, ")"));
-  }
-  *height = image.height;
-  *width = image.width;
-  return pixels;
-}
+namespace {
 
-absl::Status ReadPngSize(const std::string& path, int64_t* height, int64_t* width) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&image, path.c_str())) {
-    std::string why = image.message;
-    png_image_free(&image);
+// Opens a PNG and reads its header; the size is known from here, nothing is decoded yet.
+// Refuses more than 2^26 pixels: a few kilobytes of PNG can describe gigabytes of them.
+absl::Status OpenPng(const std::string& path, png_image* image) {
+  *image = png_image{};
+  image->version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(image, path.c_str())) {
+    std::string why = image->message;
+    png_image_free(image);
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a readable PNG (", why, ")"));
   }
-  *height = image.height;
-  *width = image.width;
-  png_image_free(&image);
-  // A few kilobytes of PNG can describe gigabytes of pixels: nothing that large is decoded.
   constexpr int64_t kMaxPixels = int64_t{1} << 26;
-  if (*height * *width > kMaxPixels) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", *height, "x", *width,
+  if (int64_t{image->height} * image->width > kMaxPixels) {
+    png_image_free(image);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", image->height, "x", image->width,
                                                    ", over the ", kMaxPixels,
                                                    " pixels an example may have"));
   }
   return absl::OkStatus();
+}
+
+// Decodes an opened PNG to `channels` channels (0: as stored); frees `image` either way.
+absl::StatusOr<std::vector<uint8_t>> DecodePng(const std::string& path, png_image* image,
+                                               int channels, int* stored_channels) {
+  const bool colour = (image->format & PNG_FORMAT_FLAG_COLOR) != 0;
+  if (stored_channels) {
+    *stored_channels = (colour ? 3 : 1) + ((image->format & PNG_FORMAT_FLAG_ALPHA) ? 1 : 0);
+  }
+  if (channels == 0) channels = colour ? 3 : 1;
+  image->format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+  std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(*image));
+  // Transparent pixels are composed over black, so alpha adds nothing the network sees.
+  png_color black{0, 0, 0};
+  if (!png_image_finish_read(image, &black, pixels.data(), 0, nullptr)) {
+    std::string why = image->message;
+    png_image_free(image);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot decode the PNG (", why, ")"));
+  }
+  return pixels;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
+                                             int64_t* width, int* stored_channels) {
+  png_image image;
+  if (absl::Status s = OpenPng(path, &image); !s.ok()) return s;
+  *height = image.height;
+  *width = image.width;
+  return DecodePng(path, &image, channels, stored_channels);
 }
 
 absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
@@ -113,19 +117,23 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
       int64_t h = 0, w = 0;
       int stored = 0;
       // The header first: a size that cannot fit is refused before anything is decoded.
-      if (absl::Status s = ReadPngSize(path, &h, &w); !s.ok()) return s;
+      png_image image;
+      if (absl::Status s = OpenPng(path, &image); !s.ok()) return s;
+      h = image.height;
+      w = image.width;
+      std::string wrong;
       if (expect_height > 0 && (h != expect_height || w != expect_width)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w,
-                                                       ", the network takes ", expect_height, "x",
-                                                       expect_width, " images"));
+        wrong = absl::StrCat(", the network takes ", expect_height, "x", expect_width, " images");
+      } else if (f.channels != 0 && (h != f.height || w != f.width)) {
+        wrong = absl::StrCat(", but ", f.files[0], " is ", f.height, "x", f.width,
+                             "; every image must have the same size");
       }
-      if (f.channels != 0 && (h != f.height || w != f.width)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w, ", but ",
-                                                       f.files[0], " is ", f.height, "x", f.width,
-                                                       "; every image must have the same size"));
+      if (!wrong.empty()) {
+        png_image_free(&image);
+        return absl::InvalidArgumentError(absl::StrCat(path, ": is ", h, "x", w, wrong));
       }
       absl::StatusOr<std::vector<uint8_t>> px =
-          ReadPng(path, static_cast<int>(f.channels), &h, &w, &stored);
+          DecodePng(path, &image, static_cast<int>(f.channels), &stored);
       if (!px.ok()) return px.status();
       if (f.channels == 0) {
         f.height = h;

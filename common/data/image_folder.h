@@ -32,10 +32,8 @@ absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
                                             const std::vector<std::string>& classes = {},
                                             int64_t expect_height = 0, int64_t expect_width = 0);
 
-// A PNG's size from its header alone (nothing decoded); refuses more than 2^26 pixels.
-absl::Status ReadPngSize(const std::string& path, int64_t* height, int64_t* width);
-
-// Decodes one PNG to `channels` channels (1 or 3; 0: as stored, alpha dropped).
+// Decodes one PNG to `channels` channels (1 or 3; 0: as stored, alpha dropped); refuses
+// more than 2^26 pixels from the header, before decoding.
 // *stored_channels (optional) receives what the file holds: 1 grey, 2 grey and alpha, 3 RGB,
 // 4 RGBA.
 absl::StatusOr<std::vector<uint8_t>> ReadPng(const std::string& path, int channels, int64_t* height,
