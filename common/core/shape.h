@@ -15,6 +15,28 @@ inline int64_t NumElements(const Shape& s) {
   return n;
 }
 
+// Counts of elements or parameters derived from a job's settings saturate here, far above any
+// real model and far below int64's limit, so that sums and products of them cannot overflow.
+constexpr int64_t kMaxCount = int64_t{1} << 62;
+
+inline int64_t CountFromDouble(double v) {
+  if (!(v > 0)) return 0;
+  return v >= static_cast<double>(kMaxCount) ? kMaxCount : static_cast<int64_t>(v);
+}
+
+inline int64_t AddCounts(int64_t a, int64_t b) { return a >= kMaxCount - b ? kMaxCount : a + b; }
+
+// The element count of `s` when every extent is > 0 and the product is at most `limit`;
+// -1 otherwise (checked before multiplying, so it never overflows).
+inline int64_t CheckedNumElements(const Shape& s, int64_t limit) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d <= 0 || d > limit / n) return -1;
+    n *= d;
+  }
+  return n;
+}
+
 inline std::string ShapeString(const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {

@@ -14,6 +14,15 @@
 
 namespace localpar {
 
+// How deep layers may nest (a residual in a residual's body is 2). One limit serves both
+// parsers: the text parser stops at kMaxJobMessageDepth messages, which a job within the
+// nesting limit never reaches, and a Job within it stays far inside the limit of 100 that
+// protobuf's binary parser (and so gRPC) applies to a Configure. `validate` names the layer.
+constexpr int kMaxLayerNesting = 16;
+constexpr int kMaxJobMessageDepth = 2 * kMaxLayerNesting + 8;
+// The most stages a job may have: each is a worker process.
+constexpr int kMaxStages = 1024;
+
 // Parses text-format `text`; syntax errors name source:line:column. Applies defaults and
 // validates (see ValidateJob).
 absl::StatusOr<v1::Job> ParseJob(const std::string& text, const std::string& source);

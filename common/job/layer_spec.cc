@@ -1,6 +1,8 @@
 // Layer specs by reflection over job.proto's Layer.
 #include "common/job/layer_spec.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/nn/layer_kind.h"
 
@@ -119,6 +121,24 @@ void ApplyLayerSpecDefaults(v1::Layer* layer) {
   LayerConfig c = LayerFromSpec(*layer);
   ApplyLayerDefaults(c);
   LayerToSpec(c, layer);
+}
+
+int LayerSpecNesting(const v1::Layer& layer) {
+  const FieldDescriptor* kind = KindField(layer);
+  if (!kind) return 1;
+  const Message& m = layer.GetReflection()->GetMessage(layer, kind);
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  int deepest = 0;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (!IsLayerList(f)) continue;
+    for (int j = 0; j < r->FieldSize(m, f); ++j) {
+      deepest = std::max(
+          deepest, LayerSpecNesting(static_cast<const v1::Layer&>(r->GetRepeatedMessage(m, f, j))));
+    }
+  }
+  return 1 + deepest;
 }
 
 absl::Status ValidateLayerSpec(const v1::Layer& layer, const std::string& at) {

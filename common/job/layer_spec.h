@@ -18,6 +18,8 @@ void LayerToSpec(const LayerConfig& config, v1::Layer* layer);
 
 // The kind's documented defaults, filled in the job file's own message.
 void ApplyLayerSpecDefaults(v1::Layer* layer);
+// How deep `layer` nests: 1 for a plain layer, 1 + the deepest layer of its body otherwise.
+int LayerSpecNesting(const v1::Layer& layer);
 // The kind's settings checks; errors name `at`.KIND.FIELD.
 absl::Status ValidateLayerSpec(const v1::Layer& layer, const std::string& at);
 

@@ -8,11 +8,13 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/job/job.h"
+#include "common/job/resources.h"
 #include "common/job/suggest.h"
 #include "common/nn/rule.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -126,8 +128,13 @@ absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string&
   google::protobuf::TextFormat::Parser parser;
   CollectErrors errors(source, text);
   parser.RecordErrorsTo(&errors);
+  parser.SetRecursionLimit(kMaxJobMessageDepth);
   if (!parser.ParseFromString(text, &job)) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", errors.str()));
+    std::string why = errors.str();
+    if (absl::StrContains(why, "too deep")) {
+      absl::StrAppend(&why, " (layers nest at most ", kMaxLayerNesting, " deep)");
+    }
+    return absl::InvalidArgumentError(absl::StrCat("invalid job file ", why));
   }
   ApplyJobDefaults(job);
   return job;
@@ -164,6 +171,9 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
     const double old_lr = s->lr() > 0 ? s->lr() : 1e-3;  // the schedule's default
     s->set_min_lr(static_cast<float>(s->min_lr() * o.lr() / old_lr));
     s->set_lr(static_cast<float>(o.lr()));
+  }
+  if (o.memory_limit_mib() < 0) {
+    return absl::InvalidArgumentError("--memory_limit_mib: must be >= 0 (0: this machine's)");
   }
   if (o.eval_every_steps() < 0)
     return absl::InvalidArgumentError("--eval_every_steps: must be >= 0");
@@ -238,6 +248,10 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
   // The data's own shape and class count, before anything is checked against them.
   if (absl::Status s = ResolveDataShape(&*job); !s.ok()) return s;
   if (absl::Status s = ValidateJob(*job); !s.ok()) return invalid(s);
+  if (absl::Status s = CheckJobFits(*job, MemoryLimitBytes(overrides.memory_limit_mib()), false);
+      !s.ok()) {
+    return invalid(s);
+  }
   return job;
 }
 

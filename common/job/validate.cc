@@ -237,10 +237,18 @@ absl::Status ValidateOptimization(const v1::Job& job) {
 
 absl::Status ValidateStages(const v1::Job& job) {
   if (job.stages().empty()) return Invalid("stages", "a job needs at least one stage");
+  if (job.stages_size() > kMaxStages) {
+    return Invalid("stages", absl::StrCat(job.stages_size(), " stages; at most ", kMaxStages,
+                                          " (each stage is a worker)"));
+  }
   for (int k = 0; k < job.stages_size(); ++k) {
     const v1::Stage& st = job.stages(k);
     std::string at = absl::StrCat("stages[", k, "]");
     for (int i = 0; i < st.layers_size(); ++i) {
+      if (int depth = LayerSpecNesting(st.layers(i)); depth > kMaxLayerNesting) {
+        return Invalid(absl::StrCat(at, ".layers[", i, "]"),
+                       absl::StrCat("layers nest ", depth, " deep; at most ", kMaxLayerNesting));
+      }
       absl::Status s = ValidateLayerSpec(st.layers(i), absl::StrCat(at, ".layers[", i, "]"));
       if (!s.ok()) return s;
     }

@@ -103,7 +103,7 @@ int64_t LayerParameterCount(const LayerConfig& c, const Shape& in) {
   Shape cur = in;
   std::string ignored;
   for (const LayerConfig& p : kind->Expand(c, in)) {
-    n += LayerParameterCount(p, cur);
+    n = AddCounts(n, LayerParameterCount(p, cur));
     Shape next;
     if (InferLayerShape(p, cur, &next, &ignored)) cur = next;
   }
@@ -150,6 +150,13 @@ LayerIssue CheckLayerSettings(const LayerConfig& c) {
   std::string error;
   const LayerKind* kind = KindOf(c, &error);
   if (!kind) return {"", error};
+  // Sizes, kernels, strides and the like: a bound every kind shares, so that no product of
+  // them overflows before the shapes are checked.
+  for (const auto& [name, value] : c.settings) {
+    if (!std::isfinite(value) || std::fabs(value) > kMaxLayerSetting) {
+      return {name, "must be a number of magnitude at most " + std::to_string(kMaxLayerSetting)};
+    }
+  }
   return kind->Check(c);
 }
 

@@ -161,7 +161,10 @@ struct LayerIssue {
   std::string field;
   std::string why;
 };
-// An unknown kind is an issue too (field "", naming the kinds there are).
+// The largest magnitude any layer setting may have (out_features, kernel, vocab, ...).
+constexpr double kMaxLayerSetting = 2147483647.0;
+// An unknown kind is an issue too (field "", naming the kinds there are). Every setting is
+// finite and within kMaxLayerSetting.
 LayerIssue CheckLayerSettings(const LayerConfig& config);
 // Fills the kind's documented defaults for settings left at zero, in composite bodies too.
 void ApplyLayerDefaults(LayerConfig& config);

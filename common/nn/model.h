@@ -17,6 +17,13 @@ struct ModelConfig {
   uint64_t seed = 0;
 };
 
+// The most values one example may hold at any point of a network (its input, any layer's
+// output, the logits): 2^31, 8 GiB in float32. Larger shapes are refused before anything is
+// allocated, and counts derived from shapes within it cannot overflow.
+constexpr int64_t kMaxExampleElements = int64_t{1} << 31;
+// The most classes (or vocabulary entries) a job may have.
+constexpr int64_t kMaxClasses = (int64_t{1} << 31) - 1;
+
 // Checks every stage's layers and head against the shapes flowing in, without allocating.
 // On failure *error names the stage and layer and both shapes.
 bool ValidateModel(const ModelConfig& config, std::string* error);

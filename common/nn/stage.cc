@@ -56,7 +56,7 @@ int64_t StageParameterCount(const StageConfig& config, const Shape& in, int64_t 
   std::string error;
   auto walk = [&](const std::vector<LayerConfig>& layers) {
     for (const LayerConfig& l : layers) {
-      n += LayerParameterCount(l, cur);
+      n = AddCounts(n, LayerParameterCount(l, cur));
       Shape next;
       if (!InferLayerShape(l, cur, &next, &error)) return false;
       cur = next;

@@ -76,6 +76,15 @@ std::vector<uint64_t> Checkpointer::KeptIds() const {
   return ids;
 }
 
+void Checkpointer::Skipped(int64_t step) {
+  if (said_skipped_) return;
+  said_skipped_ = true;
+  log_ << "localpar: the checkpoint after step " << step
+       << " is skipped: " << kMaxCheckpointsInFlight
+       << " earlier ones are still travelling the pipeline, and each worker keeps at most "
+          "--keep_checkpoints plus that many snapshot sets (said once per run)\n";
+}
+
 std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
                                                 const DataCursor& cursor, double train_examples) {
   ledger_.CheckpointStarted(step);

@@ -27,6 +27,9 @@
 
 namespace localpar {
 
+// The most checkpoint markers in flight at once; see Feeder::Feed.
+constexpr int kMaxCheckpointsInFlight = 4;
+
 class Checkpointer {
  public:
   // `fingerprint` identifies the run (JobFingerprint). The ledger says when one is due and
@@ -70,6 +73,14 @@ class Checkpointer {
   double seconds_since_commit() const;
   int started() const { return started_; }
   int committed() const { return committed_; }
+  // A periodic checkpoint after `step` was not started (kMaxCheckpointsInFlight): said on
+  // the log the first time.
+  void Skipped(int64_t step);
+  // Markers sent whose checkpoint has neither committed nor failed.
+  int in_flight() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(pending_.size());
+  }
 
  private:
   struct Pending {
@@ -91,6 +102,7 @@ class Checkpointer {
   std::ostream& log_;
   uint64_t next_id_ = 1;
   std::atomic<int> started_{0}, committed_{0};
+  bool said_skipped_ = false;
   mutable std::mutex mu_;  // the event loop commits while the feeder starts new ones
   std::map<uint64_t, Pending> pending_;
   std::string last_committed_;

@@ -118,8 +118,15 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
         metrics_->SetProgress(static_cast<double>(done) /
                               static_cast<double>(std::max<int64_t>(ledger_.total_steps(), 1)));
       }
-      if (checkpointer_.enabled() && ledger_.CheckpointDue(done) &&
-          !StartCheckpoint(link, done, item.after)) {
+      // While kMaxCheckpointsInFlight markers travel the pipeline (the feeder runs ahead of
+      // the stages), no periodic one starts: every worker then keeps at most keep_checkpoints
+      // + kMaxCheckpointsInFlight snapshot sets. One asked for waits for the next step.
+      if (checkpointer_.enabled() && checkpointer_.in_flight() >= kMaxCheckpointsInFlight) {
+        if (config_.checkpoint_every_steps() > 0 && done % config_.checkpoint_every_steps() == 0) {
+          checkpointer_.Skipped(done);
+        }
+      } else if (checkpointer_.enabled() && ledger_.CheckpointDue(done) &&
+                 !StartCheckpoint(link, done, item.after)) {
         return false;
       }
       const int64_t stop = config_.stop_after_steps();

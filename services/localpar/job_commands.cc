@@ -2,8 +2,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/io/atomic_file.h"
 #include "common/job/job.h"
+#include "common/job/resources.h"
 #include "common/nn/rule.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
@@ -66,6 +68,11 @@ int TrainCommandMain(const Args& args) {
   if (!job.ok()) {
     return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
                 std::string(job.status().message()));
+  }
+  // Every stage runs in this process: the whole job must fit, not only its largest stage.
+  if (absl::Status s = CheckJobFits(*job, MemoryLimitBytes(t.overrides().memory_limit_mib()), true);
+      !s.ok()) {
+    return Fail(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
   }
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
   if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
@@ -147,6 +154,19 @@ int ValidateCommandMain(const Args& args) {
   if (!unseen.empty()) {
     std::cout << "# defaults the text above leaves out (zero values):\n";
     for (const std::string& u : unseen) std::cout << "#   " << u << "\n";
+  }
+  const JobNeeds needs = EstimateJobNeeds(job, true);
+  std::cout << "# memory, estimated from the shapes (limit "
+            << ByteString(MemoryLimitBytes(c.overrides().memory_limit_mib())) << "):\n";
+  for (const StageNeeds& s : needs.stages) {
+    std::cout << absl::StrFormat(
+        "#   %s: %s (%.4g parameters: %s with gradients and optimizer state; %s of "
+        "activations for %s)\n",
+        s.label, ByteString(s.total()), s.parameters, ByteString(s.state_bytes),
+        ByteString(s.activation_bytes), s.RowsString());
+  }
+  if (needs.data_bytes > 0) {
+    std::cout << "#   synthetic data: " << ByteString(needs.data_bytes) << "\n";
   }
   if (c.explain()) Explain(job);
   return kExitOk;

@@ -7,8 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common//model_io/checkpoint.h"
 #include "common/job/job.h"
+#include "common/job/resources.h"
+#include "common/model_io/checkpoint.h"
 #include "common/run/device.h"
 #include "services/common/peer_text.h"
 #include "services/common/wire_codec.h"
@@ -30,20 +31,17 @@ absl::Status StageHost::EnsureBackend() {
 }
 
 // A stage whose training state would not fit is refused before anything is allocated.
-absl::Status StageHost::CheckStageFits(const StageConfig& stage, const Shape& in, int64_t classes,
-                                       int index) const {
-  // Each parameter value has a gradient and up to two optimizer moments, all float32.
-  const double need = 16.0 * static_cast<double>(StageParameterCount(stage, in, classes));
-  double allow = static_cast<double>(options_.config.max_stage_mib()) * (1 << 20);
-  if (allow <= 0) {
-    allow =
-        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  }
-  if (need <= allow) return absl::OkStatus();
+absl::Status StageHost::CheckStageFits(const v1::Job& job, int index) const {
+  // The estimate `validate` prints: parameters, gradients and optimizer moments, and one
+  // replica's share of a batch of activations.
+  const StageNeeds need = EstimateJobNeeds(job, true).stages[static_cast<size_t>(index)];
+  const double allow = MemoryLimitBytes(options_.config.max_stage_mib());
+  if (need.total() <= allow) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "stage %d needs about %.1f GiB for its parameters, gradients and optimizer state; this "
-      "worker allows %.1f GiB (--max_stage_mib)",
-      index, need / (1 << 30), allow / (1 << 30)));
+      "stage %d needs about %s (%s for its parameters, gradients and optimizer state, %s of "
+      "activations for %s); this worker allows %s (--max_stage_mib)",
+      index, ByteString(need.total()), ByteString(need.state_bytes),
+      ByteString(need.activation_bytes), need.RowsString(), ByteString(allow)));
 }
 
 // The replica fields of a configuration, checked before anything is built.
@@ -107,8 +105,7 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
   ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
   const Shape in = StageInputShape(mc, req.stage());
-  if (absl::Status fits = CheckStageFits(mc.stages[req.stage()], in, mc.classes, req.stage());
-      !fits.ok()) {
+  if (absl::Status fits = CheckStageFits(job, req.stage()); !fits.ok()) {
     return fits;
   }
   std::string error;

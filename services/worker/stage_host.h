@@ -72,8 +72,7 @@ class StageHost {
 
  private:
   absl::Status EnsureBackend();
-  absl::Status CheckStageFits(const StageConfig& stage, const Shape& in, int64_t classes,
-                              int index) const;
+  absl::Status CheckStageFits(const v1::Job& job, int index) const;
   absl::Status Build(const v1::ConfigureRequest& request, ConfiguredStage* setup);
 
   const WorkerOptions& options_;

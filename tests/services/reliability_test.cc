@@ -206,3 +206,35 @@ stages { layers { linear { out_features: 16 } } layers { relu {} } head { kind: 
 
 }  // namespace
 }  // namespace localpar
+
+namespace localpar {
+namespace {
+
+// The feeder runs ahead of the stages, so checkpoints asked for every step pile up in the
+// pipeline; workers used to keep every one in flight (10 sets with --keep_checkpoints=3).
+// Now at most kMaxCheckpointsInFlight travel at once, so a worker keeps at most
+// --keep_checkpoints + 4 snapshot sets, and the run still ends bitwise equal.
+TEST(Reliability, WorkersKeepAtMostKeepCheckpointsPlusThoseInFlight) {
+  Runs runs;
+  auto r = runs.Run({"--checkpoint_dir=" + runs.ckpt, "--checkpoint_every_steps=1",
+                     "--keep_checkpoints=1", "--out=" + runs.dir.path() + "/out"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int k = 0; k < 4; ++k) {
+    int sets = 0;
+    for (const auto& e :
+         std::filesystem::directory_iterator(runs.ckpt + "/stage-" + std::to_string(k))) {
+      sets += e.path().filename().string().rfind("ckpt-", 0) == 0;
+    }
+    EXPECT_LE(sets, 1 + 4) << "stage " << k << "\n" << r.output;
+    EXPECT_GE(sets, 1) << "stage " << k;
+  }
+  EXPECT_LE(runs.Manifests(), 1) << r.output;
+  auto train = RunProcess(
+      {runs.bin, "train", runs.job, "--quiet", "--out=" + runs.dir.path() + "/ref"}, 120);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_EQ(ReadFile(runs.dir.path() + "/out/weights.pb"),
+            ReadFile(runs.dir.path() + "/ref/weights.pb"));
+}
+
+}  // namespace
+}  // namespace localpar

@@ -181,8 +181,8 @@ class AttentionKind final : public LayerKind {
     return std::make_unique<CausalSelfAttention>(b, in, c.Int("heads", 1), seed);
   }
   int64_t Parameters(const LayerConfig&, const Shape& in) const override {
-    const int64_t d = in.empty() ? 0 : in.back();
-    return 4 * d * d + 4 * d;  // qkv and output projections
+    const double d = in.empty() ? 0.0 : static_cast<double>(in.back());
+    return CountFromDouble(4 * d * d + 4 * d);  // qkv and output projections
   }
   double Flops(const LayerConfig&, const Shape& in) const override {
     // Four d x d projections per position, then scores Q K^T and their weighted sum of V

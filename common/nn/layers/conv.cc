@@ -245,8 +245,9 @@ class ConvKind final : public LayerKind {
   }
   int64_t Parameters(const LayerConfig& c, const Shape& in) const override {
     if (which_ != Which::kConv) return 0;
-    const int64_t k = Kernel(c);
-    return (k * k * (in.size() == 3 ? in[2] : 0) + 1) * c.Int("out_channels");
+    const double k = static_cast<double>(Kernel(c));
+    const double channels = in.size() == 3 ? static_cast<double>(in[2]) : 0.0;
+    return CountFromDouble((k * k * channels + 1) * c.Number("out_channels"));
   }
   double Flops(const LayerConfig& c, const Shape& in) const override {
     Shape out;

@@ -159,7 +159,7 @@ class EmbeddingKind final : public LayerKind {
     return std::make_unique<Embedding>(b, in, c.Int("vocab"), c.Int("dim"), seed);
   }
   int64_t Parameters(const LayerConfig& c, const Shape&) const override {
-    return c.Int("vocab") * c.Int("dim");
+    return CountFromDouble(c.Number("vocab") * c.Number("dim"));
   }
   std::string CanTieOutput(const LayerConfig& c, int64_t width, int64_t classes) const override {
     if (c.Int("dim") == width && c.Int("vocab") == classes) return "";

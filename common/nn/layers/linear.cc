@@ -124,7 +124,7 @@ class LinearKind final : public LayerKind {
   }
   int64_t Parameters(const LayerConfig& c, const Shape& in) const override {
     const int64_t have = tokenwise_ ? (in.empty() ? 0 : in.back()) : NumElements(in);
-    return (have + 1) * c.Int("out_features");
+    return CountFromDouble((static_cast<double>(have) + 1) * c.Number("out_features"));
   }
   double Flops(const LayerConfig& c, const Shape& in) const override {
     // 2 per multiply-add: every input element meets every output feature of its row.

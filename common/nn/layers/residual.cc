@@ -1,6 +1,8 @@
 // The residual family: `residual`, y = x + body(x), the body any layers that keep the shape.
 #include "common/nn/layers/residual.h"
 
+#include <type_traits>
+
 #include "common/core/rng.h"
 #include "common/nn/layers/family.h"
 
@@ -119,7 +121,11 @@ class ResidualKind final : public LayerKind {
     Shape cur = in;
     std::string ignored;
     for (const LayerConfig& b : c.body) {
-      n += f(b, cur);
+      if constexpr (std::is_integral_v<T>) {
+        n = AddCounts(n, f(b, cur));  // parameter counts saturate (shape.h)
+      } else {
+        n += f(b, cur);
+      }
       Shape next;
       if (InferLayerShape(b, cur, &next, &ignored)) cur = next;
     }
