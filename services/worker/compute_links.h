@@ -22,6 +22,9 @@ class ComputeLinks {
   virtual void SendDown(grpc::ByteBuffer item, std::function<void()> ready) = 0;
   // To the stage before (or the coordinator).
   virtual void SendUp(grpc::ByteBuffer item) = 0;
+  // A training batch about to go down will be answered by one gradient (or an error): the
+  // session takes that many, and refuses any more in-band instead of queueing them.
+  virtual void OweGradient() = 0;
   // A gradient returned from downstream, in order. kPending only when !wait; kGone once the
   // downstream link has closed.
   virtual PortState NextGradient(bool wait, v1::Gradient* out) = 0;

@@ -171,6 +171,7 @@ void LinkPorts::SendActivations(int m, const Tensor& y) {
   v1::Batch& b = items_.batch(m);
   if (returns_gradients_ && b.phase() == v1::TRAIN) {
     owed_.Owe(b.seq(), b.activations().shape(0));  // a gradient will come for it
+    links_->OweGradient();
   }
   v1::Batch next;
   next.set_seq(b.seq());

@@ -32,6 +32,7 @@ class WatchedLinks final : public ComputeLinks {
   WatchedLinks(ComputeLinks& links, WorkerStats& stats) : links_(links), stats_(stats) {}
   std::optional<v1::DownItem> NextItem() override;
   void SendDown(grpc::ByteBuffer item, std::function<void()> ready) override;
+  void OweGradient() override { links_.OweGradient(); }
   void SendUp(grpc::ByteBuffer item) override;
   PortState NextGradient(bool wait, v1::Gradient* out) override;
   void QueueDepths(int64_t* a, int64_t* b, int64_t* c, int64_t* d) override {

@@ -1,6 +1,10 @@
 // The replicas' exchange thread.
 #include "services/worker/replica_exchange.h"
 
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
 namespace localpar {
 
 ReplicaExchange::ReplicaExchange(Stage& stage, ReplicaGroup& group, int replicas, Backend& backend)
@@ -89,6 +93,27 @@ void ReplicaExchange::Loop() {
   }
 }
 
+// Every replica's part of a gathered bucket is checked as a stream gradient is: one
+// non-finite value and no replica steps. Every replica sees the same gathered bytes, so all
+// of them decide alike, and the message names the replica the values came from.
+absl::Status ReplicaExchange::CheckFinite(const float* gathered, int64_t n) const {
+  for (int r = 0; r < replicas_; ++r) {
+    const float* part = gathered + static_cast<size_t>(r) * static_cast<size_t>(n);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isfinite(part[i])) continue;
+      if (first < 0) first = i;
+      ++bad;
+    }
+    if (bad == 0) continue;
+    return absl::DataLossError(
+        absl::StrCat("replica ", r, " of stage ", group_.options().stage,
+                     " sent a gradient bucket with ", bad, " non-finite value", bad == 1 ? "" : "s",
+                     " (the first at index ", first, " of ", n, "); no replica takes this step"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReplicaExchange::Exchange(int g) {
   if (g == kWhole && on_device_) {
     const int64_t n = whole_->size();
@@ -111,6 +136,7 @@ absl::Status ReplicaExchange::Exchange(int g) {
   gathered.resize(static_cast<size_t>(bucket.size()) * static_cast<size_t>(replicas_));
   bucket.Pack(send.data());
   absl::Status s = group_.AllGather(send.data(), bucket.size(), gathered.data());
+  if (s.ok()) s = CheckFinite(gathered.data(), bucket.size());
   if (s.ok()) bucket.Unpack(gathered.data(), replicas_);
   return s;
 }

@@ -45,6 +45,7 @@ class ReplicaExchange {
   void StartLocked(int g);
   void Loop();
   absl::Status Exchange(int g);
+  absl::Status CheckFinite(const float* gathered, int64_t n) const;
 
   ReplicaGroup& group_;
   const int replicas_;

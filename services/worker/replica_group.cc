@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/localpar.grpc.pb.h"
+#include "services/common/peer_text.h"
 
 #ifdef LOCALPAR_WITH_GLOO
 #include <gloo/allgather.h>
@@ -87,6 +88,27 @@ class RendezvousClient {
   const std::string prefix_;
 };
 
+// Every replica publishes what it runs and reads the others'; throws naming the first that
+// differs.
+void CheckSameStage(RendezvousClient& client, const ReplicaGroupOptions& o) {
+  client.Set(absl::StrCat("fingerprint-", o.replica), o.fingerprint);
+  std::vector<std::string> keys, names;
+  for (int r = 0; r < o.replicas; ++r) {
+    keys.push_back(absl::StrCat("fingerprint-", r));
+    names.push_back(std::to_string(r));
+  }
+  const std::vector<std::string> theirs = client.Get(keys, o.timeout, absl::StrJoin(names, ", "));
+  for (int r = 0; r < o.replicas; ++r) {
+    if (theirs[static_cast<size_t>(r)] == o.fingerprint) continue;
+    throw std::runtime_error(absl::StrCat(
+        "replica ", r, " of stage ", o.stage, " runs another job or stage than replica ", o.replica,
+        " (fingerprints ", SanitizePeerText(theirs[static_cast<size_t>(r)], 64), " and ",
+        o.fingerprint,
+        "); every replica of a stage must be configured from the same job, so no gradients "
+        "were exchanged"));
+  }
+}
+
 #ifdef LOCALPAR_WITH_GLOO
 // Gloo's store interface over the rendezvous.
 class CoordinatorStore final : public gloo::rendezvous::Store {
@@ -156,6 +178,7 @@ absl::Status ReplicaGroup::Connect() {
         std::make_shared<gloo::rendezvous::Context>(options_.replica, options_.replicas);
     impl->context->setTimeout(options_.timeout);
     RendezvousClient client(options_, security_);
+    CheckSameStage(client, options_);
     CoordinatorStore store(client, options_.timeout);
     impl->context->connectFullMesh(store, impl->device);
     impl_ = std::move(impl);
@@ -208,6 +231,7 @@ std::string NcclError(ncclResult_t r) { return ncclGetErrorString(r); }
 absl::Status ReplicaGroup::ConnectDevice() {
   try {
     RendezvousClient client(options_, security_);
+    CheckSameStage(client, options_);
     client.Set(absl::StrCat("nccl-joined-", options_.replica), "1");
     std::vector<std::string> keys;
     std::vector<std::string> names;

@@ -24,6 +24,10 @@ struct ReplicaGroupOptions {
   int replica = 0;
   int replicas = 1;
   std::string host;  // this worker's address for its peers
+  // What the replica runs (the job and the stage, JobFingerprint): replicas compare it at
+  // the rendezvous before any exchange, so that two configured from different jobs (whose
+  // buckets differ) fail with a clear error instead of inside the transport.
+  std::string fingerprint;
   std::chrono::milliseconds timeout{60000};
 };
 
@@ -49,6 +53,8 @@ class ReplicaGroup {
   // its stream has ended): a replica still waiting on this one fails at once instead of at
   // its timeout, so that every replica's stream can end and the stage be configured again.
   void Close();
+
+  const ReplicaGroupOptions& options() const { return options_; }
 
   // Read from any thread while the exchange thread gathers.
   double seconds() const { return seconds_.load(); }

@@ -274,17 +274,31 @@ void StreamSession::DownReaderLoop() {
       continue;
     }
     if (up.has_gradient()) {
-      if (gradients) grads_.Push(std::move(*up.mutable_gradient()));
-      continue;  // under a rule without gradients, one is noise from a broken peer
+      if (!gradients) continue;  // under a rule without gradients, noise from a broken peer
+      v1::Gradient& g = *up.mutable_gradient();
+      if (gradients_owed_.fetch_sub(1) <= 0 || !grads_.TryPush(g)) {
+        ++gradients_owed_;
+        stats_.Reject("bad_gradient");
+        Write(FrameItem(ErrorItem(up.gradient().seq(), stage_,
+                                  absl::InvalidArgumentError(absl::StrCat(
+                                      "from stage ", stage_ + 1,
+                                      ": gradient: none is owed (more gradients than training "
+                                      "batches sent)")))),
+              true);
+        continue;
+      }
+      continue;
     }
     if (up.has_error()) {
       // Peer text: never relayed raw (escape sequences, megabytes of it).
       up.mutable_error()->set_message(SanitizePeerText(up.error().message()));
       if (gradients) {
-        // The batch died downstream: no gradient will come for it.
+        // The batch died downstream: no gradient will come for it. (An error may stand for
+        // an item that owed none; the compute thread tells them apart by seq. Never wait
+        // on a full queue for it.)
         v1::Gradient none;
         none.set_seq(up.error().seq());
-        grads_.Push(std::move(none));
+        grads_.TryPush(none);
       }
     }
     Write(FrameItem(up), true);

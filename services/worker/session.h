@@ -52,6 +52,7 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   std::optional<v1::DownItem> NextItem() override;
   void SendDown(grpc::ByteBuffer item, std::function<void()> ready) override;
   void SendUp(grpc::ByteBuffer item) override { Write(std::move(item), true); }
+  void OweGradient() override { ++gradients_owed_; }
   PortState NextGradient(bool wait, v1::Gradient* out) override;
   void QueueDepths(int64_t* inbound, int64_t* inbound_capacity, int64_t* outbound,
                    int64_t* outbound_capacity) override;
@@ -90,6 +91,9 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   BoundedQueue<v1::DownItem> inbound_;
   BoundedQueue<Outgoing> outbound_;   // framed items for the next stage
   BoundedQueue<v1::Gradient> grads_;  // returned from the next stage
+  // Training batches sent down whose gradient (or error) has not come back. A gradient
+  // beyond them is refused by the reader, so it never waits on a full grads_.
+  std::atomic<int64_t> gradients_owed_{0};
   grpc::ClientContext down_ctx_;
   std::unique_ptr<ClientStream> down_;
   std::thread compute_, sender_, down_reader_;

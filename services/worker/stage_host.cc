@@ -178,6 +178,9 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
     g.replica = s->replica;
     g.replicas = s->replicas;
     g.host = req.collective_host();
+    g.fingerprint = JobFingerprint(
+        job,
+        absl::StrCat("stage ", s->stage, ", ", s->stage_model->num_parameters(), " parameters"));
     if (req.rendezvous_timeout_s() > 0)
       g.timeout = std::chrono::seconds(req.rendezvous_timeout_s());
     s->group = std::make_shared<ReplicaGroup>(std::move(g), options_.security);

@@ -41,6 +41,7 @@ struct MemoryLinks final : ComputeLinks {
     if (ready) ready();
     down->inbound.Push(Parse<v1::DownItem>(item));
   }
+  void OweGradient() override {}
   void SendUp(grpc::ByteBuffer item) override {
     v1::UpItem u = Parse<v1::UpItem>(item);
     if (u.has_gradient()) {

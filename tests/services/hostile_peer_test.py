@@ -428,14 +428,23 @@ def case_bad_gradients():
 
 
 def case_unwanted_gradients_cannot_wedge_a_stage():
-    down = FakeDownstream(lambda b: [gradient(b) for _ in range(300)])
-    w = Worker("wedge")
-    w.configure(job("GREEDY"), stage=0, downstream=f"127.0.0.1:{down.port}")
-    up = w.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)], timeout=15)
-    check(any(u.HasField("ack") for u in up), "acks still flow after 300 unwanted gradients")
-    start = time.time()
-    check(w.stop() == 128 + signal.SIGTERM and time.time() - start < 10, "SIGTERM stops it")
-    down.server.stop(0)
+    """A downstream answering one batch with 300 gradients (more than the 256-slot gradient
+    queue): GREEDY wants none, OVERLAP exactly one per batch. Either way the rest are refused
+    in-band, the DRAIN is acknowledged, the stream ends, and the stage takes a new stream and
+    a new Configure."""
+    for rule in ("GREEDY", "OVERLAP"):
+        down = FakeDownstream(lambda b: [gradient(b) for _ in range(300)])
+        w = Worker("wedge_" + rule)
+        w.configure(job(rule), stage=0, downstream=f"127.0.0.1:{down.port}")
+        up = w.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)], timeout=15)
+        check(any(u.HasField("ack") for u in up),
+              f"{rule}: acks still flow after 300 unwanted gradients")
+        w.configure(job("GREEDY"))
+        w.healthy(f"{rule}: after 300 unwanted gradients")
+        start = time.time()
+        check(w.stop() == 128 + signal.SIGTERM and time.time() - start < 10,
+              f"{rule}: SIGTERM stops it")
+        down.server.stop(0)
 
 
 def case_forged_errors_are_sanitised():
@@ -502,7 +511,125 @@ def case_upstream_that_stops_reading():
     w.stop()
 
 
-CASES = [case_unresolvable_collective_host, case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
+# ---- replicas and their collective ------------------------------------------------------
+
+class Rendezvous(localpar_pb2_grpc.RendezvousServicer):
+    """The coordinator's Rendezvous service, written here from proto/ alone: a key-value store
+    whose Get waits for every key."""
+
+    def __init__(self):
+        self.values, self.cv = {}, threading.Condition()
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=16))
+        localpar_pb2_grpc.add_RendezvousServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.address = f"127.0.0.1:{self.port}"
+
+    def Set(self, request, context):
+        with self.cv:
+            self.values[request.key] = request.value
+            self.cv.notify_all()
+        return localpar_pb2.StoreSetResponse()
+
+    def Get(self, request, context):
+        end = time.time() + request.timeout_ms / 1000.0
+        with self.cv:
+            while not all(k in self.values for k in request.keys):
+                if time.time() > end or not self.cv.wait(timeout=max(0.0, end - time.time())):
+                    if not all(k in self.values for k in request.keys):
+                        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "missing keys")
+            return localpar_pb2.StoreGetResponse(values=[self.values[k] for k in request.keys])
+
+    def stop(self):
+        self.server.stop(0)
+
+
+def replica_pair(name, jobs, group, initial=(None, None)):
+    """Two workers configured as replicas 0 and 1 of stage 1, from jobs[0] and jobs[1]."""
+    rv = Rendezvous()
+    workers = []
+    for r, j in enumerate(jobs):
+        j = localpar_pb2.ConfigureRequest(job=j).job  # a copy
+        j.replicas = 2
+        w = Worker(f"{name}{r}")
+        extra = {"initial": initial[r]} if initial[r] is not None else {}
+        w.configure(j, replica=r, rendezvous=rv.address, rendezvous_group=group,
+                    collective_host="127.0.0.1", rendezvous_timeout_s=20, **extra)
+        workers.append(w)
+    return rv, workers
+
+
+def exchange_both(workers, batches):
+    """Each worker's items at once (their exchange waits for the other); what came back."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(workers)) as pool:
+        futures = [pool.submit(w.exchange, items, None, 60) for w, items in zip(workers, batches)]
+        out = []
+        for f in futures:
+            try:
+                out.append(f.result())
+            except grpc.RpcError as e:
+                out.append(e)
+        return out
+
+
+def replica_batches():
+    # A step of 2 rows: one for each replica.
+    return [[batch(1, rows=1, batch_rows=2), control(2, localpar_pb2.Control.DRAIN)]
+            for r in range(2)]
+
+
+def case_replica_bucket_mismatch():
+    """Replicas of one stage configured from jobs whose stage differs (out_features 4 and 8):
+    Gloo aborted the replica with the smaller bucket. Now they compare what they run at the
+    rendezvous and both refuse in-band, naming the replica, and go on serving."""
+    other = job("GREEDY")
+    other.stages[1].layers[0].linear.out_features = 8
+    rv, workers = replica_pair("mismatch", [job("GREEDY"), other], "mismatch")
+    results = exchange_both(workers, replica_batches())
+    for r, (w, up) in enumerate(zip(workers, results)):
+        check(w.proc.poll() is None, f"replica {r} with a different bucket is alive")
+        messages = [e.message for e in errors_of(up)] if isinstance(up, list) else [str(up)]
+        check(any("runs another job or stage than replica" in m for m in messages),
+              f"replica {r} names the mismatch: {messages}")
+        w.configure(job("GREEDY"))
+        w.healthy(f"replica {r} after a bucket mismatch")
+        w.stop()
+    rv.stop()
+
+
+def case_replica_non_finite_bucket():
+    """A replica with a NaN weight (configured so), whose gradients are then NaN: its peer
+    used to step into NaN weights. Both see the gathered buckets and refuse the step naming
+    replica 1; replica 0 keeps its finite weights."""
+    probe = Worker("nanprobe")
+    probe.configure(job("GREEDY"))
+    nan = probe.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10)
+    probe.stop()
+    values = list(struct.unpack(f"<{len(nan.params[0].tensor.data) // 4}f",
+                                nan.params[0].tensor.data))
+    values[0] = float("nan")
+    nan.params[0].tensor.data = floats(values)
+    rv, workers = replica_pair("nanbucket", [job("GREEDY"), job("GREEDY")], "nan",
+                               initial=(None, nan))
+    before = [w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10) for w in workers]
+    results = exchange_both(workers, replica_batches())
+    for r, (w, up) in enumerate(zip(workers, results)):
+        check(w.proc.poll() is None, f"replica {r} is alive")
+        messages = [e.message for e in errors_of(up)] if isinstance(up, list) else [str(up)]
+        check(any("replica 1 of stage 1 sent a gradient bucket with" in m for m in messages),
+              f"replica {r} names replica 1's non-finite bucket: {messages}")
+        after = w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10)
+        if r == 0:
+            check(weights_finite(w), "replica 0 keeps finite weights")
+        check(after == before[r], f"replica {r} took no step")
+        w.configure(job("GREEDY"))
+        w.healthy(f"replica {r} after a non-finite bucket")
+        w.stop()
+    rv.stop()
+
+
+CASES = [case_replica_bucket_mismatch, case_replica_non_finite_bucket,
+         case_unresolvable_collective_host, case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
          case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
          case_message_cap_refuses_before_receiving,
          case_metrics_take_many_clients_and_serve_only_metrics, case_access_control,
