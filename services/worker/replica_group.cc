@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <exception>
+#include <random>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -91,19 +92,24 @@ class RendezvousClient {
 // Every replica publishes what it runs and reads the others'; throws naming the first that
 // differs.
 void CheckSameStage(RendezvousClient& client, const ReplicaGroupOptions& o) {
-  client.Set(absl::StrCat("fingerprint-", o.replica), o.fingerprint);
-  std::vector<std::string> keys, names;
+  // "FINGERPRINT NONCE": the nonce makes a second worker claiming the same replica a
+  // different value, which the rendezvous refuses, rather than a retry of the first.
+  std::random_device random;
+  client.Set(absl::StrCat("fingerprint-", o.replica),
+             absl::StrCat(o.fingerprint, " ", random(), random()));
+  std::vector<std::string> keys, others;
   for (int r = 0; r < o.replicas; ++r) {
     keys.push_back(absl::StrCat("fingerprint-", r));
-    names.push_back(std::to_string(r));
+    if (r != o.replica) others.push_back(std::to_string(r));
   }
-  const std::vector<std::string> theirs = client.Get(keys, o.timeout, absl::StrJoin(names, ", "));
+  const std::vector<std::string> values = client.Get(keys, o.timeout, absl::StrJoin(others, ", "));
   for (int r = 0; r < o.replicas; ++r) {
-    if (theirs[static_cast<size_t>(r)] == o.fingerprint) continue;
+    const std::string& v = values[static_cast<size_t>(r)];
+    const std::string theirs = v.substr(0, v.find(' '));
+    if (theirs == o.fingerprint) continue;
     throw std::runtime_error(absl::StrCat(
         "replica ", r, " of stage ", o.stage, " runs another job or stage than replica ", o.replica,
-        " (fingerprints ", SanitizePeerText(theirs[static_cast<size_t>(r)], 64), " and ",
-        o.fingerprint,
+        " (fingerprints ", SanitizePeerText(theirs, 64), " and ", o.fingerprint,
         "); every replica of a stage must be configured from the same job, so no gradients "
         "were exchanged"));
   }
