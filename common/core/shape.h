@@ -26,6 +26,24 @@ inline int64_t CountFromDouble(double v) {
 
 inline int64_t AddCounts(int64_t a, int64_t b) { return a >= kMaxCount - b ? kMaxCount : a + b; }
 
+// The most values one example may hold at any point of a network (its input, any layer's
+// output, the logits): 2^31, 8 GiB in float32. Larger shapes are refused before anything is
+// allocated (InferLayerShape, ValidateModel), and counts derived from shapes within it
+// cannot overflow.
+constexpr int64_t kMaxExampleElements = int64_t{1} << 31;
+
+// Whether the positive extents of `s` multiply to more than `limit` (checked before
+// multiplying). Extents <= 0 are left to the shape checks that name them.
+inline bool ExceedsElements(const Shape& s, int64_t limit) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d <= 0) return false;
+    if (d > limit / n) return true;
+    n *= d;
+  }
+  return false;
+}
+
 // The element count of `s` when every extent is > 0 and the product is at most `limit`;
 // -1 otherwise (checked before multiplying, so it never overflows).
 inline int64_t CheckedNumElements(const Shape& s, int64_t limit) {

@@ -64,6 +64,14 @@ const LayerKind* KindOf(const LayerConfig& c, std::string* error) {
 bool InferLayerShape(const LayerConfig& c, const Shape& in, Shape* out, std::string* error) {
   const LayerKind* kind = KindOf(c, error);
   if (!kind) return false;
+  // Kinds multiply extents: a shape beyond kMaxExampleElements goes no further.
+  if (ExceedsElements(in, kMaxExampleElements)) {
+    if (error) {
+      *error = "input " + ShapeString(in) + " holds more than " +
+               std::to_string(kMaxExampleElements) + " values per example";
+    }
+    return false;
+  }
   if (kind->expands()) {
     Shape cur = in;
     std::vector<LayerConfig> parts = kind->Expand(c, in);

@@ -17,10 +17,6 @@ struct ModelConfig {
   uint64_t seed = 0;
 };
 
-// The most values one example may hold at any point of a network (its input, any layer's
-// output, the logits): 2^31, 8 GiB in float32. Larger shapes are refused before anything is
-// allocated, and counts derived from shapes within it cannot overflow.
-constexpr int64_t kMaxExampleElements = int64_t{1} << 31;
 // The most classes (or vocabulary entries) a job may have.
 constexpr int64_t kMaxClasses = (int64_t{1} << 31) - 1;
 
