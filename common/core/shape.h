@@ -32,29 +32,6 @@ inline int64_t AddCounts(int64_t a, int64_t b) { return a >= kMaxCount - b ? kMa
 // cannot overflow.
 constexpr int64_t kMaxExampleElements = int64_t{1} << 31;
 
-// Whether the positive extents of `s` multiply to more than `limit` (checked before
-// multiplying). Extents <= 0 are left to the shape checks that name them.
-inline bool ExceedsElements(const Shape& s, int64_t limit) {
-  int64_t n = 1;
-  for (int64_t d : s) {
-    if (d <= 0) return false;
-    if (d > limit / n) return true;
-    n *= d;
-  }
-  return false;
-}
-
-// The element count of `s` when every extent is > 0 and the product is at most `limit`;
-// -1 otherwise (checked before multiplying, so it never overflows).
-inline int64_t CheckedNumElements(const Shape& s, int64_t limit) {
-  int64_t n = 1;
-  for (int64_t d : s) {
-    if (d <= 0 || d > limit / n) return -1;
-    n *= d;
-  }
-  return n;
-}
-
 inline std::string ShapeString(const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {
@@ -62,6 +39,21 @@ inline std::string ShapeString(const Shape& s) {
     out += std::to_string(s[i]);
   }
   return out + "]";
+}
+
+// "" when every extent of `s` is > 0 and it holds at most kMaxExampleElements values
+// (checked before multiplying, so it never overflows); else why not, naming it `what`.
+inline std::string ExampleShapeError(const std::string& what, const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d <= 0) return what + " " + ShapeString(s) + " has an extent <= 0";
+    if (d > kMaxExampleElements / n) {
+      return what + " " + ShapeString(s) + " holds more than " +
+             std::to_string(kMaxExampleElements) + " values per example";
+    }
+    n *= d;
+  }
+  return "";
 }
 
 // Elements per row when the outermost extent is the batch.

@@ -24,16 +24,6 @@ double Elements(const Shape& s) {
   return n;
 }
 
-// Values one example keeps through a stage for the backward pass, beyond the layer outputs:
-// attention's score matrix, [heads, positions, positions].
-double ExtraPerExample(const LayerConfig& l, const Shape& in) {
-  if ((l.kind != "causal_self_attention" && l.kind != "transformer_block") || in.size() < 2) {
-    return 0;
-  }
-  const double positions = Elements(in) / static_cast<double>(in.back());
-  return std::max<double>(1, l.Number("heads", 1)) * positions * positions;
-}
-
 double OptimizerMoments(const v1::Job& job) {
   if (job.optimizer().has_sgd()) return job.optimizer().sgd().momentum() > 0 ? 1 : 0;
   return 2;  // AdamW's first and second moments
@@ -74,15 +64,15 @@ JobNeeds EstimateJobNeeds(const v1::Job& job, bool per_replica) {
     n.label = absl::StrCat("stages[", k, "]", st.name.empty() ? "" : " (" + st.name + ")");
     n.parameters = static_cast<double>(StageParameterCount(st, cur, mc.classes));
     n.state_bytes = n.parameters * (2 + moments) * kFloatBytes;
-    // Per example: the stage's input, every layer's output (kept for the backward pass),
-    // and the head's.
+    // Per example: the stage's input, and what each layer and head layer keeps for the
+    // backward pass (LayerActivationValues).
     double per_example = Elements(cur);
     std::string error;
     auto walk = [&](const std::vector<LayerConfig>& layers, Shape& shape) {
       for (const LayerConfig& l : layers) {
         Shape next;
         if (!InferLayerShape(l, shape, &next, &error)) return;
-        per_example += Elements(next) + ExtraPerExample(l, shape);
+        per_example += LayerActivationValues(l, shape);
         shape = next;
       }
     };

@@ -2,6 +2,7 @@
 #include "common/nn/layer.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/nn/layer_kind.h"
 #include "common/nn/layers/family.h"
@@ -65,11 +66,8 @@ bool InferLayerShape(const LayerConfig& c, const Shape& in, Shape* out, std::str
   const LayerKind* kind = KindOf(c, error);
   if (!kind) return false;
   // Kinds multiply extents: a shape beyond kMaxExampleElements goes no further.
-  if (ExceedsElements(in, kMaxExampleElements)) {
-    if (error) {
-      *error = "input " + ShapeString(in) + " holds more than " +
-               std::to_string(kMaxExampleElements) + " values per example";
-    }
+  if (std::string why = ExampleShapeError("input", in); !why.empty()) {
+    if (error) *error = why;
     return false;
   }
   if (kind->expands()) {
@@ -103,34 +101,53 @@ std::unique_ptr<Layer> MakeLayer(Backend& b, const LayerConfig& c, const Shape& 
   return layer;
 }
 
-int64_t LayerParameterCount(const LayerConfig& c, const Shape& in) {
-  const LayerKind* kind = KindOf(c, nullptr);
-  if (!kind) return 0;
-  if (!kind->expands()) return kind->Parameters(c, in);
-  int64_t n = 0;
+namespace {
+
+// f over the layers a shorthand kind stands for, each taking the shape the one before makes.
+template <typename T>
+T SumOverParts(const LayerKind& kind, const LayerConfig& c, const Shape& in,
+               T (*f)(const LayerConfig&, const Shape&)) {
+  T n = 0;
   Shape cur = in;
   std::string ignored;
-  for (const LayerConfig& p : kind->Expand(c, in)) {
-    n = AddCounts(n, LayerParameterCount(p, cur));
+  for (const LayerConfig& p : kind.Expand(c, in)) {
+    if constexpr (std::is_integral_v<T>) {
+      n = AddCounts(n, f(p, cur));  // parameter counts saturate (shape.h)
+    } else {
+      n += f(p, cur);
+    }
     Shape next;
     if (InferLayerShape(p, cur, &next, &ignored)) cur = next;
   }
   return n;
 }
 
+}  // namespace
+
+int64_t LayerParameterCount(const LayerConfig& c, const Shape& in) {
+  const LayerKind* kind = KindOf(c, nullptr);
+  if (!kind) return 0;
+  if (!kind->expands()) return kind->Parameters(c, in);
+  return SumOverParts(*kind, c, in, LayerParameterCount);
+}
+
 double LayerForwardFlops(const LayerConfig& c, const Shape& in) {
   const LayerKind* kind = KindOf(c, nullptr);
   if (!kind) return 0;
   if (!kind->expands()) return kind->Flops(c, in);
-  double n = 0;
-  Shape cur = in;
+  return SumOverParts(*kind, c, in, LayerForwardFlops);
+}
+
+double LayerActivationValues(const LayerConfig& c, const Shape& in) {
+  const LayerKind* kind = KindOf(c, nullptr);
+  if (!kind) return 0;
+  if (kind->expands()) return SumOverParts(*kind, c, in, LayerActivationValues);
+  Shape out;
   std::string ignored;
-  for (const LayerConfig& p : kind->Expand(c, in)) {
-    n += LayerForwardFlops(p, cur);
-    Shape next;
-    if (InferLayerShape(p, cur, &next, &ignored)) cur = next;
-  }
-  return n;
+  if (!InferLayerShape(c, in, &out, &ignored)) return 0;
+  double n = 1;
+  for (int64_t d : out) n *= static_cast<double>(d);
+  return n + kind->SavedValues(c, in);
 }
 
 void ExpandLayer(const LayerConfig& c, Shape* cur, std::vector<LayerConfig>* out) {

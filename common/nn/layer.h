@@ -151,6 +151,11 @@ int64_t LayerParameterCount(const LayerConfig& config, const Shape& in);
 // layers, normalisation, pooling and lookups count 0.
 double LayerForwardFlops(const LayerConfig& config, const Shape& in);
 
+// Values one example keeps through the layer for its backward pass, from shapes alone: its
+// output, and what the kind keeps besides (attention's scores, a residual body's outputs).
+// For memory estimates.
+double LayerActivationValues(const LayerConfig& config, const Shape& in);
+
 // Kinds that are shorthand for several layers (a transformer block) replaced by them,
 // inside composite bodies too; `*cur` follows the shapes. Every other kind is copied.
 void ExpandLayer(const LayerConfig& config, Shape* cur, std::vector<LayerConfig>* out);

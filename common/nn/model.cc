@@ -12,17 +12,6 @@ std::string StageLabel(const ModelConfig& c, size_t k) {
   return label;
 }
 
-std::string TooLarge(const Shape& s) {
-  return " holds more than " + std::to_string(kMaxExampleElements) +
-         " values per example (or an extent <= 0): " + ShapeString(s);
-}
-
-// "" when a layer's per-example output is within kMaxExampleElements, else why not.
-std::string OutputTooLarge(const Shape& out) {
-  if (CheckedNumElements(out, kMaxExampleElements) > 0) return "";
-  return "output" + TooLarge(out);
-}
-
 }  // namespace
 
 bool ValidateModel(const ModelConfig& config, std::string* error) {
@@ -30,12 +19,9 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
     *error = "stages: a model needs at least one stage";
     return false;
   }
-  if (config.input_shape.empty() ||
-      CheckedNumElements(config.input_shape, kMaxExampleElements) <= 0) {
-    *error = "input shape " + ShapeString(config.input_shape) +
-             (config.input_shape.empty() ? " is empty" : TooLarge(config.input_shape));
-    return false;
-  }
+  *error = config.input_shape.empty() ? "input shape [] is empty"
+                                      : ExampleShapeError("input shape", config.input_shape);
+  if (!error->empty()) return false;
   if (config.classes < 1 || config.classes > kMaxClasses) {
     *error = "classes: " + std::to_string(config.classes) + " is not in 1.." +
              std::to_string(kMaxClasses);
@@ -53,7 +39,8 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
     for (size_t i = 0; i < st.layers.size(); ++i) {
       Shape next;
       std::string e;
-      if (!InferLayerShape(st.layers[i], cur, &next, &e) || !(e = OutputTooLarge(next)).empty()) {
+      if (!InferLayerShape(st.layers[i], cur, &next, &e) ||
+          !(e = ExampleShapeError("output", next)).empty()) {
         std::string from = i == 0 ? source : "the previous layer";
         *error = StageLabel(config, k) + ".layers[" + std::to_string(i) + "] " + e + " (input " +
                  ShapeString(cur) + " from " + from + ")";
@@ -82,7 +69,7 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
     Shape h = cur;
     for (const LayerConfig& l : head) {
       Shape next;
-      if (!InferLayerShape(l, h, &next, &e) || !(e = OutputTooLarge(next)).empty()) {
+      if (!InferLayerShape(l, h, &next, &e) || !(e = ExampleShapeError("output", next)).empty()) {
         *error = StageLabel(config, k) + ".head: " + e;
         return false;
       }

@@ -578,6 +578,21 @@ def replica_batches():
             for r in range(2)]
 
 
+def expect_replicas_refuse(workers, text, what, after=None):
+    """One step on both replicas: each refuses it in-band with `text`, stays alive, runs
+    after(r, worker) if given, and trains again once reconfigured without replicas."""
+    results = exchange_both(workers, replica_batches())
+    for r, (w, up) in enumerate(zip(workers, results)):
+        check(w.proc.poll() is None, f"{what}: replica {r} is alive")
+        messages = [e.message for e in errors_of(up)] if isinstance(up, list) else [str(up)]
+        check(any(text in m for m in messages), f"{what}: replica {r} says '{text}': {messages}")
+        if after:
+            after(r, w)
+        w.configure(job("GREEDY"))
+        w.healthy(f"replica {r} after {what}")
+        w.stop()
+
+
 def case_replica_bucket_mismatch():
     """Replicas of one stage configured from jobs whose stage differs (out_features 4 and 8):
     Gloo aborted the replica with the smaller bucket. Now they compare what they run at the
@@ -585,15 +600,7 @@ def case_replica_bucket_mismatch():
     other = job("GREEDY")
     other.stages[1].layers[0].linear.out_features = 8
     rv, workers = replica_pair("mismatch", [job("GREEDY"), other], "mismatch")
-    results = exchange_both(workers, replica_batches())
-    for r, (w, up) in enumerate(zip(workers, results)):
-        check(w.proc.poll() is None, f"replica {r} with a different bucket is alive")
-        messages = [e.message for e in errors_of(up)] if isinstance(up, list) else [str(up)]
-        check(any("runs another job or stage than replica" in m for m in messages),
-              f"replica {r} names the mismatch: {messages}")
-        w.configure(job("GREEDY"))
-        w.healthy(f"replica {r} after a bucket mismatch")
-        w.stop()
+    expect_replicas_refuse(workers, "runs another job or stage than replica", "a bucket mismatch")
     rv.stop()
 
 
@@ -612,19 +619,15 @@ def case_replica_non_finite_bucket():
     rv, workers = replica_pair("nanbucket", [job("GREEDY"), job("GREEDY")], "nan",
                                initial=(None, nan))
     before = [w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10) for w in workers]
-    results = exchange_both(workers, replica_batches())
-    for r, (w, up) in enumerate(zip(workers, results)):
-        check(w.proc.poll() is None, f"replica {r} is alive")
-        messages = [e.message for e in errors_of(up)] if isinstance(up, list) else [str(up)]
-        check(any("replica 1 of stage 1 sent a gradient bucket with" in m for m in messages),
-              f"replica {r} names replica 1's non-finite bucket: {messages}")
+
+    def unchanged(r, w):
         after = w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10)
         if r == 0:
             check(weights_finite(w), "replica 0 keeps finite weights")
         check(after == before[r], f"replica {r} took no step")
-        w.configure(job("GREEDY"))
-        w.healthy(f"replica {r} after a non-finite bucket")
-        w.stop()
+
+    expect_replicas_refuse(workers, "replica 1 of stage 1 sent a gradient bucket with",
+                           "a non-finite bucket", unchanged)
     rv.stop()
 
 

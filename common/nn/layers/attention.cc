@@ -191,6 +191,12 @@ class AttentionKind final : public LayerKind {
     const double positions = d > 0 ? static_cast<double>(NumElements(in)) / d : 0.0;
     return 2.0 * 4.0 * positions * d * d + 2.0 * 2.0 * positions * positions * d;
   }
+  double SavedValues(const LayerConfig& c, const Shape& in) const override {
+    // The softmaxed scores, [heads, positions, positions].
+    const double d = in.empty() ? 0.0 : static_cast<double>(in.back());
+    const double positions = d > 0 ? static_cast<double>(NumElements(in)) / d : 0.0;
+    return static_cast<double>(c.Int("heads", 1)) * positions * positions;
+  }
 };
 
 class TransformerBlockKind final : public LayerKind {

@@ -111,6 +111,9 @@ class ResidualKind final : public LayerKind {
   double Flops(const LayerConfig& c, const Shape& in) const override {
     return Sum(c, in, LayerForwardFlops);
   }
+  double SavedValues(const LayerConfig& c, const Shape& in) const override {
+    return Sum(c, in, LayerActivationValues);
+  }
 
  private:
   // f(layer, its input shape) added up over the body, each layer taking the shape the one
