@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libmicrohttpd-dev libgloo-dev dataset-fashion-mnist
+  libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libmicrohttpd-dev dataset-fashion-mnist
   prometheus curl docker.io cgroupfs-mount apparmor docker-compose debootstrap openssl
   clang-14 libclang-rt-14-dev
   fortunes gnuplot-nox python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml

@@ -1,8 +1,9 @@
-// The replicas of a stage: Gloo over TCP for host buckets, NCCL for device buckets.
+// The replicas of a stage: their own TCP mesh for host buckets, NCCL for device buckets.
 #include "services/worker/replica_group.h"
 
 #include <cstring>
 #include <exception>
+#include <iostream>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -12,13 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/peer_text.h"
-
-#ifdef LOCALPAR_WITH_GLOO
-#include <gloo/allgather.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
-#endif
+#include "services/worker/replica_mesh.h"
 #ifdef LOCALPAR_WITH_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -29,8 +24,8 @@
 namespace localpar {
 namespace {
 
-// The coordinator's Rendezvous service, under "GROUP/stage-K/". Failures throw (Gloo's
-// store interface reports them so), with messages that name the replicas.
+// The coordinator's Rendezvous service, under "GROUP/stage-K/". Failures throw, with
+// messages that name the replicas.
 class RendezvousClient {
  public:
   RendezvousClient(const ReplicaGroupOptions& o, const SecurityOptions& security)
@@ -115,40 +110,11 @@ void CheckSameStage(RendezvousClient& client, const ReplicaGroupOptions& o) {
   }
 }
 
-#ifdef LOCALPAR_WITH_GLOO
-// Gloo's store interface over the rendezvous.
-class CoordinatorStore final : public gloo::rendezvous::Store {
- public:
-  CoordinatorStore(RendezvousClient& client, std::chrono::milliseconds timeout)
-      : client_(client), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    client_.Set(key, std::string(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    const std::string v = client_.Get({key}, timeout_, key)[0];
-    return std::vector<char>(v.begin(), v.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    client_.Get(keys, timeout, absl::StrJoin(keys, ", "));
-  }
-
- private:
-  RendezvousClient& client_;
-  const std::chrono::milliseconds timeout_;
-};
-#endif
-
 }  // namespace
 
 class ReplicaGroup::Impl {
  public:
-#ifdef LOCALPAR_WITH_GLOO
-  std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<gloo::rendezvous::Context> context;
-#endif
+  std::unique_ptr<ReplicaMesh> mesh;
 #ifdef LOCALPAR_WITH_NCCL
   ncclComm_t comm = nullptr;
   ~Impl() {
@@ -156,14 +122,6 @@ class ReplicaGroup::Impl {
   }
 #endif
 };
-
-bool ReplicaGroup::Available() {
-#ifdef LOCALPAR_WITH_GLOO
-  return true;
-#else
-  return false;
-#endif
-}
 
 bool ReplicaGroup::DeviceAvailable() {
 #ifdef LOCALPAR_WITH_NCCL
@@ -173,29 +131,42 @@ bool ReplicaGroup::DeviceAvailable() {
 #endif
 }
 
+// Every replica listens, publishes its address and secret, reads the others', and the mesh
+// connects them (replica_mesh.h).
 absl::Status ReplicaGroup::Connect() {
-#ifdef LOCALPAR_WITH_GLOO
+  const std::string stage = absl::StrCat("stage ", options_.stage);
+  absl::StatusOr<std::unique_ptr<ReplicaMesh>> mesh =
+      ReplicaMesh::Listen(options_.host, options_.replica, options_.replicas, stage);
+  if (!mesh.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("replicas of ", stage, ": ", mesh.status().message()));
+  }
+  std::vector<std::string> published;
   try {
-    auto impl = std::make_unique<Impl>();
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options_.host;
-    impl->device = gloo::transport::tcp::CreateDevice(attr);
-    impl->context =
-        std::make_shared<gloo::rendezvous::Context>(options_.replica, options_.replicas);
-    impl->context->setTimeout(options_.timeout);
     RendezvousClient client(options_, security_);
     CheckSameStage(client, options_);
-    CoordinatorStore store(client, options_.timeout);
-    impl->context->connectFullMesh(store, impl->device);
-    impl_ = std::move(impl);
-    return absl::OkStatus();
+    client.Set(absl::StrCat("mesh-", options_.replica), (*mesh)->published());
+    std::vector<std::string> keys, others;
+    for (int r = 0; r < options_.replicas; ++r) {
+      keys.push_back(absl::StrCat("mesh-", r));
+      if (r != options_.replica) others.push_back(std::to_string(r));
+    }
+    published = client.Get(keys, options_.timeout, absl::StrJoin(others, ", "));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("replicas of stage ", options_.stage, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("replicas of ", stage, ": ", e.what()));
   }
-#else
-  return absl::FailedPreconditionError("this worker was built without Gloo (libgloo-dev)");
-#endif
+  if (absl::Status s = (*mesh)->Connect(published, options_.timeout); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("replicas of ", stage, ": ", s.message()));
+  }
+  if ((*mesh)->refused() > 0) {
+    std::cerr << "worker " << options_.stage << ": replica " << options_.replica << " closed "
+              << (*mesh)->refused()
+              << " connection(s) to its collective port that did not prove to be a replica of "
+                 "this configuration\n";
+  }
+  impl_ = std::make_unique<Impl>();
+  impl_->mesh = *std::move(mesh);
+  return absl::OkStatus();
 }
 
 absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
@@ -204,22 +175,11 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
   if (!impl_) {
     if (absl::Status s = Connect(); !s.ok()) return failed_ = s;
   }
-#ifdef LOCALPAR_WITH_GLOO
-  try {
-    gloo::AllgatherOptions opts(impl_->context);
-    // Gloo reads the input from where it lies and writes every replica's part into out.
-    opts.setInput(const_cast<float*>(in), static_cast<size_t>(n));
-    opts.setOutput(out, static_cast<size_t>(n) * static_cast<size_t>(options_.replicas));
-    gloo::allgather(opts);
-  } catch (const std::exception& e) {
+  if (absl::Status s = impl_->mesh->AllGather(in, n, out, options_.timeout); !s.ok()) {
+    impl_.reset();
     return failed_ = absl::UnavailableError(
-               absl::StrCat("replica ", options_.replica, " of stage ", options_.stage,
-                            ": exchanging gradients with the other replicas failed: ", e.what()));
+               absl::StrCat("exchanging gradients with the other replicas failed: ", s.message()));
   }
-#else
-  (void)in;
-  (void)out;
-#endif
   Count(start, n);
   return absl::OkStatus();
 }

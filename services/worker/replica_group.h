@@ -1,9 +1,9 @@
 // The replicas of one stage as a group: they meet through the coordinator's Rendezvous
-// service (a gloo::rendezvous::Store over gRPC, so no shared filesystem is assumed) and
-// gather each step's gradient bucket (common/nn/replica_sync.h): CPU workers over Gloo's
-// TCP transport (a full mesh), CUDA workers with NCCL in device memory where this build has
-// it (LOCALPAR_WITH_NCCL). The connections are made on first use, from the exchange thread,
-// so that configuring the stages one after another never waits on a peer.
+// service (a key-value store over gRPC, so no shared filesystem is assumed) and gather each
+// step's gradient bucket (common/nn/replica_sync.h): CPU workers over their own
+// authenticated TCP mesh (replica_mesh.h), CUDA workers with NCCL in device memory where
+// this build has it (LOCALPAR_WITH_NCCL). The connections are made on first use, from the
+// exchange thread, so that configuring the stages one after another never waits on a peer.
 #pragma once
 
 #include <atomic>
@@ -36,8 +36,6 @@ class ReplicaGroup {
   ReplicaGroup(ReplicaGroupOptions options, const SecurityOptions& security);
   ~ReplicaGroup();
 
-  // False when this build has no Gloo (replicas cannot run on it).
-  static bool Available();
   // Whether AllGatherOnDevice works: a build with the CUDA backend and NCCL.
   static bool DeviceAvailable();
 

@@ -96,12 +96,6 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
   if (req.total_steps() < 1) return absl::InvalidArgumentError("total_steps: must be >= 1");
   if (absl::Status r = CheckReplicaRequest(job, req); !r.ok()) return r;
   if (absl::Status b = EnsureBackend(); !b.ok()) return b;
-  if (job.replicas() > 1 && !ReplicaGroup::Available() &&
-      !(ReplicaGroup::DeviceAvailable() && backend_->device() == DeviceType::kCUDA)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the job has ", job.replicas(),
-                     " replicas per stage, but this worker was built without Gloo (libgloo-dev)"));
-  }
   ApplyJobToBackend(job, *backend_);
   ModelConfig mc = ToModelConfig(job);
   const Shape in = StageInputShape(mc, req.stage());

@@ -17,7 +17,7 @@ job=${3:-deploy/jobs/fashion_mlp.textproto}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 gbps=$("$build/bench/allreduce_bench" --mib=16 --rounds=10 |
-       awk '/gloo allgather/ {print $(NF - 4) * 8}')
+       awk '/mesh allgather/ {print $(NF - 4) * 8}')
 echo "replicas_bench: $job, $steps steps, $(nproc) cores, one GEMM thread per worker;" \
      "gather bandwidth on loopback ${gbps} Gbit/s"
 layouts=("1 2" "2 1" "2 2" "4 1")

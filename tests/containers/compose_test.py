@@ -18,7 +18,7 @@ must differ here (the images, a shorter job, the checkpoint cadence, the Prometh
      and the weights are again equal;
   4. runs the stage-replicas layout (deploy/compose/docker-compose.replicas.yml: 2 stages x
      2 replicas on the same 4 containers, the replicas meeting through the coordinator and
-     exchanging gradients over Gloo between containers), SIGKILLs stage 1's second replica,
+     exchanging gradients over their mesh between containers), SIGKILLs stage 1's second replica,
      and checks that every replica rolls back and the weights equal `localpar train
      --stages=2 --replicas=2`.
 Everything it creates (containers, networks, volumes) is removed afterwards; a dockerd it had

@@ -517,7 +517,10 @@ class Rendezvous(localpar_pb2_grpc.RendezvousServicer):
     """The coordinator's Rendezvous service, written here from proto/ alone: a key-value store
     whose Get waits for every key."""
 
-    def __init__(self):
+    def __init__(self, on_set=None):
+        """on_set(key, value), if given, runs before a value is stored and returns the value
+        to store: the test's hook for acting while a replica joins, or for lying to it."""
+        self.on_set = on_set
         self.values, self.cv = {}, threading.Condition()
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=16))
         localpar_pb2_grpc.add_RendezvousServicer_to_server(self, self.server)
@@ -526,8 +529,9 @@ class Rendezvous(localpar_pb2_grpc.RendezvousServicer):
         self.address = f"127.0.0.1:{self.port}"
 
     def Set(self, request, context):
+        value = self.on_set(request.key, request.value) if self.on_set else request.value
         with self.cv:
-            self.values[request.key] = request.value
+            self.values[request.key] = value
             self.cv.notify_all()
         return localpar_pb2.StoreSetResponse()
 
@@ -544,9 +548,9 @@ class Rendezvous(localpar_pb2_grpc.RendezvousServicer):
         self.server.stop(0)
 
 
-def replica_pair(name, jobs, group, initial=(None, None)):
+def replica_pair(name, jobs, group, initial=(None, None), on_set=None, timeout_s=20):
     """Two workers configured as replicas 0 and 1 of stage 1, from jobs[0] and jobs[1]."""
-    rv = Rendezvous()
+    rv = Rendezvous(on_set)
     workers = []
     for r, j in enumerate(jobs):
         j = localpar_pb2.ConfigureRequest(job=j).job  # a copy
@@ -554,7 +558,7 @@ def replica_pair(name, jobs, group, initial=(None, None)):
         w = Worker(f"{name}{r}")
         extra = {"initial": initial[r]} if initial[r] is not None else {}
         w.configure(j, replica=r, rendezvous=rv.address, rendezvous_group=group,
-                    collective_host="127.0.0.1", rendezvous_timeout_s=20, **extra)
+                    collective_host="127.0.0.1", rendezvous_timeout_s=timeout_s, **extra)
         workers.append(w)
     return rv, workers
 
@@ -631,7 +635,99 @@ def case_replica_non_finite_bucket():
     rv.stop()
 
 
-CASES = [case_replica_bucket_mismatch, case_replica_non_finite_bucket,
+def case_strangers_on_the_collective_port():
+    """While replica 0 waits for replica 1 to join, strangers connect to its collective port:
+    one sends a Gloo preamble with an unknown slot (48 bytes, which aborted a Gloo worker 0.6 s
+    later), one a hello without the secret, one nothing. The mesh closes all three, the
+    replicas join and train the step together, and afterwards the port takes no one."""
+    strangers, where = [], []
+    gloo_preamble = struct.pack("<6Q", 48, 1, 0xdeadbeef, 0, 48, 0)
+
+    def on_set(key, value):
+        if key.endswith("/mesh-0"):
+            host, port, _ = value.decode().split(" ")
+            where.append((host, int(port)))
+            for payload in (gloo_preamble, b"LPMESH01" + bytes(56), b""):
+                c = socket.create_connection((host, int(port)), timeout=5)
+                c.sendall(payload)
+                strangers.append(c)
+        return value
+
+    rv, workers = replica_pair("strangers", [job("GREEDY"), job("GREEDY")], "strangers",
+                               on_set=on_set)
+    results = exchange_both(workers, replica_batches())
+    for r, (w, up) in enumerate(zip(workers, results)):
+        check(w.proc.poll() is None, f"strangers: replica {r} is alive")
+        check(isinstance(up, list) and not errors_of(up) and any(u.HasField("ack") for u in up),
+              f"strangers: replica {r} trained the step: {up if not isinstance(up, list) else errors_of(up)}")
+    check(len(strangers) == 3, "three strangers connected while replica 0 was joining")
+    for c in strangers:
+        try:
+            check(c.recv(1) == b"", "a stranger's connection is closed")
+        except OSError:
+            pass  # reset: closed too
+        c.close()
+    refused = False
+    try:
+        socket.create_connection(where[0], timeout=2).close()
+    except OSError:
+        refused = True
+    check(refused, "once joined, the collective port refuses connections")
+    log = open(os.path.join(workers[0].dir, "log")).read()
+    check("closed 3 connection(s) to its collective port" in log, "replica 0 logs the strangers")
+    weights = [w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10) for w in workers]
+    check(weights[0] == weights[1], "both replicas took the same step")
+    for r, w in enumerate(workers):
+        w.configure(job("GREEDY"))
+        w.healthy(f"replica {r} after strangers")
+        w.stop()
+    rv.stop()
+
+
+def case_fake_replica_address():
+    """The rendezvous names an impostor as replica 0: a server that answers the hello with the
+    wrong secret. Replica 1 never takes it for a replica; both refuse the step in-band naming
+    what happened, and go on serving."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    fake_port = server.getsockname()[1]
+
+    def impostor():
+        while True:
+            try:
+                c, _ = server.accept()
+            except OSError:
+                return
+            c.recv(64)
+            c.sendall(b"LPMESHOK" + struct.pack("<4I", 0, 1, 2, 0) + b"z" * 32 + bytes(8))
+            c.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+
+    def on_set(key, value):
+        if key.endswith("/mesh-0"):
+            return f"127.0.0.1 {fake_port} {'ab' * 32}".encode()
+        return value
+
+    rv, workers = replica_pair("impostor", [job("GREEDY"), job("GREEDY")], "impostor",
+                               on_set=on_set, timeout_s=3)
+    results = exchange_both(workers, replica_batches())
+    texts = ["replica(s) 1 of stage 1 did not connect to replica 0 within 3 s",
+             "answered the hello, but not as replica 0 of this configuration"]
+    for r, (w, up) in enumerate(zip(workers, results)):
+        check(w.proc.poll() is None, f"impostor: replica {r} is alive")
+        messages = [e.message for e in errors_of(up)] if isinstance(up, list) else [str(up)]
+        check(any(texts[r] in m for m in messages), f"impostor: replica {r} says '{texts[r]}': {messages}")
+        w.configure(job("GREEDY"))
+        w.healthy(f"replica {r} after an impostor")
+        w.stop()
+    server.close()
+    rv.stop()
+
+
+CASES = [case_strangers_on_the_collective_port, case_fake_replica_address,
+         case_replica_bucket_mismatch, case_replica_non_finite_bucket,
          case_unresolvable_collective_host, case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
          case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
          case_message_cap_refuses_before_receiving,

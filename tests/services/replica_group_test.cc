@@ -1,5 +1,5 @@
 // The replicas' rendezvous and exchange, real parts only: the coordinator's Rendezvous
-// service on a gRPC server on loopback, and Gloo's TCP transport between ReplicaGroups in
+// service on a gRPC server on loopback, and the replicas' TCP mesh between ReplicaGroups in
 // threads. Gathered buckets arrive in replica order; a replica that never joins is named
 // within the timeout; two workers claiming one replica are refused.
 #include "services/worker/replica_group.h"
@@ -18,7 +18,6 @@ namespace {
 class Rendezvous : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!ReplicaGroup::Available()) GTEST_SKIP() << "built without Gloo";
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(&service_);
@@ -48,7 +47,7 @@ class Rendezvous : public ::testing::Test {
 
 TEST_F(Rendezvous, ThreeReplicasGatherEveryBucketInReplicaOrderStepAfterStep) {
   constexpr int kReplicas = 3;
-  constexpr int64_t kN = 100000;  // several Gloo chunks
+  constexpr int64_t kN = 100000;  // more than a socket buffer
   std::vector<std::vector<float>> got(kReplicas);
   std::vector<absl::Status> status(kReplicas);
   std::vector<std::thread> threads;

@@ -35,7 +35,7 @@ using testing::SmallJob;
 using testing::TempDir;
 
 // Stage replicas: 4 stages x 2 or 3 replicas, one worker each (8 or 12 processes), every
-// batch split among a stage's replicas, their gradients gathered over Gloo and added in
+// batch split among a stage's replicas, their gradients gathered over their mesh and added in
 // replica order. The cluster ends bitwise equal to the reference trainer run with the same
 // replicas, every replica of a stage holds the same weights (the coordinator checks), and
 // the weights differ from a run without replicas (batch norm sees each share alone).
