@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Validates the deployment files offline (tests/containers runs the Compose cluster itself;
 # there is no Kubernetes cluster here): every kustomize overlay renders and passes the
-# Kubernetes and Prometheus Operator schemas and the connection check; the Compose file
-# parses; the dashboards are JSON.
+# Kubernetes and Prometheus Operator schemas, the JobSet overlay its CRD's schema (release
+# v0.12.0, from ../shared/k8s-schemas) and generate.py's output, and every overlay the
+# connection check (deploy/check_k8s_connections.py); the Compose file parses; the
+# dashboards are JSON and match Grafana's schema.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d deploy/validate/node_modules ]; then
@@ -12,22 +14,52 @@ cmp -s dashboards/localpar.json k8s/base/grafana-dashboard.json || {
   echo "k8s/base/grafana-dashboard.json differs from dashboards/localpar.json (copy it over)"
   exit 1
 }
-for overlay in k8s/overlays/*/; do
-  echo "k8s: $overlay"
-  kubectl kustomize "$overlay" | node deploy/validate/validate-k8s.mjs
+jobset_crd=${LOCALPAR_JOBSET_CRD:-../shared/k8s-schemas/jobset.x-k8s.io_jobsets.yaml}
+[ -f "$jobset_crd" ] || { echo "no JobSet CRD at $jobset_crd (LOCALPAR_JOBSET_CRD)"; exit 1; }
+# The programs whose flag parsers check every container's command line.
+bin_dir=${LOCALPAR_BIN_DIR:-build/ci}
+[ -x "$bin_dir/localpar_worker" ] && [ -x "$bin_dir/localpar_coordinator" ] || {
+  echo "no localpar_worker and localpar_coordinator in $bin_dir: build first, or set LOCALPAR_BIN_DIR"
+  exit 1
+}
+renders=$(mktemp -d)
+schema_dir=""
+trap 'rm -rf "$renders" ${schema_dir:+"$schema_dir"}' EXIT
+/usr/bin/python3 k8s/overlays/jobset/generate.py --check
+# The JobSet overlay generated for another layout too (2 stages x 2 replicas, regrouped),
+# in a copy: the replicas' connections and the regrouping flags pass the same checks.
+mkdir "$renders/layout" && cp -r k8s "$renders/layout/"
+/usr/bin/python3 "$renders/layout/k8s/overlays/jobset/generate.py" --stages=2 --replicas=2 --regroup
+for overlay in k8s/overlays/*/ "$renders/layout/k8s/overlays/jobset/"; do
+  name=$(basename "$overlay")
+  case "$overlay" in "$renders"/*) name=jobset-2x2 ;; esac
+  echo "k8s: $name ($overlay)"
+  kubectl kustomize "$overlay" > "$renders/$name.yaml"
+  node deploy/validate/validate-k8s.mjs --crd="$jobset_crd" < "$renders/$name.yaml"
   # The connections the programs make, from the coordinator's own arguments, against the
-  # NetworkPolicies; the coordinator a Job with its status port declared.
-  kubectl kustomize "$overlay" | /usr/bin/python3 deploy/check_k8s_connections.py "$overlay"
+  # NetworkPolicies; names, probes, ports and volumes resolve; the coordinator runs to
+  # completion with its status port declared.
+  /usr/bin/python3 deploy/check_k8s_connections.py "$name" < "$renders/$name.yaml"
 done
 for tool in k8s/tools/*.yaml; do
   echo "k8s: $tool"
   node deploy/validate/validate-k8s.mjs < "$tool"
+  cp "$tool" "$renders/tool-$(basename "$tool")"
 done
-docker-compose -f deploy/compose/docker-compose.yml config --quiet
+docker-compose -f deploy/compose/docker-compose.yml config > "$renders/compose.yaml"
 echo "compose: deploy/compose/docker-compose.yml ok"
 docker-compose -f deploy/compose/docker-compose.yml -f deploy/compose/docker-compose.replicas.yml \
-  config --quiet
+  config > "$renders/compose-replicas.yaml"
 echo "compose: deploy/compose/docker-compose.replicas.yml (over the first) ok"
+# Every container's command line, in every overlay and Compose file, through the program's
+# own flag parser; and the check itself refuses a misspelt flag.
+/usr/bin/python3 deploy/check_container_flags.py "$bin_dir" "$renders"/*.yaml
+sed 's/--checkpoint_dir=/--checkpoint-dir=/' "$renders/cpu.yaml" > "$renders/misspelt.bad"
+if /usr/bin/python3 deploy/check_container_flags.py "$bin_dir" "$renders/misspelt.bad" \
+    > "$renders/misspelt.log"; then
+  echo "check_container_flags.py passed a misspelt flag:"; cat "$renders/misspelt.log"; exit 1
+fi
+echo "flags: a misspelt --checkpoint-dir is refused"
 # Each dashboard against Grafana's published schema: @grafana/schema (the version of the
 # Grafana image in the Compose file) ships the dashboard model as TypeScript types generated
 # from Grafana's schema, so the JSON, as a typed literal, must type-check (unknown fields,
@@ -35,7 +67,6 @@ echo "compose: deploy/compose/docker-compose.replicas.yml (over the first) ok"
 # "__inputs" and "__requires" (what Grafana's import asks for) are not part of the model and
 # are left out of the check.
 schema_dir=$(mktemp -d deploy/validate/.dashboard-check.XXXXXX)
-trap 'rm -rf "$schema_dir"' EXIT
 for f in dashboards/*.json; do
   python3 -m json.tool "$f" >/dev/null
   grep -q '"uid": "${DS_PROMETHEUS}"' "$f" || { echo "$f: datasource is not templated"; exit 1; }

@@ -1,6 +1,8 @@
 // The replicas' exchange bucket.
 #include "common/nn/replica_sync.h"
 
+#include <cmath>
+
 #include "common/core/check.h"
 
 namespace localpar {
@@ -11,6 +13,13 @@ void SumInReplicaOrder(const float* parts, int replicas, int64_t n, float* out) 
     const float* p = parts + static_cast<int64_t>(r) * n;
     for (int64_t i = 0; i < n; ++i) out[i] += p[i];
   }
+}
+
+int FirstNonFiniteReplica(Backend& backend, const float* gathered, int replicas, int64_t n) {
+  for (int r = 0; r < replicas; ++r) {
+    if (!std::isfinite(backend.SquaredNorm(gathered + static_cast<int64_t>(r) * n, n))) return r;
+  }
+  return -1;
 }
 
 ParamGroups GroupParams(Stage& stage) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/core/backend.h"
 #include "common/nn/stage.h"
 
 namespace localpar {
@@ -60,5 +61,11 @@ ParamGroups GroupParams(Stage& stage);
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... for `replicas` parts of n
 // floats stored one after another.
 void SumInReplicaOrder(const float* parts, int replicas, int64_t n, float* out);
+
+// The first replica whose part of a gathered bucket in `backend`'s memory holds a NaN or an
+// infinity, or -1: each part's sum of squares, accumulated in double (which no finite float
+// part can overflow), is finite exactly when every value is. For buckets gathered in device
+// memory (NCCL), where scanning them on the host would cost a copy.
+int FirstNonFiniteReplica(Backend& backend, const float* gathered, int replicas, int64_t n);
 
 }  // namespace localpar

@@ -41,12 +41,23 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const SecurityOptions& security = {});
 // Applies the same limits and keep-alive policy to a server under construction; it takes
-// messages of at most `max_receive_bytes` (0: kMaxMessageBytes). A larger one ends its call
-// with RESOURCE_EXHAUSTED before it is held in memory.
+// messages of at most `max_receive_bytes` (0: kMaxMessageBytes). gRPC reads a whole message
+// before it checks its size (and before any handler checks a token), so the server also
+// gets a memory quota of ServerBufferBytes(max_receive_bytes) for everything its transport
+// buffers: a message that would pass it has its stream reset (RESOURCE_EXHAUSTED at the
+// client) instead of being read to its end.
 void ConfigureServer(grpc::ServerBuilder& builder, int max_receive_bytes = 0);
+// Twice the largest message (an upstream and a downstream message at once) plus 64 MiB.
+int64_t ServerBufferBytes(int64_t max_receive_bytes);
 
 // Resident set size of this process, from /proc/self/statm.
 int64_t ResidentBytes();
+// Bytes the allocator holds in free chunks (mallinfo2's fordblks): freed by the program,
+// kept for reuse, resident until trimmed.
+int64_t AllocatorFreeBytes();
+// Hands memory that was freed but kept by the allocator back to the system (malloc_trim),
+// as after a burst the process no longer needs.
+void TrimFreedMemory();
 
 // glibc allocator settings for processes that move activation messages (megabytes, made on
 // gRPC threads and freed on ours): such blocks stay in the heap and are reused instead of

@@ -15,6 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/process_metrics.h"
+#include "services/common/program_config.h"
 
 namespace localpar {
 namespace {
@@ -137,6 +139,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   }
   const MHD_DaemonInfo* info = MHD_get_daemon_info(m->daemon_, MHD_DAEMON_INFO_BIND_PORT);
   m->port_ = info ? info->port : port;
+  BuildGauge()
+      .Name("localpar_build_info")
+      .Help("Always 1: the version and source revision of this program")
+      .Register(*m->registry_)
+      .Add({{"version", BuildVersion()}, {"revision", BuildRevision()}})
+      .Set(1);
   return m;
 }
 
@@ -145,7 +153,7 @@ MetricsServer::~MetricsServer() {
 }
 
 std::string MetricsServer::Render() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  return prometheus::TextSerializer().Serialize(registry_->Collect()) + ProcessMetricsText();
 }
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
@@ -180,7 +188,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                           .Help("Capacity of a worker queue, by direction")
                           .Register(r)),
       bytes_(BuildCounter()
-                 .Name("localpar_bytes_total")
+                 .Name("localpar_stream_bytes_total")
                  .Help("Bytes of stream items, by direction (received from upstream, sent "
                        "downstream)")
                  .Register(r)),
@@ -325,11 +333,13 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const std::strin
                               .Add({{labels::kJob, job}},
                                    prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1,
                                                                            3, 10, 30, 100})),
-      checkpoint_age_(BuildGauge()
-                          .Name("localpar_checkpoint_age_seconds")
-                          .Help("Time since the last committed checkpoint (since the start "
-                                "before the first): the work a failure would lose")
-                          .Register(r)
-                          .Add({{labels::kJob, job}})) {}
+      last_checkpoint_(BuildGauge()
+                           .Name("localpar_last_checkpoint_timestamp_seconds")
+                           .Help("Unix time of the last committed checkpoint (of the start, before "
+                                 "the first): time() minus it is the work a failure would lose")
+                           .Register(r)
+                           .Add({{labels::kJob, job}})) {
+  last_checkpoint_.SetToCurrentTime();
+}
 
 }  // namespace localpar

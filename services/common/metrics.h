@@ -21,7 +21,9 @@ namespace localpar {
 
 // Label names, defined once (low cardinality: never a batch id).
 namespace labels {
-inline constexpr char kJob[] = "job";
+// The localpar job's name. Not `job`, which is Prometheus's own label for the scrape job:
+// the two clashed unless every scrape set honor_labels.
+inline constexpr char kJob[] = "localpar_job";
 inline constexpr char kStage[] = "stage";
 inline constexpr char kPhase[] = "phase";
 inline constexpr char kDirection[] = "direction";
@@ -55,7 +57,8 @@ class MetricsServer {
   ~MetricsServer();
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
-  // The exposition text (what GET /metrics answers).
+  // The exposition text (what GET /metrics answers): the registry, then the process_*
+  // metrics (process_metrics.h). The registry holds localpar_build_info{version, revision}.
   std::string Render() const;
 
  private:
@@ -129,9 +132,8 @@ class CoordinatorMetrics {
   void CheckpointCommitted(double seconds) {
     checkpoints_.Increment();
     checkpoint_seconds_.Observe(seconds);
-    checkpoint_age_.Set(0);
+    last_checkpoint_.SetToCurrentTime();
   }
-  void SetCheckpointAge(double seconds) { checkpoint_age_.Set(seconds); }
 
  private:
   prometheus::Gauge& epoch_;
@@ -140,7 +142,7 @@ class CoordinatorMetrics {
   prometheus::Counter& errors_;
   prometheus::Counter& checkpoints_;
   prometheus::Histogram& checkpoint_seconds_;
-  prometheus::Gauge& checkpoint_age_;
+  prometheus::Gauge& last_checkpoint_;
 };
 
 }  // namespace localpar

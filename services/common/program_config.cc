@@ -75,14 +75,35 @@ absl::Status LoadSecurity(const v1::SecurityConfig& c, SecurityOptions* out) {
   return LoadSecurity(c.tls_cert(), c.tls_key(), c.tls_ca(), c.mtls(), c.auth_token_file(), out);
 }
 
+std::string BuildVersion() { return LOCALPAR_VERSION; }
+std::string BuildRevision() { return LOCALPAR_GIT_REVISION; }
+
 std::string VersionString() {
   return std::string("localpar ") + LOCALPAR_VERSION + " (git " + LOCALPAR_GIT_REVISION + ")";
+}
+
+absl::Status CheckHostPort(const std::string& address, const std::string& flag, bool port_zero_ok) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  int number = -1;
+  const bool host_ok =
+      !host.empty() && (host.front() == '[' ? host.back() == ']' && host.size() > 2
+                                            : host.find_first_of(":[] \t/") == std::string::npos);
+  if (!host_ok || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      (number = std::stoi(port)) > 65535 || (number == 0 && !port_zero_ok)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", address,
+                                                   ": expected HOST:PORT with a port from ",
+                                                   port_zero_ok ? 0 : 1, " to 65535"));
+  }
+  return absl::OkStatus();
 }
 
 bool ParseProgramFlags(const std::string& program, const std::string& usage,
                        const std::vector<std::string>& args, google::protobuf::Message* message,
                        const FlagOptions& options, std::vector<std::string>* positional,
-                       int* exit_code) {
+                       int* exit_code, bool* check_flags) {
   const std::unique_ptr<google::protobuf::Message> defaults(message->New());
   defaults->CopyFrom(*message);
   absl::StatusOr<ParsedFlags> parsed = ParseFlags(args, message, options);
@@ -101,6 +122,15 @@ bool ParseProgramFlags(const std::string& program, const std::string& usage,
     std::cout << VersionString() << "\n";
     *exit_code = kExitOk;
     return false;
+  }
+  if (parsed->check_flags) {
+    if (!check_flags) {
+      std::cerr << program << ": --check_flags is not a flag of this command (see " << program
+                << " --help)\n";
+      *exit_code = kExitUsage;
+      return false;
+    }
+    *check_flags = true;
   }
   *positional = std::move(parsed->positional);
   return true;

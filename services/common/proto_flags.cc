@@ -228,6 +228,10 @@ absl::StatusOr<ParsedFlags> ParseFlags(const std::vector<std::string>& args, Mes
       out.version = true;
       continue;
     }
+    if (a == "--check_flags") {
+      out.check_flags = true;
+      continue;
+    }
     std::string body = a.substr(a[1] == '-' ? 2 : 1);
     size_t eq = body.find('=');
     std::string name = body.substr(0, eq);

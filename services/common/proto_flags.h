@@ -24,6 +24,7 @@ struct ParsedFlags {
   std::vector<std::string> positional;  // arguments that are not flags, in order
   bool help = false;                    // -h or --help
   bool version = false;                 // --version
+  bool check_flags = false;             // --check_flags: check the flags, then exit
 };
 
 // Fills `message` (which holds the defaults) from `args`:

@@ -14,14 +14,17 @@ int main(int argc, char** argv) {
       "SIGINT or SIGTERM stops it after the current step: a checkpoint (with --checkpoint_dir),\n"
       "the weights and report so far (with --out), exit 130; a second one stops it at once.\n"
       "Exit codes: 0 ok, 1 failure, 2 usage, 3 invalid job, 4 data, 5 a worker was lost,\n"
-      "6 training failed, 130 interrupted.";
+      "6 training failed, 130 interrupted.\n"
+      "--check_flags checks the flags as a run would (without reading files or dialling\n"
+      "workers) and exits 0, or 2 naming the flag.";
   localpar::v1::CoordinatorConfig config = localpar::CoordinatorDefaults();
   localpar::FlagOptions options;
   options.config_flag = true;
   std::vector<std::string> positional;
   int rc = 0;
+  bool check_only = false;
   if (!localpar::ParseProgramFlags("localpar_coordinator", usage, {argv + 1, argv + argc}, &config,
-                                   options, &positional, &rc)) {
+                                   options, &positional, &rc, &check_only)) {
     return rc;
   }
   if (!positional.empty()) {
@@ -31,6 +34,16 @@ int main(int argc, char** argv) {
   if (config.job().empty() || config.workers().empty()) {
     std::cerr << "localpar_coordinator: --job and --workers are required; see --help\n";
     return localpar::kExitUsage;
+  }
+  for (const std::string& w : config.workers()) {
+    if (absl::Status s = localpar::CheckHostPort(w, "--workers", false); !s.ok()) {
+      std::cerr << "localpar_coordinator: " << s.message() << "\n";
+      return localpar::kExitUsage;
+    }
+  }
+  if (check_only) {
+    std::cout << "localpar_coordinator: flags ok\n";
+    return localpar::kExitOk;
   }
   localpar::SecurityOptions security;
   if (absl::Status s = localpar::LoadSecurity(config.security(), &security); !s.ok()) {

@@ -59,7 +59,6 @@ void RunMonitor::Tick() {
   std::vector<std::optional<v1::StatsResponse>> workers;
   std::vector<std::optional<v1::StatsResponse>> stats = pool_.PollStats(false, 1, &workers);
   Publish(stats, workers, uptime);
-  if (metrics_) metrics_->SetCheckpointAge(checkpointer_.seconds_since_commit());
   const int64_t steps_per_epoch = std::max<int64_t>(ledger_.steps_per_epoch(), 1);
   ProgressLine line;
   line.epochs = job_.epochs();

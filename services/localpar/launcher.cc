@@ -313,6 +313,22 @@ class Launcher {
         status_announced_ = true;
       }
     }
+    // The metrics ports, once, when the coordinator's and every worker's are known.
+    if (!metrics_announced_) {
+      auto coordinator = ReadPortFile(run_dir_ + "/coordinator.metrics_port", 1);
+      const bool known =
+          coordinator && (*coordinator)[0] > 0 &&
+          std::all_of(metrics_ports_.begin(), metrics_ports_.end(), [](int p) { return p > 0; });
+      if (known) {
+        std::cerr << "localpar: metrics (Prometheus, GET /metrics): coordinator 127.0.0.1:"
+                  << (*coordinator)[0] << ", workers";
+        for (int k = 0; k < stages_; ++k) {
+          std::cerr << (k ? ", " : " ") << "127.0.0.1:" << metrics_ports_[k];
+        }
+        std::cerr << "\n";
+        metrics_announced_ = true;
+      }
+    }
     const std::string& targets = options_.run.metrics_targets();
     if (targets.empty()) return;
     for (int k = 0; k < stages_; ++k) {
@@ -337,6 +353,7 @@ class Launcher {
   const std::string run_dir_;
   std::vector<std::string> addresses_;
   std::vector<int> metrics_ports_;
+  bool metrics_announced_ = false;
   std::vector<Child> children_;  // the workers in stage order, then the coordinator
   std::string checkpoint_dir_;
   bool status_announced_ = false;

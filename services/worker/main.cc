@@ -9,12 +9,15 @@ int main(int argc, char** argv) {
   const std::string usage =
       "localpar_worker [flags]\n"
       "Serves one stage of a localpar job; the coordinator configures it. Stops on the\n"
-      "Shutdown RPC, a SHUTDOWN item, SIGTERM or SIGINT, draining in-flight batches first.";
+      "Shutdown RPC, a SHUTDOWN item, SIGTERM or SIGINT, draining in-flight batches first.\n"
+      "--check_flags checks the flags as a run would (without reading files or listening)\n"
+      "and exits 0, or 2 naming the flag.";
   localpar::v1::WorkerConfig config = localpar::WorkerDefaults();
   std::vector<std::string> positional;
   int rc = 0;
+  bool check_only = false;
   if (!localpar::ParseProgramFlags("localpar_worker", usage, {argv + 1, argv + argc}, &config, {},
-                                   &positional, &rc)) {
+                                   &positional, &rc, &check_only)) {
     return rc;
   }
   if (!positional.empty()) {
@@ -29,6 +32,14 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_worker: --device=" << config.device()
               << ": expected cpu, cuda or auto\n";
     return localpar::kExitUsage;
+  }
+  if (absl::Status s = localpar::CheckHostPort(config.listen(), "--listen", true); !s.ok()) {
+    std::cerr << "localpar_worker: " << s.message() << "\n";
+    return localpar::kExitUsage;
+  }
+  if (check_only) {
+    std::cout << "localpar_worker: flags ok\n";
+    return localpar::kExitOk;
   }
   localpar::WorkerOptions options;
   options.config = config;

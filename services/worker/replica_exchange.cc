@@ -125,7 +125,14 @@ absl::Status ReplicaExchange::Exchange(int g) {
     whole_->PackOnDevice(device_send_.f32());
     absl::Status s =
         group_.AllGatherOnDevice(device_send_.f32(), n, device_gathered_.f32(), backend_);
-    if (s.ok()) whole_->UnpackOnDevice(device_gathered_.f32(), replicas_, device_sum_.f32());
+    if (!s.ok()) return s;
+    if (int r = FirstNonFiniteReplica(backend_, device_gathered_.f32(), replicas_, n); r >= 0) {
+      return absl::DataLossError(absl::StrCat(
+          "replica ", r, " of stage ", group_.options().stage,
+          " sent a gradient bucket with non-finite values (found on the device, among ", n,
+          "); no replica takes this step"));
+    }
+    whole_->UnpackOnDevice(device_gathered_.f32(), replicas_, device_sum_.f32());
     return s;
   }
   ReplicaBucket& bucket = g == kWhole ? *whole_ : *groups_[static_cast<size_t>(g)].bucket;

@@ -80,12 +80,34 @@ absl::StatusOr<int> RunWorker(const WorkerOptions& options, std::ostream& log) {
   // Progress-based liveness: a compute thread that has worked on its own too long without
   // finishing (a hang, not a wait on a peer) makes the health check say NOT_SERVING, so
   // that a supervisor restarts the worker; it says SERVING again if the work finishes.
+  //
+  // Memory a burst left behind (a message the transport refused, a large configuration
+  // replaced) goes back to the system once the worker is idle: glibc otherwise keeps freed
+  // heap for reuse (ConfigureAllocatorForMessages), and a refused 1 GiB message left 1.0 GB
+  // resident for minutes. Trimmed when no step was taken for a second and, since the last
+  // trim (or their smallest since), the allocator's free chunks grew by 32 MiB or more
+  // (trimmed pages still count as free, so the growth is what was freed since) or the
+  // resident size did (trimmed pages reused and freed again between two looks).
+  constexpr int64_t kTrimAbove = int64_t{32} << 20;
   std::atomic<bool> stopping{false};
   std::thread watchdog([&] {
     const int timeout_s = options.config.progress_timeout_s();
     bool serving = true;
-    while (!stopping && timeout_s > 0) {
-      const bool stuck = service.StuckSeconds() > timeout_s;
+    int64_t steps = service.Steps(), free_floor = AllocatorFreeBytes();
+    int64_t resident_after = ResidentBytes();
+    while (!stopping) {
+      const int64_t now_steps = service.Steps(), free = AllocatorFreeBytes();
+      const int64_t resident = ResidentBytes();
+      free_floor = std::min(free_floor, free);
+      resident_after = std::min(resident_after, resident);
+      if (now_steps == steps &&
+          (free > free_floor + kTrimAbove || resident > resident_after + kTrimAbove)) {
+        TrimFreedMemory();
+        free_floor = AllocatorFreeBytes();
+        resident_after = ResidentBytes();
+      }
+      steps = now_steps;
+      const bool stuck = timeout_s > 0 && service.StuckSeconds() > timeout_s;
       if (stuck == serving) {
         serving = !stuck;
         server->GetHealthCheckService()->SetServingStatus(serving);

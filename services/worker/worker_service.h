@@ -28,6 +28,8 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_Stream<v1::
 
   // How long the compute thread has worked on its own without finishing (WorkerStats).
   double StuckSeconds() const { return stats_.StuckSeconds(); }
+  // Steps taken in this configuration: unchanged between two looks means idle.
+  int64_t Steps() const { return stats_.steps(); }
 
   // Blocks until a Shutdown RPC, a SHUTDOWN item or RequestShutdown.
   void WaitForShutdown();

@@ -86,7 +86,6 @@ global:
   evaluation_interval: 1s
 scrape_configs:
   - job_name: localpar
-    honor_labels: true
     file_sd_configs:
       - files: [")" + targets_ + R"("]
         refresh_interval: 1s
@@ -139,7 +138,8 @@ scrape_configs:
 
 TEST_F(PrometheusTest, ScrapesThroughputForEveryStageAFallingLossAndEveryDashboardMetric) {
   const std::string throughput =
-      "sum by (stage) (rate(localpar_examples_total{job=\"promtest\",phase=\"train\"}[5s]))";
+      "sum by (stage) "
+      "(rate(localpar_examples_total{localpar_job=\"promtest\",phase=\"train\"}[5s]))";
   std::string json = WaitFor(
       throughput,
       [](const std::string& j) {
@@ -158,7 +158,8 @@ TEST_F(PrometheusTest, ScrapesThroughputForEveryStageAFallingLossAndEveryDashboa
   // The loss falls: the last stage's mean loss over the first seconds of scraping, then the
   // same mean later, polled until it has clearly dropped (slower builds, e.g. under the
   // sanitizers, take longer to get there).
-  const std::string loss = "avg_over_time(localpar_loss{job=\"promtest\",stage=\"3\"}[4s])";
+  const std::string loss =
+      "avg_over_time(localpar_loss{localpar_job=\"promtest\",stage=\"3\"}[4s])";
   double early = Values(Query(loss), "stage")["3"];
   ASSERT_GT(early, 0) << Logs();
   double late = early;

@@ -96,6 +96,36 @@ TEST(ProtoFlags, HelpListsFlagsWithDefaultsButNotTestingOnes) {
   EXPECT_EQ(help.find("port_file"), std::string::npos) << help;
 }
 
+TEST(ProtoFlags, CheckFlagsIsOnlyForProgramsThatTakeIt) {
+  v1::WorkerConfig w = WorkerDefaults();
+  absl::StatusOr<ParsedFlags> p = Parse({"--check_flags", "--threads=3"}, &w);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->check_flags);
+  EXPECT_EQ(w.threads(), 3);
+  std::vector<std::string> positional;
+  int rc = -1;
+  bool check = false;
+  w = WorkerDefaults();
+  EXPECT_TRUE(
+      ParseProgramFlags("worker", "usage", {"--check_flags"}, &w, {}, &positional, &rc, &check));
+  EXPECT_TRUE(check);
+  // A command without the mode refuses it as a usage error instead of running.
+  EXPECT_FALSE(ParseProgramFlags("cmd", "usage", {"--check_flags"}, &w, {}, &positional, &rc));
+  EXPECT_EQ(rc, 2);
+}
+
+TEST(ProtoFlags, HostPortsAreCheckedNamingTheFlag) {
+  EXPECT_TRUE(CheckHostPort("0.0.0.0:0", "--listen", true).ok());
+  EXPECT_TRUE(CheckHostPort("localpar-stage-1-0-1.localpar:50051", "--workers", false).ok());
+  EXPECT_TRUE(CheckHostPort("[::1]:50051", "--workers", false).ok());
+  for (const char* bad :
+       {"host", "host:", ":50051", "host:0", "host:65536", "host:5x", "a b:1", "[::1:5"}) {
+    absl::Status s = CheckHostPort(bad, "--workers", false);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find(std::string("--workers=") + bad), std::string::npos) << s;
+  }
+}
+
 TEST(ProtoFlags, ToFlagArgsReproducesTheMessage) {
   v1::WorkerConfig w = WorkerDefaults();
   w.set_listen("127.0.0.1:5000");

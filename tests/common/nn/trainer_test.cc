@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/nn/replica_sync.h"
 #include "tests/common/test_util.h"
@@ -172,6 +173,17 @@ INSTANTIATE_TEST_SUITE_P(Rules, Replicas,
                          ::testing::Values(UpdateRule::kBackprop, UpdateRule::kGreedy,
                                            UpdateRule::kOverlap),
                          [](const auto& info) { return std::string(UpdateRuleName(info.param)); });
+
+TEST(Replicas, TheFirstReplicaWithANonFiniteValueIsFoundWithoutCopyingToTheHost) {
+  auto cpu = MakeCpuBackend();
+  const float big = 3e38f;  // finite; its square overflows a float, not a double
+  std::vector<float> parts = {big, -big, 1.0f, 2.0f, 3.0f, 4.0f};  // 3 replicas x 2 floats
+  EXPECT_EQ(FirstNonFiniteReplica(*cpu, parts.data(), 3, 2), -1);
+  parts[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FirstNonFiniteReplica(*cpu, parts.data(), 3, 2), 2);
+  parts[2] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstNonFiniteReplica(*cpu, parts.data(), 3, 2), 1);
+}
 
 TEST(Replicas, GradientsAddInReplicaOrderAndRunningStatisticsAverage) {
   float parts[] = {1e8f, 1.0f, -1e8f, 2.0f, 1.0f, 0.5f};  // 3 replicas x 2 floats

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/core/tensor.h"
+#include "common/nn/replica_sync.h"
 #include "common/ops/activation_math.h"
 #include "tests/common/test_util.h"
 
@@ -420,6 +422,32 @@ TEST(CudaParity, OptimizerSteps) {
     return all;
   };
   EXPECT_TRUE(AllClose(run(*gpu), run(*cpu), 1e-6f, 1e-5f));
+}
+
+// The sum of squares that gradient clipping and the replicas' device-side finiteness check
+// use: accumulated in double on both backends, so a bucket of large finite values stays
+// finite, and one NaN or infinity anywhere makes it non-finite.
+TEST(CudaParity, SquaredNormAndTheReplicasFinitenessCheck) {
+  LP_REQUIRE_CUDA(gpu);
+  auto cpu = MakeCpuBackend();
+  const int n = 100000;
+  std::vector<float> x = RandomVector(n, 44);
+  x[7] = 3e38f;
+  x[8] = -3e38f;
+  auto run = [&](Backend& be, const std::vector<float>& v) {
+    Tensor t = Tensor::FromHost(be, {static_cast<int64_t>(v.size())}, v);
+    const double norm = be.SquaredNorm(t.f32(), n);
+    return std::make_pair(norm, FirstNonFiniteReplica(be, t.f32(), 2, n / 2));
+  };
+  auto [gpu_norm, gpu_bad] = run(*gpu, x);
+  auto [cpu_norm, cpu_bad] = run(*cpu, x);
+  EXPECT_TRUE(std::isfinite(gpu_norm));
+  EXPECT_NEAR(gpu_norm, cpu_norm, 1e-9 * cpu_norm);
+  EXPECT_EQ(gpu_bad, -1);
+  EXPECT_EQ(cpu_bad, -1);
+  x[n - 3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(run(*gpu, x).second, 1);
+  EXPECT_EQ(run(*cpu, x).second, 1);
 }
 
 // ---- convolution -----------------------------------------------------------------------------
