@@ -56,8 +56,7 @@ std::string ProcessMetricsText() {
       const double vsize = std::stod(fields[20]), rss = std::stod(fields[21]);
       Append(out, "process_cpu_seconds_total", "counter",
              "Total user and system CPU time spent in seconds.", (utime + stime) / ticks);
-      Append(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
-             vsize);
+      Append(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", vsize);
       Append(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
              rss * static_cast<double>(sysconf(_SC_PAGESIZE)));
       if (const long boot = BootTime(); boot > 0) {

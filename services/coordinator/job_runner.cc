@@ -38,7 +38,7 @@ JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions&
       checkpointer_(config, job_, std::move(fingerprint), metrics, ledger, log),
       feeder_(config, job_, data_, ledger, checkpointer_, progress_, metrics),
       events_(ledger, checkpointer_, pool_, metrics, log),
-      monitor_(job_, ledger, pool_, board_, checkpointer_, metrics, progress_) {}
+      monitor_(job_, ledger, pool_, board_, checkpointer_, progress_) {}
 
 JobRunner::~JobRunner() = default;
 

@@ -15,14 +15,12 @@ HeadStats FromProto(const v1::HeadStatistics& s) { return {s.loss_sum(), s.corre
 }  // namespace
 
 RunMonitor::RunMonitor(const v1::Job& job, RunLedger& ledger, WorkerPool& pool, StatusBoard& board,
-                       const Checkpointer& checkpointer, CoordinatorMetrics* metrics,
-                       const FeedProgress& feed)
+                       const Checkpointer& checkpointer, const FeedProgress& feed)
     : job_(job),
       ledger_(ledger),
       pool_(pool),
       board_(board),
       checkpointer_(checkpointer),
-      metrics_(metrics),
       feed_(feed) {}
 
 RunMonitor::~RunMonitor() { Stop(); }

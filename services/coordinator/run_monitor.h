@@ -28,8 +28,7 @@ struct FeedProgress {
 class RunMonitor {
  public:
   RunMonitor(const v1::Job& job, RunLedger& ledger, WorkerPool& pool, StatusBoard& board,
-             const Checkpointer& checkpointer, CoordinatorMetrics* metrics,
-             const FeedProgress& feed);
+             const Checkpointer& checkpointer, const FeedProgress& feed);
   ~RunMonitor();
   void Start();
   // Stops polling and ends the progress line.
@@ -47,7 +46,6 @@ class RunMonitor {
   WorkerPool& pool_;
   StatusBoard& board_;
   const Checkpointer& checkpointer_;
-  CoordinatorMetrics* const metrics_;
   const FeedProgress& feed_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::thread thread_;

@@ -207,9 +207,11 @@ spec:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stages", type=int, default=4)
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--regroup", action="store_true")
+    p.add_argument("--stages", type=int, default=4, help="stages, one replicated job each (4)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="replicas of every stage, the pods of its job (1)")
+    p.add_argument("--regroup", action="store_true",
+                   help="pass --stages to the coordinator: the job file has another stage count")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if the committed files differ from what these flags give")
     a = p.parse_args()
