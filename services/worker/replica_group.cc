@@ -77,6 +77,18 @@ class RendezvousClient {
     return {resp.values().begin(), resp.values().end()};
   }
 
+  // Publishes this replica's `value` under PREFIX-REPLICA and returns every replica's, in
+  // replica order, once all have published (naming the others while it waits).
+  std::vector<std::string> Share(const std::string& prefix, const std::string& value) {
+    Set(absl::StrCat(prefix, options_.replica), value);
+    std::vector<std::string> keys, others;
+    for (int r = 0; r < options_.replicas; ++r) {
+      keys.push_back(absl::StrCat(prefix, r));
+      if (r != options_.replica) others.push_back(std::to_string(r));
+    }
+    return Get(keys, options_.timeout, absl::StrJoin(others, ", "));
+  }
+
  private:
   const ReplicaGroupOptions& options_;
   const SecurityOptions& security_;
@@ -90,14 +102,8 @@ void CheckSameStage(RendezvousClient& client, const ReplicaGroupOptions& o) {
   // "FINGERPRINT NONCE": the nonce makes a second worker claiming the same replica a
   // different value, which the rendezvous refuses, rather than a retry of the first.
   std::random_device random;
-  client.Set(absl::StrCat("fingerprint-", o.replica),
-             absl::StrCat(o.fingerprint, " ", random(), random()));
-  std::vector<std::string> keys, others;
-  for (int r = 0; r < o.replicas; ++r) {
-    keys.push_back(absl::StrCat("fingerprint-", r));
-    if (r != o.replica) others.push_back(std::to_string(r));
-  }
-  const std::vector<std::string> values = client.Get(keys, o.timeout, absl::StrJoin(others, ", "));
+  const std::vector<std::string> values =
+      client.Share("fingerprint-", absl::StrCat(o.fingerprint, " ", random(), random()));
   for (int r = 0; r < o.replicas; ++r) {
     const std::string& v = values[static_cast<size_t>(r)];
     const std::string theirs = v.substr(0, v.find(' '));
@@ -145,13 +151,7 @@ absl::Status ReplicaGroup::Connect() {
   try {
     RendezvousClient client(options_, security_);
     CheckSameStage(client, options_);
-    client.Set(absl::StrCat("mesh-", options_.replica), (*mesh)->published());
-    std::vector<std::string> keys, others;
-    for (int r = 0; r < options_.replicas; ++r) {
-      keys.push_back(absl::StrCat("mesh-", r));
-      if (r != options_.replica) others.push_back(std::to_string(r));
-    }
-    published = client.Get(keys, options_.timeout, absl::StrJoin(others, ", "));
+    published = client.Share("mesh-", (*mesh)->published());
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("replicas of ", stage, ": ", e.what()));
   }
@@ -198,14 +198,7 @@ absl::Status ReplicaGroup::ConnectDevice() {
   try {
     RendezvousClient client(options_, security_);
     CheckSameStage(client, options_);
-    client.Set(absl::StrCat("nccl-joined-", options_.replica), "1");
-    std::vector<std::string> keys;
-    std::vector<std::string> names;
-    for (int r = 0; r < options_.replicas; ++r) {
-      keys.push_back(absl::StrCat("nccl-joined-", r));
-      names.push_back(std::to_string(r));
-    }
-    client.Get(keys, options_.timeout, absl::StrJoin(names, ", "));
+    client.Share("nccl-joined-", "1");
     ncclUniqueId id;
     if (options_.replica == 0) {
       if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {

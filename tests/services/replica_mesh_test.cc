@@ -127,27 +127,31 @@ TEST(ReplicaMesh, StrangersWhileJoiningAreClosedAndTheReplicasStillGather) {
   EXPECT_EQ(oa[1999], -2.0f);
 }
 
-// Replica 0 of two, joined by a hand-made replica 1 on a plain socket; returns its fd.
-int JoinByHand(ReplicaMesh& mesh, absl::Status* joined, std::thread* t) {
+// Replica 0 of two, joined by a hand-made replica 1 on a plain socket; returns its fd, or
+// -1 (with a test failure) if joining failed.
+int JoinByHand(ReplicaMesh& mesh) {
   const std::string mine = "127.0.0.1 1 " + std::string(64, 'a');  // replica 1 never listens
   const std::vector<std::string> published = {mesh.published(), mine};
-  *t = std::thread(
-      [&mesh, joined, published] { *joined = mesh.Connect(published, milliseconds(10000)); });
+  absl::Status joined;
+  std::thread t([&] { joined = mesh.Connect(published, milliseconds(10000)); });
   int fd = Dial(PortOf(published[0]));
   SendAll(fd, Hello(1, 0, 2, SecretOf(published[0])));
   const std::string answer = RecvN(fd, 64);
   EXPECT_EQ(answer.substr(0, 8), "LPMESHOK");
   EXPECT_EQ(answer.substr(24, 32), std::string(32, '\xaa')) << "the answer proves replica 0";
-  t->join();
+  t.join();
+  EXPECT_TRUE(joined.ok()) << joined;
+  if (!joined.ok()) {
+    close(fd);
+    return -1;
+  }
   return fd;
 }
 
 TEST(ReplicaMesh, AFrameThatIsNotTheBucketEndsTheGatherNamingTheReplica) {
   auto a = Listen(0, 2);
-  absl::Status joined;
-  std::thread t;
-  int fd = JoinByHand(*a, &joined, &t);
-  ASSERT_TRUE(joined.ok()) << joined;
+  int fd = JoinByHand(*a);
+  ASSERT_GE(fd, 0);
   // Gather 0 is due with 4 floats; replica 1 announces 1 << 40 floats instead.
   SendAll(fd, std::string("LPBUCKET") + U64(0) + U64(uint64_t{1} << 40));
   std::vector<float> in(4, 1.0f), out(8);
@@ -165,10 +169,8 @@ TEST(ReplicaMesh, AFrameThatIsNotTheBucketEndsTheGatherNamingTheReplica) {
 TEST(ReplicaMesh, APeerThatClosesOrSaysNothingIsNamed) {
   {
     auto a = Listen(0, 2);
-    absl::Status joined;
-    std::thread t;
-    int fd = JoinByHand(*a, &joined, &t);
-    ASSERT_TRUE(joined.ok()) << joined;
+    int fd = JoinByHand(*a);
+    ASSERT_GE(fd, 0);
     SendAll(fd, std::string("LPBUCKET") + U64(0));  // half a header, then gone
     close(fd);
     std::vector<float> in(4, 1.0f), out(8);
@@ -177,10 +179,8 @@ TEST(ReplicaMesh, APeerThatClosesOrSaysNothingIsNamed) {
   }
   {
     auto a = Listen(0, 2);
-    absl::Status joined;
-    std::thread t;
-    int fd = JoinByHand(*a, &joined, &t);
-    ASSERT_TRUE(joined.ok()) << joined;
+    int fd = JoinByHand(*a);
+    ASSERT_GE(fd, 0);
     std::vector<float> in(4, 1.0f), out(8);
     const auto start = std::chrono::steady_clock::now();
     absl::Status s = a->AllGather(in.data(), 4, out.data(), milliseconds(500));
