@@ -2,7 +2,7 @@
 # Validates the deployment files offline (tests/containers runs the Compose cluster itself;
 # there is no Kubernetes cluster here): every kustomize overlay renders and passes the
 # Kubernetes and Prometheus Operator schemas, the JobSet overlay its CRD's schema (release
-# v0.12.0, from ../shared/k8s-schemas) and generate.py's output, and every overlay the
+# v0.12.0, from ../shared/k8s-schemas), every overlay's generated files match its layout.yaml, and every overlay the
 # connection check (deploy/check_k8s_connections.py); the Compose file parses; the
 # dashboards are JSON and match Grafana's schema.
 set -euo pipefail
@@ -25,14 +25,22 @@ bin_dir=${LOCALPAR_BIN_DIR:-build/ci}
 renders=$(mktemp -d)
 schema_dir=""
 trap 'rm -rf "$renders" ${schema_dir:+"$schema_dir"}' EXIT
-/usr/bin/python3 k8s/overlays/jobset/generate.py --check
-# The JobSet overlay generated for another layout too (2 stages x 2 replicas, regrouped),
-# in a copy: the replicas' connections and the regrouping flags pass the same checks.
-mkdir "$renders/layout" && cp -r k8s "$renders/layout/"
-/usr/bin/python3 "$renders/layout/k8s/overlays/jobset/generate.py" --stages=2 --replicas=2 --regroup
-for overlay in k8s/overlays/*/ "$renders/layout/k8s/overlays/jobset/"; do
+# Every overlay's generated files are what its layout.yaml gives (k8s/generate.py).
+/usr/bin/python3 k8s/generate.py --check
+# Two other layouts, generated in a copy: a JobSet of 2 stages x 2 replicas and a
+# StatefulSet of 2 stages x 3 replicas, both regrouped; their replicas' connections, pod
+# counts and flags pass the same checks as the committed overlays.
+mkdir -p "$renders/layout/deploy" && cp -r k8s "$renders/layout/" && cp -r deploy/jobs "$renders/layout/deploy/"
+relayout() {  # OVERLAY STAGES REPLICAS
+  sed -i -e "s/^stages: .*/stages: $2/" -e "s/^replicas: .*/replicas: $3/" \
+    -e "s/^regroup: .*/regroup: true/" "$renders/layout/k8s/overlays/$1/layout.yaml"
+  /usr/bin/python3 "$renders/layout/k8s/generate.py" "$renders/layout/k8s/overlays/$1" > /dev/null
+}
+relayout jobset 2 2
+relayout cpu 2 3
+for overlay in k8s/overlays/*/ "$renders/layout/k8s/overlays/jobset/" "$renders/layout/k8s/overlays/cpu/"; do
   name=$(basename "$overlay")
-  case "$overlay" in "$renders"/*) name=jobset-2x2 ;; esac
+  case "$overlay" in "$renders"/*) name=$name-relayout ;; esac
   echo "k8s: $name ($overlay)"
   kubectl kustomize "$overlay" > "$renders/$name.yaml"
   node deploy/validate/validate-k8s.mjs --crd="$jobset_crd" < "$renders/$name.yaml"

@@ -21,7 +21,8 @@ and that:
     restarts alone, in place (restartPolicy OnFailure or Always on workers);
   - the status port is declared on the coordinator's container and its Service;
   - every probe's port, every metrics port, every volume mount, claim and ConfigMap
-    resolves.
+    resolves;
+  - --workers names every worker pod once, and K x R of them (K from --stages if given).
 Exits 1 naming each connection or object that fails.
 """
 import sys
@@ -243,6 +244,23 @@ def main():
                             f"selecting {target.name} do not admit it)")
 
     resolved = [resolve(w) for w in workers]
+    # The layout: K x R addresses, every worker pod named once (a pod left out would sit
+    # idle, and a StatefulSet or JobSet sized for another layout leaves pods out).
+    stages = flag(args, "stages")
+    if len(workers) % replicas:
+        problems.append(f"--workers names {len(workers)} workers, not a multiple of --replicas "
+                        f"{replicas}")
+    elif stages and stages.isdigit() and len(workers) != int(stages) * replicas:
+        problems.append(f"--workers names {len(workers)} workers, but --stages={stages} x "
+                        f"--replicas={replicas} needs {int(stages) * replicas}")
+    named = [p.name for p, _ in resolved if p is not None]
+    for n in sorted({n for n in named if named.count(n) > 1}):
+        problems.append(f"--workers names {n} more than once")
+    for pod in pods.values():
+        if (pod.labels.get("app.kubernetes.io/component") == "worker"
+                and pod.name not in named):
+            problems.append(f"worker pod {pod.name} is not in the coordinator's --workers: the "
+                            "workload is sized for another layout")
     for i, (pod, port) in enumerate(resolved):
         if pod is None:
             continue
