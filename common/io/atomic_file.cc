@@ -87,13 +87,20 @@ int RemoveStaleTemporaries(const std::string& dir) {
 
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::initializer_list<std::string_view> pieces) {
+  return WriteFileAtomicallyFrom(path, [&](const ByteSink& sink) {
+    for (std::string_view piece : pieces) {
+      if (absl::Status s = sink(piece); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status WriteFileAtomicallyFrom(const std::string& path,
+                                     const std::function<absl::Status(const ByteSink&)>& produce) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return FileError(tmp, "create", errno);
-  absl::Status s;
-  for (std::string_view piece : pieces) {
-    if (s = WriteAll(fd, tmp, piece); !s.ok()) break;
-  }
+  absl::Status s = produce([&](std::string_view piece) { return WriteAll(fd, tmp, piece); });
   if (s.ok() && fsync(fd) != 0) s = FileError(tmp, "fsync", errno);
   if (close(fd) != 0 && s.ok()) s = FileError(tmp, "close", errno);
   if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) s = FileError(path, "rename", errno);

@@ -1,6 +1,7 @@
 // The one way files are written: atomically and durably, with every error checked.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -19,6 +20,13 @@ absl::Status WriteFileAtomically(const std::string& path,
 inline absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) {
   return WriteFileAtomically(path, {contents});
 }
+
+// The same, for files too large to hold in memory at once: `produce` writes the contents
+// piece by piece through the sink it is given, which returns the first write error; an
+// error from either ends the write with `path` untouched.
+using ByteSink = std::function<absl::Status(std::string_view)>;
+absl::Status WriteFileAtomicallyFrom(const std::string& path,
+                                     const std::function<absl::Status(const ByteSink&)>& produce);
 
 // Makes `dir` (and its parents) and proves a file can be written there, before any work
 // whose result would go there; the error names `flag`, the directory and the reason. Also

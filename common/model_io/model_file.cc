@@ -3,11 +3,16 @@
 #include "common/model_io/model_file.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/core/check.h"
+#include "common/core/cpu_backend.h"
 #include "common/job/job.h"
 #include "common/model_io/safetensors.h"
 #include "common/model_io/tensor_proto.h"
@@ -176,19 +181,157 @@ absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& sou
   return absl::OkStatus();
 }
 
+namespace {
+
+// "heads.3" for "heads.3.0.weight"; "" for a layer's tensor.
+std::string HeadOf(const std::string& name) {
+  if (!absl::StartsWith(name, "heads.")) return "";
+  const size_t dot = name.find('.', 6);
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const ModelConfig& config,
+                                              Model& model,
+                                              const std::vector<std::string>& source_names,
+                                              const ParamLookup& lookup, InitNotes* notes) {
+  std::vector<ParamInfo> params = DescribeParams(config, model, model.num_stages() - 1);
+  v1::ModelWeights w;
+  for (int k = 0; k < model.num_stages(); ++k) w.add_stages()->set_stage(k);
+  std::set<std::string> used, fresh;
+  for (const ParamInfo& p : params) {
+    const size_t n = static_cast<size_t>(p.value->value.numel());
+    std::vector<float> ours;
+    absl::StatusOr<bool> found = lookup(p, &ours);
+    if (!found.ok()) return found.status();
+    if (!*found) {
+      if (!p.head) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": has no tensor ", p.readable, ", which the job's network has"));
+      }
+      // A boundary the file's network did not have: the head starts from its seeded values.
+      fresh.insert(HeadOf(p.readable));
+      ours = p.value->value.ToHost();
+    } else {
+      used.insert(p.readable);
+      if (ours.size() != n) {
+        return absl::DataLossError(absl::StrCat(source, ": ", p.readable, ": ", ours.size(),
+                                                " values, the job's network has ", n));
+      }
+    }
+    v1::NamedTensor* nt = w.mutable_stages(p.stage)->add_params();
+    nt->set_name(p.file_name);
+    v1::Tensor* t = nt->mutable_tensor();
+    t->set_dtype(v1::F32);
+    for (int64_t d : p.value->value.shape()) t->add_shape(d);
+    t->set_data(ours.data(), n * sizeof(float));
+  }
+  // Whatever the source holds beyond the network: heads of boundaries the job does not
+  // have are left out (and said); anything else means another network.
+  std::set<std::string> unused;
+  for (const std::string& name : source_names) {
+    if (used.count(name)) continue;
+    const std::string head = HeadOf(name);
+    if (head.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": holds ", name, ", which the job's network does not have (another network?)"));
+    }
+    if (!fresh.count(head)) unused.insert(head);
+  }
+  if (notes) {
+    notes->fresh_heads.assign(fresh.begin(), fresh.end());
+    notes->unused_heads.assign(unused.begin(), unused.end());
+  }
+  return w;
+}
+
+std::string DescribeInitNotes(const InitNotes& notes, int stages) {
+  if (notes.fresh_heads.empty() && notes.unused_heads.empty()) return "";
+  std::string s =
+      notes.file_stages > 0
+          ? absl::StrCat("the file has ", notes.file_stages, " stages, the job ", stages)
+          : absl::StrCat("the file's stage boundaries differ from the job's ", stages, " stages");
+  absl::StrAppend(&s, "; every layer carries over");
+  if (!notes.fresh_heads.empty()) {
+    absl::StrAppend(&s, "; starting fresh (seeded): ", absl::StrJoin(notes.fresh_heads, ", "));
+  }
+  if (!notes.unused_heads.empty()) {
+    absl::StrAppend(&s, "; left out: ", absl::StrJoin(notes.unused_heads, ", "));
+  }
+  return s;
+}
+
 absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
-                                                    const ModelConfig& config, Model& model) {
+                                                    const ModelConfig& config, Model& model,
+                                                    InitNotes* notes) {
+  std::error_code ec;
+  const bool set = std::filesystem::is_directory(path, ec) || absl::EndsWith(path, ".index.json");
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!set && !in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::string first(9, '\0');
+  if (!set) first.resize(static_cast<size_t>(in.read(first.data(), 9).gcount()));
   // A safetensors file starts with its header's length and then '{'.
-  if (LooksLikeSafetensors(bytes)) return ReadSafetensors(path, bytes, config, model);
+  if (set || LooksLikeSafetensors(first)) {
+    absl::StatusOr<SafetensorsReader> file = SafetensorsReader::Open(path);
+    if (!file.ok()) return file.status();
+    absl::StatusOr<v1::ModelWeights> w = ReadSafetensors(*file, config, model, notes);
+    auto job = file->metadata().find("job");
+    v1::Job trained;
+    if (w.ok() && notes && job != file->metadata().end() &&
+        google::protobuf::TextFormat::ParseFromString(job->second, &trained)) {
+      notes->file_stages = trained.stages_size();
+    }
+    return w;
+  }
+  in.seekg(0);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   v1::ModelWeights w;
   if (!w.ParseFromString(bytes)) {
     return absl::DataLossError(
         absl::StrCat(path, ": neither a localpar weights file nor a safetensors file"));
   }
-  return w;
+  if (w.stages_size() == model.num_stages() || w.job_text().empty()) return w;
+  // Another stage split: build the network the file was trained as, load it, and match
+  // its parameters to the job's by readable name.
+  v1::Job trained;
+  if (!google::protobuf::TextFormat::ParseFromString(w.job_text(), &trained)) {
+    return absl::DataLossError(absl::StrCat(path, ": its job_text does not parse"));
+  }
+  CpuBackend cpu{CpuOptions{}};
+  const ModelConfig source_config = ToModelConfig(trained);
+  std::string error;
+  std::unique_ptr<Model> source = Model::Create(cpu, source_config, &error);
+  if (!source) return absl::InvalidArgumentError(absl::StrCat(path, ": its job: ", error));
+  if (absl::Status s = LoadWeights(w, path, source_config, *source); !s.ok()) return s;
+  std::map<std::string, ParamInfo> by_name;
+  std::vector<std::string> names;
+  for (ParamInfo& p : DescribeParams(source_config, *source, source->num_stages() - 1)) {
+    names.push_back(p.readable);
+    by_name.emplace(p.readable, std::move(p));
+  }
+  absl::StatusOr<v1::ModelWeights> gathered = GatherParams(
+      path, config, model, names,
+      [&](const ParamInfo& p, std::vector<float>* ours) -> absl::StatusOr<bool> {
+        auto it = by_name.find(p.readable);
+        if (it == by_name.end()) return false;
+        if (it->second.value->value.shape() != p.value->value.shape()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": ", p.readable, " is ", ShapeString(it->second.value->value.shape()),
+              ", the job's network has ", ShapeString(p.value->value.shape())));
+        }
+        *ours = it->second.value->value.ToHost();
+        return true;
+      },
+      notes);
+  if (!gathered.ok()) return gathered.status();
+  if (notes) notes->file_stages = source->num_stages();
+  *gathered->mutable_input() = w.input();
+  gathered->mutable_input_shape()->CopyFrom(w.input_shape());
+  gathered->set_classes(w.classes());
+  gathered->mutable_class_names()->CopyFrom(w.class_names());
+  gathered->set_job_text(w.job_text());
+  return gathered;
 }
 
 absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::string& weights_path,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,27 @@ struct ParamInfo {
 // Every parameter of stages 0..last_stage in weights-file order (layers, then the head's).
 std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, int last_stage);
 
+// What --init_from changed to fit the job's stages: heads (named by the layer they follow,
+// "heads.3") the file had none for, which start from the job's seeded initialisation, and
+// the file's heads at boundaries the job does not have, which are left out.
+struct InitNotes {
+  std::vector<std::string> fresh_heads;
+  std::vector<std::string> unused_heads;
+  int file_stages = 0;  // the stage count the file was trained with (0: not known)
+};
+
+// The parameters of `model` as a weights message, each found by its readable name through
+// `lookup` (which fills localpar's layout and returns false when the source has no such
+// tensor). A missing head keeps the model's seeded values (notes->fresh_heads); a missing
+// layer is an error. `source_names` are every tensor the source holds: a head among them
+// the model has no boundary for goes to notes->unused_heads, anything else unused is an
+// error (another network). Errors name `source` and the tensor.
+using ParamLookup = std::function<absl::StatusOr<bool>(const ParamInfo&, std::vector<float>*)>;
+absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const ModelConfig& config,
+                                              Model& model,
+                                              const std::vector<std::string>& source_names,
+                                              const ParamLookup& lookup, InitNotes* notes);
+
 // Copies `weights` (read from `source`, for messages) into `model`, stage by stage. Refuses a
 // different stage count, parameter name or shape, naming the first parameter that differs.
 absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& source,
@@ -53,11 +75,17 @@ struct TrainedModel {
 absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::string& weights_path,
                                               Backend& backend);
 
-// Reads a weights file: localpar's weights.pb, or a safetensors file written by
-// WriteSafetensors (recognised by its content, whatever the name). `model`, built from
-// `config`, gives a safetensors file's names and layouts; its values are not changed.
+// Reads a weights file for `model` (built from `config`; its values are not changed): a
+// safetensors file (recognised by its content, whatever the name), a sharded set (its
+// directory or its .index.json), or localpar's weights.pb. Parameters are matched by
+// readable name, so a file trained with another stage split of the same network fits: the
+// layers carry over exactly, a head whose boundary the job keeps carries over, and a new
+// boundary's head starts fresh (seeded). `notes`, when given, says which.
 absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
-                                                    const ModelConfig& config, Model& model);
+                                                    const ModelConfig& config, Model& model,
+                                                    InitNotes* notes = nullptr);
+// A line for the console saying what InitNotes holds ("" when nothing changed).
+std::string DescribeInitNotes(const InitNotes& notes, int stages);
 
 // A parameter's values in PyTorch's layout (the layer's TorchLayout; ONNX's Conv takes the
 // same [out_channels, in_channels, kh, kw]); *shape receives that layout's shape.

@@ -250,6 +250,8 @@ v1::RunReport RunLedger::Report(const RunFacts& facts) const {
     r.set_examples_per_second(train_examples_ / std::max(seconds, 1e-9));
   }
   r.set_eval_split(EvalSplitName(job_));
+  for (const std::string& h : options_.init_fresh_heads) r.add_init_fresh_heads(h);
+  for (const std::string& h : options_.init_unused_heads) r.add_init_unused_heads(h);
   AddBitsPerByte(job_, &r);
   return r;
 }

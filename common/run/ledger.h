@@ -36,6 +36,8 @@ struct LedgerOptions {
   // asked (RequestCheckpoint).
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_seconds = 0;
+  // What --init_from changed to fit the stages (report.json's init_fresh_heads, ...).
+  std::vector<std::string> init_fresh_heads, init_unused_heads;
 };
 
 // One evaluation's figures, every stage's.

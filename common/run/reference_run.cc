@@ -45,10 +45,15 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   const ModelConfig config = ToModelConfig(job);
   std::unique_ptr<Model> model = Model::Create(be, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
+  InitNotes notes;
   if (!options.init_from.empty()) {
-    absl::StatusOr<v1::ModelWeights> init = ReadAnyWeightsFile(options.init_from, config, *model);
+    absl::StatusOr<v1::ModelWeights> init =
+        ReadAnyWeightsFile(options.init_from, config, *model, &notes);
     if (!init.ok()) return init.status();
     if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
+    if (std::string said = DescribeInitNotes(notes, model->num_stages()); !said.empty()) {
+      log << "--init_from: " << said << "\n";
+    }
   }
   if (absl::Status s = CheckReplicasFitData(job, data.train.size()); !s.ok()) return s;
   // Replicas (Job.replicas): one model each; the trainer starts them from the first.
@@ -64,6 +69,8 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   lo.progress = options.progress;
   lo.live = isatty(STDERR_FILENO);
   lo.log = &log;
+  lo.init_fresh_heads = notes.fresh_heads;
+  lo.init_unused_heads = notes.unused_heads;
   absl::StatusOr<std::unique_ptr<RunLedger>> opened =
       RunLedger::Open(job, data.train.size(), data.test.size(), lo);
   if (!opened.ok()) return opened.status();

@@ -116,13 +116,14 @@ std::string RunSettings(const v1::CoordinatorConfig& c, const v1::ModelWeights* 
 
 // The parameters --init_from names, checked against the job's network (on the CPU: only
 // the values travel to the workers).
-absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, const v1::Job& job) {
+absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, const v1::Job& job,
+                                                    InitNotes* notes) {
   CpuBackend cpu{CpuOptions{}};
   const ModelConfig config = ToModelConfig(job);
   std::string error;
   std::unique_ptr<Model> model = Model::Create(cpu, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
-  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, *model);
+  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, *model, notes);
   if (!w.ok()) return w.status();
   if (absl::Status s = LoadWeights(*w, path, config, *model); !s.ok()) return s;
   return SnapshotModel(*model);  // the names workers expect, whatever the file's format
@@ -198,16 +199,22 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
     metrics = std::make_unique<CoordinatorMetrics>((*metrics_server)->registry(), job->name());
   }
   std::optional<v1::ModelWeights> initial;
+  InitNotes notes;
   if (!c.init_from().empty()) {
-    absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job);
+    absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job, &notes);
     if (!w.ok()) {
       return WithExitCode(
           absl::Status(w.status().code(), absl::StrCat("--init_from: ", w.status().message())),
           w.status().code() == absl::StatusCode::kNotFound ? kExitUsage : kExitBadJob);
     }
     initial = *std::move(w);
+    if (std::string said = DescribeInitNotes(notes, job->stages_size()); !said.empty()) {
+      log << "--init_from: " << said << "\n";
+    }
   }
   LedgerOptions lo;
+  lo.init_fresh_heads = notes.fresh_heads;
+  lo.init_unused_heads = notes.unused_heads;
   lo.out_dir = c.out();
   lo.progress = !c.quiet();
   lo.live = isatty(STDERR_FILENO);

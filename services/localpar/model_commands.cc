@@ -1,4 +1,5 @@
 // `localpar export` and `localpar predict`: using a trained model.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -61,19 +62,30 @@ int ExportCommandMain(const Args& args) {
   std::vector<std::string> pos;
   int rc = 0;
   if (!ParseCommandArgs("export",
-                        "localpar export JOB_FILE WEIGHTS --out=FILE [flags]\n"
+                        "localpar export JOB_FILE WEIGHTS --out=PATH [flags]\n"
                         "Writes the weights that JOB_FILE trained (weights.pb from --out of run or "
-                        "train) as a safetensors file, or the network with its input normalisation "
-                        "as an ONNX model (opset 17) that ONNX Runtime runs.",
+                        "train) as a safetensors file or a directory of safetensors shards with "
+                        "Hugging Face's index, or the network with its input normalisation as an "
+                        "ONNX model (opset 17) that ONNX Runtime runs.",
                         args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"},
                         &pos, &rc)) {
     return rc;
   }
   if (c.out().empty()) return Fail(kExitUsage, "--out: name the file to write");
+  if (c.shard_mib() < 0) return Fail(kExitUsage, "--shard_mib must be >= 0");
   std::string format = c.format();
   std::string named;  // the format --out's file name says
   if (absl::EndsWith(c.out(), ".onnx")) named = "onnx";
   if (absl::EndsWith(c.out(), ".safetensors")) named = "safetensors";
+  std::error_code ec;
+  // Shards: --out names a directory (DIR/, an existing one, or with --shard_mib).
+  const bool sharded = named.empty() && (absl::EndsWith(c.out(), "/") || c.has_shard_mib() ||
+                                         std::filesystem::is_directory(c.out(), ec));
+  if (sharded && format.empty()) format = "safetensors";
+  if (c.has_shard_mib() && !sharded) {
+    return Fail(kExitUsage, absl::StrCat("--shard_mib: --out=", c.out(),
+                                         " names one file; name a directory for shards"));
+  }
   if (format.empty()) format = named;
   if (!named.empty() && format != named) {
     return Fail(kExitUsage, absl::StrCat("--out=", c.out(), " names a .", named,
@@ -102,6 +114,14 @@ int ExportCommandMain(const Args& args) {
         ExportOnnx(model, stage, model.config.stages.empty() ? "" : pos[0]);
     if (!bytes.ok()) return Fail(kExitFailure, std::string(bytes.status().message()));
     written = WriteFileAtomically(c.out(), *bytes);
+  } else if (sharded) {
+    absl::StatusOr<std::vector<std::string>> shards =
+        WriteShardedSafetensors(DescribeParams(model.config, *model.model, stage), model.weights,
+                                c.out(), int64_t{c.shard_mib()} << 20);
+    if (!shards.ok()) return Fail(kExitFailure, std::string(shards.status().message()));
+    std::cout << c.out() << ": safetensors in " << shards->size() << " shard(s) with "
+              << kSafetensorsIndex << ", stages 0.." << stage << "\n";
+    return kExitOk;
   } else {
     written =
         WriteSafetensors(DescribeParams(model.config, *model.model, stage), model.weights, c.out());

@@ -185,6 +185,36 @@ def check_init_from(work, weights, st):
     if same_params(f"{a}/weights.pb", f"{fresh}/weights.pb"):
         raise Failure("--init_from changed nothing")
     print("export_test: --init_from: train and run bitwise equal, from weights.pb and safetensors")
+    # Another split of the same network (the example): the 4-stage weights, as
+    # shards, start a 2-stage job; train and run agree bitwise, weights.pb and the shards
+    # start it the same, and both say which heads were left out.
+    shards = os.path.join(work, "init_shards")
+    lp("export", j, weights, f"--out={shards}", "--shard_mib=1")
+    outs = {}
+    for cmd, src in (("train", shards), ("run", shards), ("train", weights)):
+        out = os.path.join(work, f"regroup_{cmd}_{os.path.basename(src)}")
+        said = lp(cmd, j, "--stages=2", "--max_steps=10", f"--init_from={src}", f"--out={out}",
+                  "--quiet")
+        if "the file has 4 stages, the job 2; every layer carries over; left out: heads.1, " \
+                "heads.5" not in said:
+            raise Failure(f"{cmd} --init_from={src} --stages=2 did not say what changed:\n{said}")
+        with open(os.path.join(out, "report.json")) as f:
+            report = json.load(f)
+        if report.get("init_unused_heads") != ["heads.1", "heads.5"]:
+            raise Failure(f"{out}/report.json: init_unused_heads {report.get('init_unused_heads')}")
+        outs[(cmd, src)] = f"{out}/weights.pb"
+    if not same_params(outs[("train", shards)], outs[("run", shards)]):
+        raise Failure("--init_from shards --stages=2: run and train differ")
+    if not same_params(outs[("train", shards)], outs[("train", weights)]):
+        raise Failure("--init_from --stages=2: the shards and weights.pb start differently")
+    # ...and back: the 2-stage weights start the 4-stage job, the two new heads fresh.
+    back = os.path.join(work, "regroup_back")
+    said = lp("train", j, "--max_steps=5", f"--init_from={outs[('train', weights)]}",
+              f"--out={back}", "--quiet")
+    if "starting fresh (seeded): heads.1, heads.5" not in said:
+        raise Failure(f"--init_from of 2 stages into 4 did not name the fresh heads:\n{said}")
+    print("export_test: --init_from across splits: 4 stages (shards or weights.pb) into 2, "
+          "train and run bitwise equal, and 2 into 4 with heads.1 and heads.5 fresh")
 
 
 def labels_of_test_set(n):

@@ -10,7 +10,9 @@ tests/bench/torch_compare.py also uses, built from the job the file carries, tak
 with load_state_dict(strict=True). In eval mode, on [N, C, H, W] images scaled to [0, 1]
 (what torchvision's ToTensor() gives), its logits must agree with `localpar predict
 --logits` within 1e-5. The names must not depend on the split: the MLP trained as 2 stages
-exports the same layer names as trained as 4.
+exports the same layer names as trained as 4. Each export is also written as shards of at
+most 1 MiB (`--shard_mib=1`) and read back through model.safetensors.index.json by a reader
+written here: the tensors are the single file's, bit for bit.
 PyTorch is Debian's python3-torch; where it is missing the test says so and passes skipped.
 """
 import gzip
@@ -58,6 +60,28 @@ def read_safetensors(torch, path):
     return header["__metadata__"], tensors
 
 
+def read_sharded(torch, directory):
+    """A reader of Hugging Face's sharded layout, written here: model.safetensors.index.json's
+    weight_map names each tensor's shard; every shard is a safetensors file."""
+    with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    weight_map = index["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    meta, tensors, total = None, {}, 0
+    for shard in shards:
+        m, t = read_safetensors(torch, os.path.join(directory, shard))
+        meta = meta or m
+        for name, value in t.items():
+            if weight_map.get(name) != shard:
+                raise Failure(f"{directory}: {shard} holds {name}, the index says "
+                              f"{weight_map.get(name)}")
+            tensors[name] = value
+            total += value.numel() * value.element_size()
+    if set(tensors) != set(weight_map) or total != index["metadata"]["total_size"]:
+        raise Failure(f"{directory}: the index's weight_map or total_size disagree with the shards")
+    return meta, tensors, len(shards)
+
+
 def job_path(name):
     if name.startswith("every_"):
         return os.path.join(SOURCE, "tests", "onnx", f"{name}.textproto")
@@ -71,6 +95,14 @@ def check(torch, np, job_pb2, work, name, steps, images, extra=()):
     st = os.path.join(work, f"{name}.safetensors")
     lp("export", job_path(name), os.path.join(out, "weights.pb"), f"--out={st}", *extra)
     meta, tensors = read_safetensors(torch, st)
+    # The same weights as shards of at most 1 MiB (a stage over 1 MiB spans several), read
+    # through the index: every tensor identical to the single file's.
+    shards = os.path.join(work, f"{name}.shards")
+    lp("export", job_path(name), os.path.join(out, "weights.pb"), f"--out={shards}",
+       "--shard_mib=1", *extra)
+    _, sharded, count = read_sharded(torch, shards)
+    if set(sharded) != set(tensors) or any(not torch.equal(sharded[k], tensors[k]) for k in tensors):
+        raise Failure(f"{name}: the shards' tensors differ from the single file's")
     job = job_pb2.Job()
     text_format.Parse(meta["job"], job)
     input_shape = json.loads(meta["input_shape"])
@@ -96,8 +128,9 @@ def check(torch, np, job_pb2, work, name, steps, images, extra=()):
     with torch.no_grad():
         got = twin(x).numpy()
     diff = float(np.abs(got - want).max())
-    print(f"torch_state_dict_test: {name}: {len(tensors)} tensors, load_state_dict(strict=True), "
-          f"logits max |diff| {diff:.2e} over {len(images)} images")
+    print(f"torch_state_dict_test: {name}: {len(tensors)} tensors (also as {count} shards through "
+          f"the index, identical), load_state_dict(strict=True), logits max |diff| {diff:.2e} "
+          f"over {len(images)} images")
     if not diff <= 1e-5:
         raise Failure(f"{name}: the twin's logits differ from predict's by {diff}")
     return tensors
