@@ -155,6 +155,10 @@ absl::Status CheckJobAgainstFlags(const v1::CoordinatorConfig& c, const v1::Job&
     }
     if (c.replica_timeout_s() < 1) return UsageError("--replica_timeout_s: must be >= 1");
   }
+  if (c.has_transfer_chunk_kib() &&
+      (c.transfer_chunk_kib() < 1 || c.transfer_chunk_kib() > (64 << 10))) {
+    return UsageError("--transfer_chunk_kib: must be from 1 to 65536 (64 MiB)");
+  }
   if (c.overlap_max_delay() > 0 && !Rule(ToUpdateRule(job.rule())).allows_delay) {
     return UsageError(
         absl::StrCat("--overlap_max_delay does not apply to ", v1::UpdateRule_Name(job.rule())));

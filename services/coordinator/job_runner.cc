@@ -34,7 +34,8 @@ JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions&
       data_(std::move(data)),
       ledger_(ledger),
       log_(log),
-      pool_({config.workers().begin(), config.workers().end()}, job_.replicas(), security),
+      pool_({config.workers().begin(), config.workers().end()}, job_.replicas(), security,
+            int64_t{config.has_transfer_chunk_kib() ? config.transfer_chunk_kib() : 4096} << 10),
       checkpointer_(config, job_, std::move(fingerprint), metrics, ledger, log),
       feeder_(config, job_, data_, ledger, checkpointer_, progress_, metrics),
       events_(ledger, checkpointer_, pool_, metrics, log),
@@ -227,16 +228,34 @@ absl::Status JobRunner::Recover(const grpc::Status& st, int attempt) {
 
 // ---- the end of a run -----------------------------------------------------------------
 
+namespace {
+
+// Field by field: a stage's weights may pass protobuf's 2 GiB serialisation limit.
+bool SameWeights(const v1::StageWeights& a, const v1::StageWeights& b) {
+  if (a.params_size() != b.params_size()) return false;
+  for (int i = 0; i < a.params_size(); ++i) {
+    const v1::NamedTensor &x = a.params(i), &y = b.params(i);
+    if (x.name() != y.name() || x.tensor().dtype() != y.tensor().dtype() ||
+        !std::equal(x.tensor().shape().begin(), x.tensor().shape().end(),
+                    y.tensor().shape().begin(), y.tensor().shape().end()) ||
+        x.tensor().data() != y.tensor().data()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::Status JobRunner::CheckReplicasAgree(const v1::ModelWeights& weights) {
   for (int k = 0; k < pool_.size(); ++k) {
-    const std::string want = weights.stages(k).SerializeAsString();
     for (int r = 1; r < pool_.replicas(); ++r) {
       absl::StatusOr<v1::StageWeights> w = pool_.Weights(k, r);
       if (!w.ok()) {
         return WorkerLostError(
             absl::StrCat(pool_.Name(k, r), ": GetWeights failed: ", w.status().message()));
       }
-      if (w->SerializeAsString() != want) {
+      if (!SameWeights(*w, weights.stages(k))) {
         return FailureError(absl::StrCat(pool_.Name(k, r),
                                          " holds other weights than replica 0; the replicas did "
                                          "not take the same steps"));

@@ -42,8 +42,11 @@ std::string HostOf(const std::string& address) {
 }
 
 WorkerPool::WorkerPool(std::vector<std::string> addresses, int replicas,
-                       const SecurityOptions& security)
-    : addresses_(std::move(addresses)), replicas_(std::max(1, replicas)), security_(security) {
+                       const SecurityOptions& security, int64_t chunk_bytes)
+    : addresses_(std::move(addresses)),
+      replicas_(std::max(1, replicas)),
+      security_(security),
+      chunk_bytes_(chunk_bytes) {
   for (const std::string& a : addresses_)
     stubs_.push_back(v1::Worker::NewStub(MakeChannel(a, security)));
 }
@@ -68,7 +71,7 @@ absl::StatusOr<ConfigureOutcome> WorkerPool::ConfigureAll(const v1::Job& job,
       if (const v1::StageSnapshot* snap = s.restore ? FindSnapshot(*s.restore, k, r) : nullptr) {
         *req.mutable_restore() = *snap;
       } else if (s.initial && k < s.initial->stages_size()) {
-        *req.mutable_initial() = s.initial->stages(k);
+        req.set_initial_follows(true);  // SendInitial, below: any size, in pieces
       }
       if (replicas_ > 1) {
         req.set_replica(r);
@@ -96,6 +99,15 @@ absl::StatusOr<ConfigureOutcome> WorkerPool::ConfigureAll(const v1::Job& job,
                          absl::StrCat("configuring ", Name(k, r), " at ", address(k, r),
                                       " failed: ", SanitizePeerText(st.error_message()))),
             ExitCodeFor(st.error_code()));
+      }
+      if (req.initial_follows()) {
+        if (absl::Status sent = SendInitial(k, r, s.initial->stages(k), timeout_s); !sent.ok()) {
+          return WithExitCode(
+              absl::Status(sent.code(),
+                           absl::StrCat("sending ", Name(k, r), " at ", address(k, r),
+                                        " its --init_from parameters failed: ", sent.message())),
+              ExitCodeFor(static_cast<grpc::StatusCode>(sent.code())));
+        }
       }
       if (r == 0) out.parameters += resp.parameters();
       if (k == 0 && r == 0) out.backend = resp.backend();
@@ -142,13 +154,95 @@ std::string WorkerPool::Unreachable(double deadline_s) {
   return lost;
 }
 
+absl::Status WorkerPool::SendInitial(int k, int r, const v1::StageWeights& weights, int timeout_s) {
+  grpc::ClientContext ctx;
+  // Time to move the bytes at 10 MB/s or better, on top of the usual wait.
+  int64_t bytes = 0;
+  for (const v1::NamedTensor& p : weights.params()) bytes += p.tensor().data().size();
+  ctx.set_deadline(Deadline(timeout_s + static_cast<double>(bytes) / 1e7));
+  AddToken(ctx, security_);
+  v1::SetInitialResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::ParamChunk>> writer = stub(k, r).SetInitial(&ctx, &resp);
+  const size_t step = static_cast<size_t>(std::max<int64_t>(4, chunk_bytes_ / 4 * 4));
+  v1::ParamChunk chunk;
+  bool open = true;
+  for (const v1::NamedTensor& p : weights.params()) {
+    chunk.set_name(p.name());
+    *chunk.mutable_shape() = p.tensor().shape();
+    const std::string& data = p.tensor().data();
+    size_t at = 0;
+    do {
+      const size_t n = std::min(step, data.size() - at);
+      chunk.set_offset(static_cast<int64_t>(at / sizeof(float)));
+      chunk.set_data(data.data() + at, n);
+      open = writer->Write(chunk);
+      at += n;
+    } while (open && at < data.size());
+    if (!open) break;
+  }
+  writer->WritesDone();
+  grpc::Status st = writer->Finish();
+  if (!st.ok()) {
+    return absl::Status(FromGrpcStatus(st).code(), SanitizePeerText(st.error_message()));
+  }
+  if (!open) return absl::UnavailableError("the worker stopped reading");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::StageWeights> WorkerPool::Weights(int k, int r) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(30));
+  ctx.set_deadline(Deadline(600));
   AddToken(ctx, security_);
+  v1::WeightsRequest req;
+  req.set_chunk_bytes(std::min<int64_t>(chunk_bytes_, int64_t{64} << 20));
+  std::unique_ptr<grpc::ClientReader<v1::ParamChunk>> reader = stub(k, r).StreamWeights(&ctx, req);
   v1::StageWeights w;
-  grpc::Status st = stub(k, r).GetWeights(&ctx, v1::WeightsRequest(), &w);
+  w.set_stage(k);
+  v1::ParamChunk chunk;
+  v1::NamedTensor* current = nullptr;
+  int64_t want = 0;  // bytes of the current tensor
+  // Never trust a peer: each piece continues its tensor, within the size its shape gives.
+  auto bad = [&](const std::string& what) {
+    ctx.TryCancel();
+    reader->Finish();
+    return absl::DataLossError(
+        absl::StrCat(Name(k, r), " sent weights that do not add up: ", SanitizePeerText(what)));
+  };
+  while (reader->Read(&chunk)) {
+    if (!current || current->name() != chunk.name()) {
+      if (current && static_cast<int64_t>(current->tensor().data().size()) != want) {
+        return bad(absl::StrCat(current->name(), " ended at ", current->tensor().data().size(),
+                                " of ", want, " bytes"));
+      }
+      if (chunk.offset() != 0 || chunk.shape().empty() || w.params_size() >= (1 << 20)) {
+        return bad(absl::StrCat(chunk.name(), " starts at element ", chunk.offset()));
+      }
+      want = 4;
+      for (int64_t d : chunk.shape()) {
+        if (d < 0 || (d > 0 && want > (int64_t{1} << 40) / d)) {
+          return bad(absl::StrCat(chunk.name(), " has shape extent ", d));
+        }
+        want *= d;
+      }
+      current = w.add_params();
+      current->set_name(chunk.name());
+      current->mutable_tensor()->set_dtype(v1::F32);
+      *current->mutable_tensor()->mutable_shape() = chunk.shape();
+    }
+    std::string* data = current->mutable_tensor()->mutable_data();
+    if (chunk.offset() * 4 != static_cast<int64_t>(data->size()) ||
+        static_cast<int64_t>(data->size() + chunk.data().size()) > want) {
+      return bad(absl::StrCat(chunk.name(), ": a piece at element ", chunk.offset(), " of ",
+                              chunk.data().size(), " bytes after ", data->size()));
+    }
+    data->append(chunk.data());
+  }
+  grpc::Status st = reader->Finish();
   if (!st.ok()) return FromGrpcStatus(st);
+  if (current && static_cast<int64_t>(current->tensor().data().size()) != want) {
+    return bad(absl::StrCat(current->name(), " ended at ", current->tensor().data().size(), " of ",
+                            want, " bytes"));
+  }
   return w;
 }
 

@@ -41,7 +41,9 @@ struct ConfigureOutcome {
 // Workers are listed stage by stage: replica r of stage k is worker k * replicas + r.
 class WorkerPool {
  public:
-  WorkerPool(std::vector<std::string> addresses, int replicas, const SecurityOptions& security);
+  // Weights move in pieces of `chunk_bytes` (SetInitial, StreamWeights).
+  WorkerPool(std::vector<std::string> addresses, int replicas, const SecurityOptions& security,
+             int64_t chunk_bytes = int64_t{4} << 20);
   int size() const { return static_cast<int>(addresses_.size()) / replicas_; }  // stages
   int replicas() const { return replicas_; }
   const std::string& address(int k, int r = 0) const { return addresses_[Index(k, r)]; }
@@ -63,14 +65,18 @@ class WorkerPool {
       std::vector<std::optional<v1::StatsResponse>>* workers = nullptr);
   // "stage 1 (HOST:PORT), ..." for the workers that do not answer; empty when all do.
   std::string Unreachable(double deadline_s);
+  // A stage's parameters, streamed in pieces (StreamWeights), every piece checked.
   absl::StatusOr<v1::StageWeights> Weights(int k, int r = 0);
 
  private:
   int Index(int k, int r) const { return k * replicas_ + r; }
+  // --init_from: the stage's parameters in pieces, after a Configure with initial_follows.
+  absl::Status SendInitial(int k, int r, const v1::StageWeights& weights, int timeout_s);
 
   std::vector<std::string> addresses_;
   const int replicas_;
   const SecurityOptions& security_;
+  const int64_t chunk_bytes_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
 };
 

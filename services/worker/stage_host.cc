@@ -5,8 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job/job.h"
 #include "common/job/resources.h"
 #include "common/model_io/checkpoint.h"
@@ -137,6 +141,14 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
       return r;
     }
   }
+  if (req.initial_follows()) {
+    if (req.has_restore() || req.has_initial()) {
+      return absl::InvalidArgumentError(
+          "ConfigureRequest.initial_follows: the request also restores a snapshot or carries "
+          "the initial parameters");
+    }
+    s->initial_pending.store(true);
+  }
   s->request = req;
   *s->request.mutable_job() = job;
   s->stage = req.stage();
@@ -210,6 +222,100 @@ absl::StatusOr<v1::StageWeights> StageHost::Weights(std::chrono::milliseconds wa
   std::shared_ptr<const ConfiguredStage> s = setup();
   if (!s) return absl::FailedPreconditionError("not configured");
   return SnapshotStage(*s->stage_model, s->stage);
+}
+
+absl::Status StageHost::WeightChunks(std::chrono::milliseconds wait, int64_t chunk_bytes,
+                                     const std::function<bool(const v1::ParamChunk&)>& send) {
+  if (chunk_bytes < 0 || chunk_bytes > (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WeightsRequest.chunk_bytes: ", chunk_bytes, " is not in 0..64 MiB"));
+  }
+  const size_t per_chunk = static_cast<size_t>(chunk_bytes == 0 ? (4 << 20) : chunk_bytes) / 4;
+  std::unique_lock<std::timed_mutex> compute(compute_mu_, wait);
+  if (!compute.owns_lock()) {
+    return absl::UnavailableError(
+        absl::StrCat("the stage is busy (its compute thread waits on a peer); try again"));
+  }
+  std::shared_ptr<const ConfiguredStage> s = setup();
+  if (!s) return absl::FailedPreconditionError("not configured");
+  std::vector<Param*> params = s->stage_model->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<float> values = params[i]->value.ToHost();
+    v1::ParamChunk chunk;
+    chunk.set_name(absl::StrCat(i, ".", params[i]->name));
+    for (int64_t d : params[i]->value.shape()) chunk.add_shape(d);
+    size_t at = 0;
+    do {  // an empty tensor still sends one (empty) piece
+      const size_t n = std::min(per_chunk, values.size() - at);
+      chunk.set_offset(static_cast<int64_t>(at));
+      chunk.set_data(values.data() + at, n * sizeof(float));
+      if (!send(chunk)) return absl::CancelledError("the reader went away");
+      at += n;
+    } while (at < values.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::SetInitialResponse> StageHost::SetInitial(
+    const std::function<bool(v1::ParamChunk*)>& next) {
+  std::unique_lock<std::timed_mutex> compute(compute_mu_);
+  std::shared_ptr<const ConfiguredStage> s = setup();
+  if (!s) return absl::FailedPreconditionError("SetInitial: not configured");
+  if (!s->initial_pending.load()) {
+    return absl::FailedPreconditionError(
+        "SetInitial: this configuration did not ask for starting parameters "
+        "(ConfigureRequest.initial_follows), or has them all already");
+  }
+  std::vector<Param*> params = s->stage_model->params();
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index[absl::StrCat(i, ".", params[i]->name)] = i;
+  std::vector<int64_t> arrived(params.size(), 0);
+  v1::SetInitialResponse resp;
+  v1::ParamChunk chunk;
+  while (next(&chunk)) {
+    auto it = index.find(chunk.name());
+    if (it == index.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("ParamChunk.name: stage ", s->stage,
+                                                     " has no parameter \"",
+                                                     SanitizePeerText(chunk.name()), "\""));
+    }
+    Param& p = *params[it->second];
+    const Shape want = p.value.shape();
+    if (!std::equal(want.begin(), want.end(), chunk.shape().begin(), chunk.shape().end())) {
+      return absl::InvalidArgumentError(absl::StrCat("ParamChunk.shape: ", chunk.name(), " is [",
+                                                     absl::StrJoin(chunk.shape(), ","),
+                                                     "], the stage's is ", ShapeString(want)));
+    }
+    const int64_t numel = p.value.numel();
+    int64_t& done = arrived[it->second];
+    if (chunk.offset() != done) {
+      return absl::InvalidArgumentError(absl::StrCat("ParamChunk.offset: ", chunk.name(), " at ",
+                                                     chunk.offset(), ", expected ", done,
+                                                     " (pieces come in order, without gaps)"));
+    }
+    if (chunk.data().size() % sizeof(float) != 0 ||
+        static_cast<int64_t>(chunk.data().size() / sizeof(float)) > numel - done) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ParamChunk.data: ", chunk.name(), ": ", chunk.data().size(),
+                       " bytes at element ", done, " do not fit its ", numel, " float32 values"));
+    }
+    const int64_t n = static_cast<int64_t>(chunk.data().size() / sizeof(float));
+    if (n > 0) {
+      backend_->CopyFromHost(p.value.f32() + done, chunk.data().data(), chunk.data().size());
+    }
+    done += n;
+    resp.set_bytes(resp.bytes() + static_cast<int64_t>(chunk.data().size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (arrived[i] != params[i]->value.numel()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SetInitial ended with ", i, ".", params[i]->name, " at ", arrived[i],
+                       " of its ", params[i]->value.numel(), " values: the stage stays unstarted"));
+    }
+  }
+  resp.set_params(static_cast<int64_t>(params.size()));
+  s->initial_pending.store(false);
+  return resp;
 }
 
 }  // namespace localpar

@@ -2,7 +2,9 @@
 // checkpoint) on the backend the worker was started for, all or nothing.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +47,9 @@ struct ConfiguredStage {
   EpochProgress restored;                     // the epoch's figures the restored snapshot carried
   std::shared_ptr<grpc::Channel> downstream;  // null for the last stage
   std::shared_ptr<ReplicaGroup> group;        // null without replicas
+  // Configured with initial_follows, and SetInitial has not yet set every parameter whole:
+  // a Stream is refused.
+  mutable std::atomic<bool> initial_pending{false};
 };
 
 class StageHost {
@@ -69,6 +74,16 @@ class StageHost {
   const std::string& checkpoint_dir() const { return options_.config.checkpoint_dir(); }
   // UNAVAILABLE when the stage stays busy (waiting on a peer) for `wait`.
   absl::StatusOr<v1::StageWeights> Weights(std::chrono::milliseconds wait);
+  // The same, in pieces of at most `chunk_bytes` of data, each given to `send` (which
+  // returns false when the reader has gone); one parameter is copied to the host at a time.
+  absl::Status WeightChunks(std::chrono::milliseconds wait, int64_t chunk_bytes,
+                            const std::function<bool(const v1::ParamChunk&)>& send);
+  // The starting parameters of a stage configured with initial_follows, in pieces from
+  // `next` (false: no more). Every piece is checked before it is copied in: a parameter of
+  // the stage, its whole shape, the next offset, whole floats within the tensor. The stage
+  // trains only once every parameter has arrived whole; an error names the parameter.
+  absl::StatusOr<v1::SetInitialResponse> SetInitial(
+      const std::function<bool(v1::ParamChunk*)>& next);
 
  private:
   absl::Status EnsureBackend();

@@ -51,6 +51,11 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stre
       return new RefusedStream(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                             "this worker already has an upstream stream"));
     }
+    if (std::shared_ptr<const ConfiguredStage> s = host_.setup(); s && s->initial_pending) {
+      return new RefusedStream(
+          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       "the stage's starting parameters have not all arrived (SetInitial)"));
+    }
     streaming_ = true;
   }
   auto* session = new StreamSession(
@@ -80,6 +85,30 @@ grpc::Status WorkerService::GetWeights(grpc::ServerContext* ctx, const v1::Weigh
   absl::StatusOr<v1::StageWeights> w = host_.Weights(std::chrono::seconds(10));
   if (!w.ok()) return ToGrpcStatus(w.status());
   *resp = *std::move(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::StreamWeights(grpc::ServerContext* ctx, const v1::WeightsRequest* req,
+                                          grpc::ServerWriter<v1::ParamChunk>* writer) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
+  return ToGrpcStatus(
+      host_.WeightChunks(std::chrono::seconds(10), req->chunk_bytes(),
+                         [&](const v1::ParamChunk& c) { return writer->Write(c); }));
+}
+
+grpc::Status WorkerService::SetInitial(grpc::ServerContext* ctx,
+                                       grpc::ServerReader<v1::ParamChunk>* reader,
+                                       v1::SetInitialResponse* resp) {
+  if (grpc::Status auth = CheckToken(*ctx, options_.security); !auth.ok()) return auth;
+  std::lock_guard<std::mutex> lock(mu_);  // no Configure or Stream meanwhile
+  if (streaming_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "SetInitial: an upstream stream is open");
+  }
+  absl::StatusOr<v1::SetInitialResponse> r =
+      host_.SetInitial([&](v1::ParamChunk* c) { return reader->Read(c); });
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
   return grpc::Status::OK;
 }
 

@@ -23,6 +23,10 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_Stream<v1::
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status GetWeights(grpc::ServerContext*, const v1::WeightsRequest*,
                           v1::StageWeights*) override;
+  grpc::Status StreamWeights(grpc::ServerContext*, const v1::WeightsRequest*,
+                             grpc::ServerWriter<v1::ParamChunk>*) override;
+  grpc::Status SetInitial(grpc::ServerContext*, grpc::ServerReader<v1::ParamChunk>*,
+                          v1::SetInitialResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
                         v1::ShutdownResponse*) override;
 

@@ -378,11 +378,22 @@ def case_access_control():
     token_file = os.path.join(WORK, "token")
     open(token_file, "w").write("s3cret\n")
     w = Worker("tokens", "--auth_token_file=" + token_file)
+
+    def set_initial(md):  # past the token check, a stage not waiting for parameters says so
+        try:
+            w.stub.SetInitial(iter([]), timeout=5, metadata=md)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+
     calls = {
         "Configure": lambda md: w.configure(job("GREEDY"), metadata=md),
         "Stats": lambda md: w.stats(md),
         "GetWeights": lambda md: w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=5,
                                                     metadata=md),
+        "StreamWeights": lambda md: list(w.stub.StreamWeights(localpar_pb2.WeightsRequest(),
+                                                              timeout=5, metadata=md)),
+        "SetInitial": set_initial,
         "Stream": lambda md: w.exchange([control(1, localpar_pb2.Control.DRAIN)], md),
     }
     for name, call in calls.items():
@@ -779,7 +790,77 @@ def case_fake_replica_address():
     rv.stop()
 
 
-CASES = [case_strangers_on_the_collective_port, case_fake_replica_address,
+def case_weights_in_pieces():
+    """SetInitial and StreamWeights: every piece is checked before it is copied in (a name the
+    stage does not have, another shape, a gap, data past the tensor, a stream that ends
+    early), and until every parameter has arrived whole the stage refuses to train; then
+    the pieces set exactly what was sent, and StreamWeights gives it back in pieces."""
+    w = Worker("pieces")
+    w.configure(job("GREEDY"), initial_follows=True)
+    try:
+        w.exchange([batch(1), control(2, localpar_pb2.Control.DRAIN)])
+        check(False, "a stage waiting for its parameters refuses a Stream")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.FAILED_PRECONDITION and "SetInitial" in e.details(),
+              f"Stream before SetInitial: {e.code()} {e.details()}")
+    pieces = list(w.stub.StreamWeights(localpar_pb2.WeightsRequest(chunk_bytes=8), timeout=10))
+    check(all(len(p.data) <= 8 for p in pieces) and len(pieces) > 4,
+          f"StreamWeights in pieces of 8 bytes: {len(pieces)} pieces")
+    shapes = {}
+    for p in pieces:
+        shapes.setdefault(p.name, list(p.shape))
+    sizes = {n: 4 * __import__("math").prod(s) for n, s in shapes.items()}
+
+    def chunks(value=0.5, step=12, names=None):
+        for name in names or shapes:
+            data = floats([value] * (sizes[name] // 4))
+            for at in range(0, len(data), step):
+                yield localpar_pb2.ParamChunk(name=name, shape=shapes[name], offset=at // 4,
+                                              data=data[at:at + step])
+
+    first = next(iter(shapes))
+    bad = [
+        ([localpar_pb2.ParamChunk(name="../../etc/passwd", shape=[1], data=floats([1]))],
+         "has no parameter"),
+        ([localpar_pb2.ParamChunk(name=first, shape=[7, 7], data=floats([1]))], "ParamChunk.shape"),
+        ([localpar_pb2.ParamChunk(name=first, shape=shapes[first], offset=1, data=floats([1]))],
+         "ParamChunk.offset"),
+        ([localpar_pb2.ParamChunk(name=first, shape=shapes[first],
+                                  data=floats([1] * (sizes[first] // 4 + 1)))], "do not fit"),
+        ([localpar_pb2.ParamChunk(name=first, shape=shapes[first], data=b"abc")], "do not fit"),
+        (list(chunks(names=[first])), "stays unstarted"),
+    ]
+    for items, text in bad:
+        try:
+            w.stub.SetInitial(iter(items), timeout=10)
+            check(False, f"SetInitial refuses pieces naming '{text}'")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and text in e.details(),
+                  f"SetInitial: {text}: got {e.code()} {e.details()}")
+    check(w.proc.poll() is None, "the worker is alive after bad pieces")
+    resp = w.stub.SetInitial(chunks(), timeout=10)
+    check(resp.params == len(shapes) and resp.bytes == sum(sizes.values()),
+          f"SetInitial set {resp.params} parameters, {resp.bytes} bytes")
+    got = w.stub.GetWeights(localpar_pb2.WeightsRequest(), timeout=10)
+    check(all(t.tensor.data == floats([0.5] * (sizes[t.name] // 4)) for t in got.params),
+          "the pieces set exactly the values sent")
+    try:
+        w.stub.SetInitial(chunks(), timeout=10)
+        check(False, "a second SetInitial is refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.FAILED_PRECONDITION, f"second SetInitial: {e.code()}")
+    for size in (-1, 1 << 30):
+        try:
+            list(w.stub.StreamWeights(localpar_pb2.WeightsRequest(chunk_bytes=size), timeout=10))
+            check(False, f"chunk_bytes {size} is refused")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "chunk_bytes" in e.details(),
+                  f"chunk_bytes {size}: {e.code()} {e.details()}")
+    w.healthy("weights in pieces")
+    w.stop()
+
+
+CASES = [case_weights_in_pieces, case_strangers_on_the_collective_port, case_fake_replica_address,
          case_replica_bucket_mismatch, case_replica_non_finite_bucket,
          case_unresolvable_collective_host, case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
          case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
