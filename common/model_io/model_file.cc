@@ -246,6 +246,38 @@ absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const M
   return w;
 }
 
+absl::StatusOr<std::string> WriteRunWeights(const v1::ModelWeights& weights,
+                                            const ModelConfig& config, Model* model,
+                                            const std::string& dir, int64_t pb_limit) {
+  int64_t bytes = 0;
+  for (const v1::StageWeights& s : weights.stages()) {
+    for (const v1::NamedTensor& p : s.params())
+      bytes += static_cast<int64_t>(p.tensor().data().size());
+  }
+  if (bytes <= pb_limit) {
+    const std::string path = dir + "/weights.pb";
+    if (absl::Status s = WriteWeightsFile(weights, path); !s.ok()) return s;
+    return path;
+  }
+  std::unique_ptr<Backend> cpu;
+  std::unique_ptr<Model> built;
+  if (!model) {
+    cpu = std::make_unique<CpuBackend>(CpuOptions{});
+    std::string error;
+    built = Model::Create(*cpu, config, &error);
+    if (!built) return absl::InvalidArgumentError(error);
+    if (absl::Status s = LoadWeights(weights, "the run's weights", config, *built); !s.ok()) {
+      return s;
+    }
+    model = built.get();
+  }
+  const std::string path = dir + "/weights";
+  absl::StatusOr<std::vector<std::string>> shards = WriteShardedSafetensors(
+      DescribeParams(config, *model, model->num_stages() - 1), weights, path, 0);
+  if (!shards.ok()) return shards.status();
+  return path;
+}
+
 std::string DescribeInitNotes(const InitNotes& notes, int stages) {
   if (notes.fresh_heads.empty() && notes.unused_heads.empty()) return "";
   std::string s =

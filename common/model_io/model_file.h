@@ -84,6 +84,16 @@ absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::str
 absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
                                                     const ModelConfig& config, Model& model,
                                                     InitNotes* notes = nullptr);
+// A run's final weights in `dir`: weights.pb while their bytes stay within `pb_limit`
+// (protobuf holds at most 2 GiB in one file), else sharded safetensors with Hugging Face's
+// index in dir/weights/ (a shard per stage). `model`, built from `config`, gives the
+// shards' names and layouts; null: one is built on the CPU for it. Returns the path written.
+inline constexpr int64_t kWeightsPbLimitBytes = int64_t{3} << 29;  // 1.5 GiB
+absl::StatusOr<std::string> WriteRunWeights(const v1::ModelWeights& weights,
+                                            const ModelConfig& config, Model* model,
+                                            const std::string& dir,
+                                            int64_t pb_limit = kWeightsPbLimitBytes);
+
 // A line for the console saying what InitNotes holds ("" when nothing changed).
 std::string DescribeInitNotes(const InitNotes& notes, int stages);
 

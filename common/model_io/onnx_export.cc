@@ -3,10 +3,12 @@
 #include "common/model_io/onnx_export.h"
 
 #include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/core/check.h"
+#include "common/io/atomic_file.h"
 #include "common/model_io/safetensors.h"
 #include "common/nn/onnx_graph.h"
 #include "proto/onnx_model.pb.h"
@@ -122,7 +124,8 @@ void SetType(ox::ValueInfoProto* v, int elem, const std::vector<int64_t>& dims) 
 
 }  // namespace
 
-absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const std::string& name) {
+absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const std::string& name,
+                                       const OnnxExternalData* external) {
   const ModelConfig& config = trained.config;
   Model& model = *trained.model;
   if (stage < 0 || stage >= model.num_stages()) {
@@ -200,7 +203,46 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   ox::StringStringEntryProto* names = m.add_metadata_props();
   names->set_key("localpar.class_names");  // logit i is class i, by name
   names->set_value(ClassNamesJson(trained.weights));
-  return m.SerializeAsString();
+  if (external) {
+    // Move the large initializers' bytes out, in graph order, each at an aligned offset.
+    std::vector<ox::TensorProto*> moved;
+    uint64_t at = 0;
+    for (ox::TensorProto& t : *g->mutable_initializer()) {
+      if (t.raw_data().size() < external->min_bytes) continue;
+      at = (at + 4095) / 4096 * 4096;
+      auto entry = [&](const char* key, const std::string& value) {
+        ox::StringStringEntryProto* e = t.add_external_data();
+        e->set_key(key);
+        e->set_value(value);
+      };
+      entry("location", external->location);
+      entry("offset", absl::StrCat(at));
+      entry("length", absl::StrCat(t.raw_data().size()));
+      t.set_data_location(ox::TensorProto::EXTERNAL);
+      at += t.raw_data().size();
+      moved.push_back(&t);
+    }
+    absl::Status written = WriteFileAtomicallyFrom(external->path, [&](const ByteSink& sink) {
+      uint64_t pos = 0;
+      const std::string zeros(4096, '\0');
+      for (ox::TensorProto* t : moved) {
+        const uint64_t pad = (pos + 4095) / 4096 * 4096 - pos;
+        if (absl::Status s = sink(std::string_view(zeros.data(), pad)); !s.ok()) return s;
+        if (absl::Status s = sink(t->raw_data()); !s.ok()) return s;
+        pos += pad + t->raw_data().size();
+        t->clear_raw_data();  // the graph keeps only the reference
+      }
+      return absl::OkStatus();
+    });
+    if (!written.ok()) return written;
+  }
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) {
+    return absl::ResourceExhaustedError(
+        "the ONNX graph with its weights passes protobuf's 2 GiB limit: export with "
+        "--external_data");
+  }
+  return bytes;
 }
 
 }  // namespace localpar

@@ -17,6 +17,17 @@ inline constexpr int kOnnxOpset = 17;
 // [N, classes], or [N, positions, classes] for a language model. Tensors stay NHWC as in
 // localpar; convolutions and pools are wrapped in transposes to ONNX's NCHW. Dropout is the
 // identity and batch norm uses its running statistics, as in localpar's evaluation.
-absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const std::string& name);
+//
+// With `external`, every initializer of at least external->min_bytes goes to the file
+// external->path instead (ONNX external data, offsets aligned to 4096 bytes), written
+// before this returns, and the graph records it as external->location: the way past
+// protobuf's 2 GiB limit on one file.
+struct OnnxExternalData {
+  std::string path;         // the data file to write
+  std::string location;     // its name as the graph records it, relative to the .onnx file
+  size_t min_bytes = 1024;  // smaller initializers stay in the graph
+};
+absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const std::string& name,
+                                       const OnnxExternalData* external = nullptr);
 
 }  // namespace localpar

@@ -148,8 +148,13 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     v1::ModelWeights weights = SnapshotModel(*model);
     DescribeWeights(job, data.normalization, data.class_names, &weights);
     absl::Status st = WriteReport(report, options.out_dir);
-    if (st.ok()) st = WriteWeightsFile(weights, options.out_dir + "/weights.pb");
     if (!st.ok()) return st;
+    absl::StatusOr<std::string> written = WriteRunWeights(
+        weights, config, model.get(), options.out_dir,
+        options.weights_pb_limit_mib > 0 ? int64_t{options.weights_pb_limit_mib} << 20
+                                         : kWeightsPbLimitBytes);
+    if (!written.ok()) return written.status();
+    log << "weights: " << *written << "\n";
   }
   return report;
 }

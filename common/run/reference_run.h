@@ -18,12 +18,13 @@
 namespace localpar {
 
 struct RunOptions {
-  std::string device = "cpu";  // "cpu", "cuda" or "auto"
-  int threads = 1;             // CPU GEMM threads
-  bool progress = true;        // a progress line on stderr
-  std::string out_dir;         // where report.json and weights.pb go ("" = nowhere)
-  std::string version;         // recorded in the report
-  std::string init_from;       // start from these weights (weights.pb or safetensors); "" = none
+  std::string device = "cpu";    // "cpu", "cuda" or "auto"
+  int threads = 1;               // CPU GEMM threads
+  bool progress = true;          // a progress line on stderr
+  std::string out_dir;           // where report.json and weights.pb go ("" = nowhere)
+  std::string version;           // recorded in the report
+  int weights_pb_limit_mib = 0;  // past this, weights go to OUT/weights/ as shards (0: 1.5 GiB)
+  std::string init_from;         // start from these weights (weights.pb or safetensors); "" = none
   // Polled after every training step: once set, the run stops there and reports (and
   // writes) what it has, with RunReport.interrupted set.
   const std::atomic<bool>* stop = nullptr;

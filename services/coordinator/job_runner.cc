@@ -299,7 +299,14 @@ absl::Status JobRunner::Collect() {
   }
   if (config_.out().empty()) return result;
   absl::Status st = WriteReport(report, config_.out());
-  if (st.ok()) st = WriteWeightsFile(weights, config_.out() + "/weights.pb");
+  if (st.ok()) {
+    absl::StatusOr<std::string> written = WriteRunWeights(
+        weights, ToModelConfig(job_), nullptr, config_.out(),
+        config_.has_weights_pb_limit_mib() ? int64_t{config_.weights_pb_limit_mib()} << 20
+                                           : kWeightsPbLimitBytes);
+    if (written.ok()) std::cout << "weights: " << *written << "\n";
+    st = written.status();
+  }
   if (st.ok() && config_.trace()) {
     st = WriteJsonFile(ClusterTrace(stats), config_.out() + "/trace.json");
   }

@@ -87,6 +87,10 @@ int TrainCommandMain(const Args& args) {
   options.progress = !t.quiet();
   options.version = VersionString();
   options.init_from = t.init_from();
+  if (t.has_weights_pb_limit_mib() && t.weights_pb_limit_mib() < 1) {
+    return Fail(kExitUsage, "--weights_pb_limit_mib must be >= 1");
+  }
+  options.weights_pb_limit_mib = t.weights_pb_limit_mib();
   InstallInterruptHandler();  // Ctrl-C: stop after the step, write what there is
   options.stop = &InterruptRequested();
   absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);

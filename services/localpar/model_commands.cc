@@ -99,6 +99,9 @@ int ExportCommandMain(const Args& args) {
                                    ": name a .safetensors or .onnx file, or set --format")
                     : absl::StrCat("--format=", c.format(), ": expected safetensors or onnx"));
   }
+  if (c.has_external_data() && format != "onnx") {
+    return Fail(kExitUsage, "--external_data applies to --format=onnx only");
+  }
   if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
   std::unique_ptr<Backend> backend;
   TrainedModel model;
@@ -109,9 +112,17 @@ int ExportCommandMain(const Args& args) {
                 absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
   }
   absl::Status written;
+  bool external = false;
   if (format == "onnx") {
-    absl::StatusOr<std::string> bytes =
-        ExportOnnx(model, stage, model.config.stages.empty() ? "" : pos[0]);
+    // Past 1.5 GiB of parameters the graph cannot hold them (protobuf's 2 GiB limit).
+    external = c.has_external_data()
+                   ? c.external_data()
+                   : model.model->num_parameters() * int64_t{4} > (int64_t{3} << 29);
+    OnnxExternalData data;
+    data.path = c.out() + ".data";
+    data.location = std::filesystem::path(data.path).filename().string();
+    absl::StatusOr<std::string> bytes = ExportOnnx(
+        model, stage, model.config.stages.empty() ? "" : pos[0], external ? &data : nullptr);
     if (!bytes.ok()) return Fail(kExitFailure, std::string(bytes.status().message()));
     written = WriteFileAtomically(c.out(), *bytes);
   } else if (sharded) {
@@ -127,7 +138,9 @@ int ExportCommandMain(const Args& args) {
         WriteSafetensors(DescribeParams(model.config, *model.model, stage), model.weights, c.out());
   }
   if (!written.ok()) return Fail(kExitFailure, std::string(written.message()));
-  std::cout << c.out() << ": " << format << ", stages 0.." << stage << "\n";
+  std::cout << c.out() << ": " << format << ", stages 0.." << stage;
+  if (external) std::cout << ", weights in " << c.out() << ".data";
+  std::cout << "\n";
   return kExitOk;
 }
 

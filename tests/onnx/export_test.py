@@ -83,10 +83,12 @@ def run_ort(model, inputs, expected, labels=None):
     return figures
 
 
-def check_onnx(work, name, steps, inputs, stages=None, pixels=False, labels=None):
+def check_onnx(work, name, steps, inputs, stages=None, pixels=False, labels=None, external=False):
     """ONNX Runtime against predict. Images go to predict as the files hold them ([N, H, W,
     C], pixel bytes 0..255) and to ONNX Runtime as a PyTorch user holds them: [N, C, H, W],
-    pixels scaled to [0, 1]. With labels, both must score the same accuracy."""
+    pixels scaled to [0, 1]. With labels, both must score the same accuracy. With external,
+    each export is also written with --external_data (the weights in MODEL.data beside a
+    small graph), and ONNX Runtime must give the same figures from it."""
     out = os.path.join(work, name)
     lp("train", job(name), f"--max_steps={steps}", f"--out={out}", "--quiet")
     weights = os.path.join(out, "weights.pb")
@@ -111,6 +113,21 @@ def check_onnx(work, name, steps, inputs, stages=None, pixels=False, labels=None
         f = run_ort(model, xo, logits, y)
         print(f"export_test: {name} stage {'last' if stage is None else stage}: {f['rows']} rows, "
               f"max |diff| {f['max_abs_diff']:.2e}, argmax agreement {f['argmax_agreement']:.4f}")
+        if external:
+            ext = model[:-len(".onnx")] + ".external.onnx"
+            told = lp("export", job(name), weights, f"--out={ext}", "--external_data", *flag)
+            if f"weights in {ext}.data" not in told:
+                raise Failure(f"export --external_data did not say where the weights went: {told}")
+            graph, data = os.path.getsize(ext), os.path.getsize(ext + ".data")
+            if not graph * 4 < os.path.getsize(model) <= data + graph:
+                raise Failure(f"{ext}: graph {graph} bytes, data {data}; inline "
+                              f"{os.path.getsize(model)}")
+            g = run_ort(ext, xo, logits, y)
+            g.pop("model"), f.pop("model")
+            if g != f:
+                raise Failure(f"{name}: ONNX Runtime on the external-data export: {g}, inline {f}")
+            print(f"export_test: {name} stage {'last' if stage is None else stage}: external data "
+                  f"({graph} bytes of graph, {data} of weights): the same figures")
         if y:
             m = re.search(r"accuracy: ([0-9.]+)% \((\d+) of", said)
             if not m or int(m.group(2)) != f["correct"]:
@@ -220,6 +237,34 @@ def check_init_from(work, weights, st):
           "heads.5 fresh")
 
 
+def check_large_model_path(work):
+    """Past --weights_pb_limit_mib, train and run write the final weights as shards with the
+    index in OUT/weights/ (the path a model over 2 GiB takes), bitwise the same, and predict,
+    export and --init_from take that directory."""
+    j = job("fashion_mlp")
+    outs = []
+    for cmd in ("train", "run"):
+        out = os.path.join(work, f"large_{cmd}")
+        said = lp(cmd, j, "--max_steps=5", "--weights_pb_limit_mib=1", f"--out={out}", "--quiet")
+        if f"weights: {out}/weights" not in said or os.path.exists(f"{out}/weights.pb"):
+            raise Failure(f"{cmd} --weights_pb_limit_mib=1 did not write {out}/weights/:\n{said}")
+        outs.append(f"{out}/weights")
+    shards = sorted(os.listdir(outs[0]))
+    if shards != sorted(os.listdir(outs[1])) or len(shards) != 5:
+        raise Failure(f"train and run wrote other shards: {shards} / {os.listdir(outs[1])}")
+    for name in shards:
+        if open(f"{outs[0]}/{name}", "rb").read() != open(f"{outs[1]}/{name}", "rb").read():
+            raise Failure(f"{name}: train's and run's differ")
+    x = os.path.join(work, "large.npy")
+    np.save(x, fashion_test_images(100))
+    lp("predict", j, outs[0], f"--input={x}")
+    lp("export", j, outs[0], f"--out={work}/large.safetensors")
+    lp("train", j, "--max_steps=2", f"--init_from={outs[0]}/model.safetensors.index.json",
+       f"--out={work}/large_again", "--quiet")
+    print(f"export_test: past --weights_pb_limit_mib: train and run wrote the same "
+          f"{len(shards) - 1} shards and index, which predict, export and --init_from read")
+
+
 def labels_of_test_set(n):
     raw = gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")).read()
     return np.frombuffer(raw, np.uint8, offset=8)[:n].astype(np.int64)
@@ -321,14 +366,15 @@ def main():
         mlp = check_onnx(work, "fashion_mlp", 200, images, pixels=True,
                          labels=labels_of_test_set(10000))
         check_onnx(work, "fashion_resnet", 20, images[:3000], stages=[0, 1, 2, None], pixels=True,
-                   labels=labels_of_test_set(3000))
-        check_onnx(work, "fortunes_charlm", 20, fortunes_windows(1000))
+                   labels=labels_of_test_set(3000), external=True)
+        check_onnx(work, "fortunes_charlm", 20, fortunes_windows(1000), external=True)
         rng = np.random.default_rng(7)
         check_onnx(work, "every_layer", 0, rng.normal(0, 1, (500, 8, 8, 2)).astype(np.float32),
                    stages=[0, 1, 2, None])
         check_onnx(work, "every_sequence_layer", 30, shakespeare_windows(500), stages=[0, None])
         st = check_safetensors(work, mlp)
         check_init_from(work, mlp, st)
+        check_large_model_path(work)
         check_input_range(work, mlp)
         check_errors(work, mlp)
     except Failure as e:

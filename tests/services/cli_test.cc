@@ -199,7 +199,8 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
   };
   using Set = std::set<std::string>;
   EXPECT_EQ(flags("data"), Set({"data_path"}));
-  EXPECT_EQ(flags("export"), Set({"data_path", "format", "out", "stage", "stages"}));
+  EXPECT_EQ(flags("export"),
+            Set({"data_path", "external_data", "format", "out", "shard_mib", "stage", "stages"}));
   EXPECT_EQ(flags("predict"), Set({"batch_size", "data_path", "device", "input", "input_scaled",
                                    "labels", "logits", "out", "stage", "stages"}));
   EXPECT_EQ(flags("plan"),
