@@ -246,15 +246,30 @@ absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const M
   return w;
 }
 
-absl::StatusOr<std::string> WriteRunWeights(const v1::ModelWeights& weights,
-                                            const ModelConfig& config, Model* model,
-                                            const std::string& dir, int64_t pb_limit) {
+int64_t WeightsBytes(const v1::ModelWeights& weights) {
   int64_t bytes = 0;
   for (const v1::StageWeights& s : weights.stages()) {
     for (const v1::NamedTensor& p : s.params())
       bytes += static_cast<int64_t>(p.tensor().data().size());
   }
-  if (bytes <= pb_limit) {
+  return bytes;
+}
+
+std::string TransferFigures(int64_t bytes, double seconds) {
+  const double mb = static_cast<double>(bytes) / 1e6;
+  return absl::StrFormat("%.0f MB in %.1f s, %.0f MB/s", mb, seconds, mb / std::max(seconds, 1e-3));
+}
+
+void DropGradients(Model& model) {
+  for (int k = 0; k < model.num_stages(); ++k) {
+    for (Param* p : model.stage(k).params()) p->grad = Tensor();
+  }
+}
+
+absl::StatusOr<std::string> WriteRunWeights(const v1::ModelWeights& weights,
+                                            const ModelConfig& config, Model* model,
+                                            const std::string& dir, int64_t pb_limit) {
+  if (WeightsBytes(weights) <= pb_limit) {
     const std::string path = dir + "/weights.pb";
     if (absl::Status s = WriteWeightsFile(weights, path); !s.ok()) return s;
     return path;
@@ -266,6 +281,7 @@ absl::StatusOr<std::string> WriteRunWeights(const v1::ModelWeights& weights,
     std::string error;
     built = Model::Create(*cpu, config, &error);
     if (!built) return absl::InvalidArgumentError(error);
+    DropGradients(*built);
     if (absl::Status s = LoadWeights(weights, "the run's weights", config, *built); !s.ok()) {
       return s;
     }
@@ -335,6 +351,7 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
   std::string error;
   std::unique_ptr<Model> source = Model::Create(cpu, source_config, &error);
   if (!source) return absl::InvalidArgumentError(absl::StrCat(path, ": its job: ", error));
+  DropGradients(*source);
   if (absl::Status s = LoadWeights(w, path, source_config, *source); !s.ok()) return s;
   std::map<std::string, ParamInfo> by_name;
   std::vector<std::string> names;

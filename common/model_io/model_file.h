@@ -84,6 +84,15 @@ absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::str
 absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
                                                     const ModelConfig& config, Model& model,
                                                     InitNotes* notes = nullptr);
+// The bytes of the parameters `weights` hold.
+int64_t WeightsBytes(const v1::ModelWeights& weights);
+// "3221 MB in 12.3 s, 262 MB/s": how a whole-model operation went, for the console.
+std::string TransferFigures(int64_t bytes, double seconds);
+
+// Frees every parameter's gradient: a model built only to check, name or lay out weights
+// (never to train) then holds its parameters alone.
+void DropGradients(Model& model);
+
 // A run's final weights in `dir`: weights.pb while their bytes stay within `pb_limit`
 // (protobuf holds at most 2 GiB in one file), else sharded safetensors with Hugging Face's
 // index in dir/weights/ (a shard per stage). `model`, built from `config`, gives the

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/job/job.h"
 #include "common/model_io/model_file.h"
 #include "common/model_io/tensor_proto.h"
@@ -47,10 +49,14 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   if (!model) return absl::InvalidArgumentError(error);
   InitNotes notes;
   if (!options.init_from.empty()) {
+    const absl::Time read_start = absl::Now();
     absl::StatusOr<v1::ModelWeights> init =
         ReadAnyWeightsFile(options.init_from, config, *model, &notes);
     if (!init.ok()) return init.status();
     if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
+    log << "--init_from: " << options.init_from << ": "
+        << TransferFigures(WeightsBytes(*init), absl::ToDoubleSeconds(absl::Now() - read_start))
+        << "\n";
     if (std::string said = DescribeInitNotes(notes, model->num_stages()); !said.empty()) {
       log << "--init_from: " << said << "\n";
     }
@@ -149,12 +155,15 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     DescribeWeights(job, data.normalization, data.class_names, &weights);
     absl::Status st = WriteReport(report, options.out_dir);
     if (!st.ok()) return st;
+    const absl::Time write_start = absl::Now();
     absl::StatusOr<std::string> written = WriteRunWeights(
         weights, config, model.get(), options.out_dir,
         options.weights_pb_limit_mib > 0 ? int64_t{options.weights_pb_limit_mib} << 20
                                          : kWeightsPbLimitBytes);
     if (!written.ok()) return written.status();
-    log << "weights: " << *written << "\n";
+    log << "weights: " << *written << " ("
+        << TransferFigures(WeightsBytes(weights), absl::ToDoubleSeconds(absl::Now() - write_start))
+        << ")\n";
   }
   return report;
 }

@@ -9,6 +9,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/core/cpu_backend.h"
 #include "common/io/atomic_file.h"
 #include "common/model_io/model_file.h"
@@ -123,6 +125,7 @@ absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, con
   std::string error;
   std::unique_ptr<Model> model = Model::Create(cpu, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
+  DropGradients(*model);  // it only checks the file: the parameters are all it needs
   absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, *model, notes);
   if (!w.ok()) return w.status();
   if (absl::Status s = LoadWeights(*w, path, config, *model); !s.ok()) return s;
@@ -208,6 +211,7 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
   std::optional<v1::ModelWeights> initial;
   InitNotes notes;
   if (!c.init_from().empty()) {
+    const absl::Time read_start = absl::Now();
     absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job, &notes);
     if (!w.ok()) {
       return WithExitCode(
@@ -215,6 +219,9 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
           w.status().code() == absl::StatusCode::kNotFound ? kExitUsage : kExitBadJob);
     }
     initial = *std::move(w);
+    log << "--init_from: " << c.init_from() << ": "
+        << TransferFigures(WeightsBytes(*initial), absl::ToDoubleSeconds(absl::Now() - read_start))
+        << "\n";
     if (std::string said = DescribeInitNotes(notes, job->stages_size()); !said.empty()) {
       log << "--init_from: " << said << "\n";
     }

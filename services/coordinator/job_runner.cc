@@ -4,6 +4,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/model_io/model_file.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/run/report.h"
@@ -269,6 +271,7 @@ absl::Status JobRunner::Collect() {
   std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(config_.trace(), 10);
   std::vector<v1::StatsResponse> stats;
   v1::ModelWeights weights;
+  const absl::Time collect_start = absl::Now();
   for (int k = 0; k < pool_.size(); ++k) {
     if (!polled[k]) {
       return WorkerLostError(
@@ -283,6 +286,7 @@ absl::Status JobRunner::Collect() {
     *weights.add_stages() = *std::move(w);
   }
   if (absl::Status agree = CheckReplicasAgree(weights); !agree.ok()) return agree;
+  const double collect_seconds = absl::ToDoubleSeconds(absl::Now() - collect_start);
   DescribeWeights(job_, data_.normalization, data_.class_names, &weights);
   // Nothing is lost from here on: end the progress line before the table.
   monitor_.Stop();
@@ -300,11 +304,18 @@ absl::Status JobRunner::Collect() {
   if (config_.out().empty()) return result;
   absl::Status st = WriteReport(report, config_.out());
   if (st.ok()) {
+    const absl::Time write_start = absl::Now();
     absl::StatusOr<std::string> written = WriteRunWeights(
         weights, ToModelConfig(job_), nullptr, config_.out(),
         config_.has_weights_pb_limit_mib() ? int64_t{config_.weights_pb_limit_mib()} << 20
                                            : kWeightsPbLimitBytes);
-    if (written.ok()) std::cout << "weights: " << *written << "\n";
+    if (written.ok()) {
+      std::cout << "weights: " << *written << " ("
+                << TransferFigures(WeightsBytes(weights),
+                                   absl::ToDoubleSeconds(absl::Now() - write_start))
+                << ", after " << TransferFigures(WeightsBytes(weights), collect_seconds)
+                << " from the workers)\n";
+    }
     st = written.status();
   }
   if (st.ok() && config_.trace()) {

@@ -6,6 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/data/npy.h"
 #include "common/io/atomic_file.h"
 #include "common/model_io/onnx_export.h"
@@ -53,6 +55,17 @@ std::string CsvField(const std::string& v) {
     if (ch == '"') out += '"';
   }
   return out + "\"";
+}
+
+}  // namespace
+
+namespace {
+
+// "read: 3221 MB in 9.1 s, 354 MB/s; written: ...": the whole-model operations' figures.
+std::string Figures(const v1::ModelWeights& weights, double read_seconds, absl::Time write_start) {
+  const int64_t bytes = WeightsBytes(weights);
+  return absl::StrCat("read: ", TransferFigures(bytes, read_seconds), "; written: ",
+                      TransferFigures(bytes, absl::ToDoubleSeconds(absl::Now() - write_start)));
 }
 
 }  // namespace
@@ -105,7 +118,10 @@ int ExportCommandMain(const Args& args) {
   if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
   std::unique_ptr<Backend> backend;
   TrainedModel model;
+  const absl::Time start = absl::Now();
   if (int r = OpenModel(pos[0], c.overrides(), pos[1], "cpu", &backend, &model); r >= 0) return r;
+  const double read_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const absl::Time write_start = absl::Now();
   const int stage = c.has_stage() ? c.stage() : LastStage(model);
   if (stage > LastStage(model)) {
     return Fail(kExitUsage,
@@ -131,7 +147,8 @@ int ExportCommandMain(const Args& args) {
                                 c.out(), int64_t{c.shard_mib()} << 20);
     if (!shards.ok()) return Fail(kExitFailure, std::string(shards.status().message()));
     std::cout << c.out() << ": safetensors in " << shards->size() << " shard(s) with "
-              << kSafetensorsIndex << ", stages 0.." << stage << "\n";
+              << kSafetensorsIndex << ", stages 0.." << stage << "\n"
+              << Figures(model.weights, read_seconds, write_start) << "\n";
     return kExitOk;
   } else {
     written =
@@ -140,7 +157,7 @@ int ExportCommandMain(const Args& args) {
   if (!written.ok()) return Fail(kExitFailure, std::string(written.message()));
   std::cout << c.out() << ": " << format << ", stages 0.." << stage;
   if (external) std::cout << ", weights in " << c.out() << ".data";
-  std::cout << "\n";
+  std::cout << "\n" << Figures(model.weights, read_seconds, write_start) << "\n";
   return kExitOk;
 }
 
