@@ -376,6 +376,7 @@ absl::StatusOr<v1::ModelWeights> ReadSafetensors(const SafetensorsReader& file,
   in->set_inv_std(number("input_inv_std", 1));
   auto tokens = m.find("input_tokens");
   in->set_tokens(tokens != m.end() && tokens->second == "true");
+  if (auto job = m.find("job"); job != m.end()) w.set_job_text(job->second);
   auto names = m.find("class_names");
   if (names != m.end()) {
     google::protobuf::ListValue list;
