@@ -164,7 +164,8 @@ def main():
                               capture_output=True, text=True, env=ENV)
         if said.returncode != 0:
             raise SystemExit(f"scale_bench: validate: {said.stdout}{said.stderr}")
-        params = int(re.search(r"(\d+) parameters", said.stdout + said.stderr).group(1))
+        params = sum(float(n) for n in re.findall(r"\(([0-9.e+]+) parameters:",
+                                                   said.stdout + said.stderr))
         print(f"scale_bench: {params / 1e6:.0f} M parameters ({params * 4 / 2**30:.2f} GiB), "
               f"dim {a.dim}, {a.blocks} blocks over 4 stages, {a.steps} steps", flush=True)
 

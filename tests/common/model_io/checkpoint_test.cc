@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -95,6 +97,57 @@ TEST(Checkpoint, DamagedFilesAreRefusedNamingTheFile) {
   version[8] = 7;
   expect_error(version, "format version 7");
   expect_error("hello", "not a localpar checkpoint");
+}
+
+// Snapshots are written as format 2 (a header, then each tensor's values: no 2 GiB limit);
+// format 1 (one protobuf) still loads; a format-2 header whose shapes do not add up to the
+// values the file holds is refused even with a valid checksum.
+TEST(Checkpoint, StreamedFormatIsWrittenTheOldOneStillLoadsAndShapesMustAddUp) {
+  auto cpu = MakeCpuBackend();
+  DataDir dir;
+  auto a = MakeStage(*cpu, 1);
+  for (Param* p : a->params()) cpu->Fill(p->grad.f32(), 0.5f, p->grad.numel());
+  a->Step(0.1f);
+  ASSERT_TRUE(SaveStageFile(*a, 0, 1, dir.file("new.ckpt")).ok());
+  std::string bytes;
+  {
+    std::ifstream in(dir.file("new.ckpt"), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(bytes[8], 2) << "format 2";
+  ASSERT_TRUE(
+      WriteChecksummedFile(dir.file("old.ckpt"), SnapshotStageState(*a, 0, 1).SerializeAsString())
+          .ok());
+  auto b = MakeStage(*cpu, 5);
+  absl::Status st = LoadStageFile(*b, dir.file("old.ckpt"));
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(State(*a), State(*b));
+  // Grow the first tensor's first extent in the header, and make the checksum right again.
+  uint64_t described = 0;
+  std::memcpy(&described, bytes.data() + 20, 8);
+  v1::StageCheckpoint head;
+  ASSERT_TRUE(head.ParseFromString(bytes.substr(28, described)));
+  head.mutable_params(0)->mutable_tensor()->set_shape(0, 4000);
+  std::string grown = head.SerializeAsString();
+  std::string payload(8, '\0');
+  const uint64_t n = grown.size();
+  std::memcpy(payload.data(), &n, 8);
+  payload += grown + bytes.substr(28 + described, bytes.size() - 28 - described - 4);
+  std::string file = bytes.substr(0, 12);
+  const uint64_t length = payload.size();
+  file.append(reinterpret_cast<const char*>(&length), 8);
+  file += payload;
+  const uint32_t crc = static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0),
+                                                   reinterpret_cast<const Bytef*>(payload.data()),
+                                                   static_cast<uInt>(payload.size())));
+  file.append(reinterpret_cast<const char*>(&crc), 4);
+  std::ofstream(dir.file("grown.ckpt"), std::ios::binary) << file;
+  auto c = MakeStage(*cpu, 7);
+  const auto before = State(*c);
+  st = LoadStageFile(*c, dir.file("grown.ckpt"));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("shapes give"), std::string::npos) << st;
+  EXPECT_EQ(State(*c), before);
 }
 
 TEST(Checkpoint, AnInconsistentSnapshotIsRefusedWithoutTouchingTheStage) {
