@@ -121,23 +121,38 @@ class Watch:
         return text
 
 
-def read_shards(directory):
-    """{name: raw bytes} of every tensor, through model.safetensors.index.json."""
+def tensor_places(directory):
+    """{name: (shard path, file offset, bytes)} of every tensor, through the index."""
     with open(os.path.join(directory, "model.safetensors.index.json")) as f:
         weight_map = json.load(f)["weight_map"]
-    tensors = {}
+    places = {}
     for shard in sorted(set(weight_map.values())):
-        with open(os.path.join(directory, shard), "rb") as f:
+        path = os.path.join(directory, shard)
+        with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
-            base = 8 + n
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
+        for name, info in header.items():
+            if name != "__metadata__":
                 b, e = info["data_offsets"]
-                f.seek(base + b)
-                tensors[name] = f.read(e - b)
-    return tensors
+                places[name] = (path, 8 + n + b, e - b)
+    return places
+
+
+def same_tensors(a, b):
+    """Every tensor of shard directory a bitwise equal to b's, read one at a time."""
+    pa, pb = tensor_places(a), tensor_places(b)
+    if pa.keys() != pb.keys():
+        return False
+    for name, (path, at, size) in pa.items():
+        qpath, qat, qsize = pb[name]
+        if size != qsize:
+            return False
+        with open(path, "rb") as f, open(qpath, "rb") as g:
+            f.seek(at)
+            g.seek(qat)
+            if f.read(size) != g.read(size):
+                return False
+    return True
 
 
 def figures(text, prefix):
@@ -202,8 +217,7 @@ def main():
             raise SystemExit("scale_bench: no checkpoint committed before the run ended")
         with open(os.path.join(run, "report.json")) as f:
             report = json.load(f)
-        got, want = read_shards(os.path.join(run, "weights")), read_shards(os.path.join(ref, "weights"))
-        same = got.keys() == want.keys() and all(got[k] == want[k] for k in want)
+        same = same_tensors(os.path.join(run, "weights"), os.path.join(ref, "weights"))
         rows.append(("run, 4 workers, one SIGKILLed and recovered", f"{w.seconds:.0f} s",
                      "bitwise equal to train" if same else "DIFFERS from train"))
         stage_state = [s.get("state_bytes", 0) for s in report.get("stage_reports", [])]
