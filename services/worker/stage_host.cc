@@ -213,14 +213,23 @@ std::shared_ptr<const ConfiguredStage> StageHost::setup() const {
   return setup_;
 }
 
-absl::StatusOr<v1::StageWeights> StageHost::Weights(std::chrono::milliseconds wait) {
-  std::unique_lock<std::timed_mutex> compute(compute_mu_, wait);
-  if (!compute.owns_lock()) {
+absl::StatusOr<std::shared_ptr<const ConfiguredStage>> StageHost::HoldStage(
+    std::chrono::milliseconds wait, std::unique_lock<std::timed_mutex>* compute) {
+  *compute = std::unique_lock<std::timed_mutex>(compute_mu_, wait);
+  if (!compute->owns_lock()) {
     return absl::UnavailableError(
-        absl::StrCat("the stage is busy (its compute thread waits on a peer); try again"));
+        "the stage is busy (its compute thread waits on a peer); try again");
   }
   std::shared_ptr<const ConfiguredStage> s = setup();
   if (!s) return absl::FailedPreconditionError("not configured");
+  return s;
+}
+
+absl::StatusOr<v1::StageWeights> StageHost::Weights(std::chrono::milliseconds wait) {
+  std::unique_lock<std::timed_mutex> compute;
+  absl::StatusOr<std::shared_ptr<const ConfiguredStage>> held = HoldStage(wait, &compute);
+  if (!held.ok()) return held.status();
+  const std::shared_ptr<const ConfiguredStage>& s = *held;
   return SnapshotStage(*s->stage_model, s->stage);
 }
 
@@ -231,13 +240,10 @@ absl::Status StageHost::WeightChunks(std::chrono::milliseconds wait, int64_t chu
         absl::StrCat("WeightsRequest.chunk_bytes: ", chunk_bytes, " is not in 0..64 MiB"));
   }
   const size_t per_chunk = static_cast<size_t>(chunk_bytes == 0 ? (4 << 20) : chunk_bytes) / 4;
-  std::unique_lock<std::timed_mutex> compute(compute_mu_, wait);
-  if (!compute.owns_lock()) {
-    return absl::UnavailableError(
-        absl::StrCat("the stage is busy (its compute thread waits on a peer); try again"));
-  }
-  std::shared_ptr<const ConfiguredStage> s = setup();
-  if (!s) return absl::FailedPreconditionError("not configured");
+  std::unique_lock<std::timed_mutex> compute;
+  absl::StatusOr<std::shared_ptr<const ConfiguredStage>> held = HoldStage(wait, &compute);
+  if (!held.ok()) return held.status();
+  const std::shared_ptr<const ConfiguredStage>& s = *held;
   std::vector<Param*> params = s->stage_model->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const std::vector<float> values = params[i]->value.ToHost();

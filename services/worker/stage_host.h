@@ -86,6 +86,10 @@ class StageHost {
       const std::function<bool(v1::ParamChunk*)>& next);
 
  private:
+  // The configured stage, with the compute mutex held in *compute (waiting at most
+  // `wait`): UNAVAILABLE while the stage stays busy, FAILED_PRECONDITION before Configure.
+  absl::StatusOr<std::shared_ptr<const ConfiguredStage>> HoldStage(
+      std::chrono::milliseconds wait, std::unique_lock<std::timed_mutex>* compute);
   absl::Status EnsureBackend();
   absl::Status CheckStageFits(const v1::Job& job, int index) const;
   absl::Status Build(const v1::ConfigureRequest& request, ConfiguredStage* setup);
