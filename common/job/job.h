@@ -85,6 +85,13 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages);
 // A fingerprint of what determines a run's weights: the normalised job (defaults, overrides
 // and seed included) and `settings` (the run's options that change the arithmetic). Hex.
 std::string JobFingerprint(const v1::Job& job, const std::string& settings);
+// The job with its layout taken out: every stage's layers in one list, without heads, stage
+// names, declared input shapes, the replica count, the rule, micro-batches or the job's
+// name. Two jobs with the same network (the same layers in the same order, trained the same
+// way) but another stage split, replica count or rule give the same.
+v1::Job NetworkOf(const v1::Job& job);
+// JobFingerprint of NetworkOf(job): what a resume with another layout must keep.
+std::string NetworkFingerprint(const v1::Job& job, const std::string& settings);
 
 ModelConfig ToModelConfig(const v1::Job& job);
 StepSettings ToStepSettings(const v1::Job& job, int64_t total_steps);

@@ -58,6 +58,26 @@ std::string JobFingerprint(const v1::Job& job, const std::string& settings) {
   return absl::StrFormat("%016x", h);
 }
 
+v1::Job NetworkOf(const v1::Job& job) {
+  v1::Job out = job;
+  out.clear_name();
+  out.clear_replicas();
+  // Every rule keeps the same state (parameters and optimizer moments) and a checkpoint is
+  // taken where no gradient is in flight, so the rule may change on resume too.
+  out.clear_rule();
+  out.clear_micro_batches();
+  out.clear_stages();
+  v1::Stage* all = out.add_stages();
+  for (const v1::Stage& st : job.stages()) {
+    for (const v1::Layer& l : st.layers()) *all->add_layers() = l;
+  }
+  return out;
+}
+
+std::string NetworkFingerprint(const v1::Job& job, const std::string& settings) {
+  return JobFingerprint(NetworkOf(job), settings);
+}
+
 ModelConfig ToModelConfig(const v1::Job& job) {
   ModelConfig m;
   m.input_shape = JobInputShape(job);

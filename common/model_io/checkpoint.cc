@@ -441,7 +441,7 @@ absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int
   return snap;
 }
 
-absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
+absl::Status RestoreStageSnapshot(Stage* stage, int index, const std::string& root,
                                   const v1::StageSnapshot& want, const std::string& fingerprint,
                                   EpochProgress* progress, int replica) {
   const std::string path = absl::StrCat(root, "/", CheckpointDirName(want.checkpoint_id()), "/",
@@ -467,8 +467,10 @@ absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& ro
     return absl::DataLossError(absl::StrCat(at, path, ": written by another run (fingerprint ",
                                             c.fingerprint(), ", this run's ", fingerprint, ")"));
   }
-  if (absl::Status s = RestoreFromStageFile(stage, *file, path); !s.ok()) {
-    return absl::DataLossError(absl::StrCat(at, s.message()));
+  if (stage != nullptr) {
+    if (absl::Status s = RestoreFromStageFile(*stage, *file, path); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(at, s.message()));
+    }
   }
   progress->head = HeadStats{c.recent_loss_sum(), c.recent_correct(), c.recent_count()};
   progress->train_seconds = c.recent_train_seconds();
@@ -539,7 +541,8 @@ std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root) {
 }
 
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
-                                                     const std::string& fingerprint) {
+                                                     const std::string& fingerprint,
+                                                     const std::string& network) {
   std::error_code ec;
   if (!std::filesystem::is_directory(root, ec)) {
     return absl::NotFoundError(absl::StrCat(root, ": no such directory"));
@@ -559,7 +562,8 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
       found.skipped.push_back(absl::StrCat(dir, "/MANIFEST: says checkpoint ", m->id()));
       continue;
     }
-    if (!fingerprint.empty() && m->fingerprint() != fingerprint) {
+    const bool same_network = !network.empty() && m->network() == network;
+    if (!fingerprint.empty() && m->fingerprint() != fingerprint && !same_network) {
       found.skipped.push_back(absl::StrCat(dir, ": another run's (job ", m->job(), ", rule ",
                                            m->rule(), ", seed ", m->seed(), ", fingerprint ",
                                            m->fingerprint(), ")"));

@@ -46,8 +46,9 @@ absl::StatusOr<v1::StageSnapshot> SaveStageSnapshot(Stage& stage, int index, int
                                                     int replica = 0);
 // Restores `stage` (and *progress) from the snapshot `want` names under `root`, refusing
 // (DATA_LOSS, naming the stage and the file) a missing file, one whose size or checksum
-// differs from `want`, a damaged one, or one written by another run (`fingerprint`).
-absl::Status RestoreStageSnapshot(Stage& stage, int index, const std::string& root,
+// differs from `want`, a damaged one, or one written by another run (`fingerprint`). A null
+// `stage` checks the file the same way and reads only *progress.
+absl::Status RestoreStageSnapshot(Stage* stage, int index, const std::string& root,
                                   const v1::StageSnapshot& want, const std::string& fingerprint,
                                   EpochProgress* progress, int replica = 0);
 // Replica `replica` of stage `stage`'s snapshot in `manifest`; null when it has none.
@@ -68,10 +69,12 @@ struct FoundCheckpoint {
   int uncommitted = 0;  // newer directories without a MANIFEST (markers still in flight)
 };
 // The newest checkpoint under `root` whose manifest verifies; with `fingerprint` set, only
-// this run's (others are skipped, saying what differs). Stage snapshots are the workers' to
-// verify when they restore.
+// this run's (others are skipped, saying what differs), or with `network` set also one of the
+// same network in another layout (CheckpointManifest.network). Stage snapshots are the
+// workers' to verify when they restore.
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
-                                                     const std::string& fingerprint = "");
+                                                     const std::string& fingerprint = "",
+                                                     const std::string& network = "");
 // Every committed checkpoint under `root` with a verifying manifest, newest first.
 std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root);
 // A fresh run's check: FailedPrecondition naming the newest checkpoint (job, rule, seed,

@@ -102,37 +102,44 @@ void Describe(const Layer& layer, const std::string& prefix, Shape* nchw, std::v
 
 }  // namespace
 
+std::vector<ParamInfo> DescribeStageParams(Stage& stage, int k, int* global, Shape* nchw) {
+  std::vector<ParamInfo> out;
+  std::vector<Named> names;
+  for (int i = 0; i < stage.num_layers(); ++i, ++*global) {
+    Describe(stage.layer(i), absl::StrCat("layers.", *global), nchw, &names);
+  }
+  const size_t body_params = names.size();
+  // A head is named by the layer it follows.
+  const std::string head =
+      *global == 0 ? std::string("heads.input") : absl::StrCat("heads.", *global - 1);
+  Shape head_nchw = *nchw;
+  for (int i = 0; i < stage.num_head_layers(); ++i) {
+    Describe(stage.head_layer(i), absl::StrCat(head, ".", i), &head_nchw, &names);
+  }
+  std::vector<Param*> params = stage.params();
+  LP_CHECK_MSG(params.size() == names.size(), "stage %d: %zu parameters, %zu described", k,
+               params.size(), names.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    LP_CHECK_MSG(params[i] == names[i].param, "stage %d: parameter %zu out of order", k, i);
+    ParamInfo p;
+    p.stage = k;
+    p.file_name = absl::StrCat(i, ".", params[i]->name);
+    p.readable = names[i].name;
+    p.layer = names[i].layer;
+    p.nchw_source = names[i].nchw_source;
+    p.head = i >= body_params;
+    p.value = params[i];
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::vector<ParamInfo> DescribeParams(const ModelConfig&, Model& model, int last_stage) {
   std::vector<ParamInfo> out;
   int global = 0;  // layers are numbered through the whole network, whatever the split
   Shape nchw;
   for (int k = 0; k <= last_stage && k < model.num_stages(); ++k) {
-    Stage& stage = model.stage(k);
-    std::vector<Named> names;
-    for (int i = 0; i < stage.num_layers(); ++i, ++global) {
-      Describe(stage.layer(i), absl::StrCat("layers.", global), &nchw, &names);
-    }
-    const size_t body_params = names.size();
-    // A head is named by the layer it follows.
-    const std::string head =
-        global == 0 ? std::string("heads.input") : absl::StrCat("heads.", global - 1);
-    Shape head_nchw = nchw;
-    for (int i = 0; i < stage.num_head_layers(); ++i) {
-      Describe(stage.head_layer(i), absl::StrCat(head, ".", i), &head_nchw, &names);
-    }
-    std::vector<Param*> params = stage.params();
-    LP_CHECK_MSG(params.size() == names.size(), "stage %d: %zu parameters, %zu described", k,
-                 params.size(), names.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      LP_CHECK_MSG(params[i] == names[i].param, "stage %d: parameter %zu out of order", k, i);
-      ParamInfo p;
-      p.stage = k;
-      p.file_name = absl::StrCat(i, ".", params[i]->name);
-      p.readable = names[i].name;
-      p.layer = names[i].layer;
-      p.nchw_source = names[i].nchw_source;
-      p.head = i >= body_params;
-      p.value = params[i];
+    for (ParamInfo& p : DescribeStageParams(model.stage(k), k, &global, &nchw)) {
       out.push_back(std::move(p));
     }
   }
@@ -181,16 +188,11 @@ absl::Status LoadWeights(const v1::ModelWeights& weights, const std::string& sou
   return absl::OkStatus();
 }
 
-namespace {
-
-// "heads.3" for "heads.3.0.weight"; "" for a layer's tensor.
-std::string HeadOf(const std::string& name) {
+std::string HeadName(const std::string& name) {
   if (!absl::StartsWith(name, "heads.")) return "";
   const size_t dot = name.find('.', 6);
   return dot == std::string::npos ? name : name.substr(0, dot);
 }
-
-}  // namespace
 
 absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const ModelConfig& config,
                                               Model& model,
@@ -211,7 +213,7 @@ absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const M
             absl::StrCat(source, ": has no tensor ", p.readable, ", which the job's network has"));
       }
       // A boundary the file's network did not have: the head starts from its seeded values.
-      fresh.insert(HeadOf(p.readable));
+      fresh.insert(HeadName(p.readable));
       ours = p.value->value.ToHost();
     } else {
       used.insert(p.readable);
@@ -232,7 +234,7 @@ absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const M
   std::set<std::string> unused;
   for (const std::string& name : source_names) {
     if (used.count(name)) continue;
-    const std::string head = HeadOf(name);
+    const std::string head = HeadName(name);
     if (head.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": holds ", name, ", which the job's network does not have (another network?)"));
@@ -277,14 +279,41 @@ absl::StatusOr<std::string> WriteRunWeights(const v1::ModelWeights& weights,
   std::unique_ptr<Backend> cpu;
   std::unique_ptr<Model> built;
   if (!model) {
+    // The model only names and lays out the tensors: it is built a stage at a time, and each
+    // parameter then reads its values from `weights` where they are (no copy), so this adds
+    // at most one stage's initial values to the weights already held.
     cpu = std::make_unique<CpuBackend>(CpuOptions{});
+    const std::shared_ptr<const void> keep(&weights, [](const void*) {});
+    absl::Status wrapped;
     std::string error;
-    built = Model::Create(*cpu, config, &error);
+    built = Model::Create(*cpu, config, &error, [&](int k, Stage& stage) {
+      std::vector<Param*> params = stage.params();
+      if (!wrapped.ok()) return;
+      if (k >= weights.stages_size() ||
+          weights.stages(k).params_size() != static_cast<int>(params.size())) {
+        wrapped = absl::InvalidArgumentError(
+            absl::StrCat("the run's weights do not match the job's network at stage ", k));
+        return;
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        Param& p = *params[i];
+        p.grad = Tensor();
+        const v1::NamedTensor* nt = FindParam(weights, k, absl::StrCat(i, ".", p.name));
+        const Shape shape = p.value.shape();
+        if (nt == nullptr || nt->tensor().dtype() != v1::F32 ||
+            Shape(nt->tensor().shape().begin(), nt->tensor().shape().end()) != shape ||
+            nt->tensor().data().size() != p.value.nbytes()) {
+          wrapped = absl::InvalidArgumentError(
+              absl::StrCat("the run's weights: stage ", k, " parameter ", i, ".", p.name,
+                           " is missing or has another shape than the job's network"));
+          return;
+        }
+        p.value = Tensor::Wrap(*cpu, const_cast<char*>(nt->tensor().data().data()), shape,
+                               DType::kF32, keep);
+      }
+    });
     if (!built) return absl::InvalidArgumentError(error);
-    DropGradients(*built);
-    if (absl::Status s = LoadWeights(weights, "the run's weights", config, *built); !s.ok()) {
-      return s;
-    }
+    if (!wrapped.ok()) return wrapped;
     model = built.get();
   }
   const std::string path = dir + "/weights";

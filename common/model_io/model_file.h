@@ -37,6 +37,12 @@ struct ParamInfo {
 };
 // Every parameter of stages 0..last_stage in weights-file order (layers, then the head's).
 std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, int last_stage);
+// The same for stage `k` alone, built on its own: *global is the number of layers before it
+// (advanced past its own), *nchw the image its input was flattened from (start both at zero
+// and empty for stage 0, and carry them from stage to stage).
+std::vector<ParamInfo> DescribeStageParams(Stage& stage, int k, int* global, Shape* nchw);
+// "heads.3" for a head's tensor ("heads.3.0.weight"); "" for a layer's.
+std::string HeadName(const std::string& readable);
 
 // What --init_from changed to fit the job's stages: heads (named by the layer they follow,
 // "heads.3") the file had none for, which start from the job's seeded initialisation, and

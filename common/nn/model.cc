@@ -93,7 +93,8 @@ Shape StageInputShape(const ModelConfig& config, int k) {
 }
 
 std::unique_ptr<Model> Model::Create(Backend& backend, const ModelConfig& config,
-                                     std::string* error) {
+                                     std::string* error,
+                                     const std::function<void(int, Stage&)>& built) {
   if (!ValidateModel(config, error)) return nullptr;
   auto model = std::make_unique<Model>();
   Shape cur = config.input_shape;
@@ -106,6 +107,7 @@ std::unique_ptr<Model> Model::Create(Backend& backend, const ModelConfig& config
       return nullptr;
     }
     cur = st->output_shape();
+    if (built) built(static_cast<int>(k), *st);
     model->stages_.push_back(std::move(st));
   }
   return model;

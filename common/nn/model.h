@@ -1,6 +1,7 @@
 // A Model: the ordered stages of a network, built from a plain config.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,8 +30,11 @@ Shape StageInputShape(const ModelConfig& config, int k);
 
 class Model {
  public:
+  // `built`, when set, sees each stage as soon as it exists, before the next is built: a
+  // model built only to name or lay out weights can free what it does not need stage by stage.
   static std::unique_ptr<Model> Create(Backend& backend, const ModelConfig& config,
-                                       std::string* error);
+                                       std::string* error,
+                                       const std::function<void(int, Stage&)>& built = nullptr);
   int num_stages() const { return static_cast<int>(stages_.size()); }
   Stage& stage(int k) { return *stages_[k]; }
   int64_t num_parameters();

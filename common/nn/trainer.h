@@ -38,6 +38,9 @@ class ReferenceTrainer {
   std::vector<HeadStats> EvalBatch(const Tensor& x, const Tensor& labels);
 
   int64_t step() const { return step_; }
+  // Continues a run resumed from a checkpoint after `step` training steps (the schedule and
+  // dropout's masks go on from there).
+  void ResumeAt(int64_t step) { step_ = step; }
   float current_lr() const;
 
  private:

@@ -71,6 +71,7 @@ void RunLedger::Restore(const v1::RunReport& history, const DataCursor& at) {
   // rollback scores the steps after the checkpoint again, replacing them).
   for (const v1::EpochFigures& e : history.epochs()) epochs_.emplace(e.epoch(), e);
   for (const v1::Evaluation& e : history.evaluations()) evaluations_.emplace(e.step(), e);
+  if (history.regroups_size() > 0) regroups_ = history.regroups();
   if (fed_steps_ == 0 && train_examples_ == 0 && resumed_wall_seconds_ == 0) {
     resumed_wall_seconds_ = history.wall_seconds();  // a run resumed in a new process
   }
@@ -229,6 +230,7 @@ v1::RunReport RunLedger::History() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [epoch, e] : epochs_) *r.add_epochs() = e;
   for (const auto& [step, e] : evaluations_) *r.add_evaluations() = e;
+  *r.mutable_regroups() = regroups_;
   r.set_train_examples(train_examples_);
   r.set_wall_seconds(wall);
   return r;

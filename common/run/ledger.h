@@ -146,6 +146,7 @@ class RunLedger {
   std::map<int, v1::EpochFigures> epochs_;
   std::map<int64_t, v1::Evaluation> evaluations_;
   double resumed_wall_seconds_ = 0;
+  google::protobuf::RepeatedPtrField<v1::Regroup> regroups_;  // a resumed run's, kept
   double train_seconds_ = 0;
   int64_t logged_step_ = -1;
   double logged_at_ = 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/job/job.h"
 #include "common/model_io/model_file.h"
+#include "common/model_io/regroup.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/trainer.h"
 #include "common/run/device.h"
@@ -70,6 +72,35 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     if (!others.back()) return absl::InvalidArgumentError(error);
     replicas.push_back(others.back().get());
   }
+  // --resume: every replica's model gets the checkpoint's state, regrouped for this layout.
+  std::optional<FoundCheckpoint> resume;
+  std::optional<RegroupPlan> regroup;
+  std::vector<EpochProgress> restored;
+  if (!options.resume.empty()) {
+    absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(options.resume);
+    if (!found.ok()) return found.status();
+    absl::StatusOr<RegroupPlan> plan = PlanRegroup(found->manifest, found->dir, job);
+    if (!plan.ok()) return plan.status();
+    const int from_replicas = plan->from_replicas;
+    const std::string root = options.resume;
+    for (Model* m : replicas) {
+      if (absl::Status s = LoadCheckpointInto(
+              found->manifest, found->dir,
+              [&](int k, int r) { return LocalSnapshotDir(root, k, r, from_replicas); }, job, *m,
+              &restored);
+          !s.ok()) {
+        return s;
+      }
+    }
+    log << "resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
+    if (plan->from_stages != plan->to_stages || plan->from_replicas != plan->to_replicas ||
+        plan->from_rule != plan->to_rule || !plan->fresh_heads.empty() ||
+        !plan->unused_heads.empty()) {
+      log << DescribeRegroup(*plan) << "\n";
+      regroup = *plan;
+    }
+    resume = *std::move(found);
+  }
   LedgerOptions lo;
   lo.out_dir = options.out_dir;
   lo.progress = options.progress;
@@ -82,6 +113,16 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   if (!opened.ok()) return opened.status();
   RunLedger& ledger = **opened;
   ReferenceTrainer trainer(replicas, ToStepSettings(job, ledger.total_steps()));
+  DataCursor cursor;
+  if (resume) {
+    const v1::CheckpointManifest& m = resume->manifest;
+    v1::RunReport history;
+    if (!history.ParseFromString(m.report())) history.Clear();
+    if (regroup) *history.add_regroups() = RegroupRecord(*regroup);
+    cursor = {m.step(), m.epoch(), m.batch_in_epoch()};
+    ledger.Restore(history, cursor);
+    trainer.ResumeAt(m.step());
+  }
   const int stages = model->num_stages();
   RunFacts facts{options.version, be.Describe(), model->num_parameters(), stages, job.replicas()};
   log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d %s examples, %s\n",
@@ -93,10 +134,13 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   BatchAssembler train(data.train, job.batch_size()), test(data.test, job.eval_batch_size());
   Tensor x, y;
   std::vector<HeadStats> train_stats(stages), test_stats(stages);
+  for (size_t k = 0; k < restored.size() && k < train_stats.size(); ++k) {
+    train_stats[k] = restored[k].head;
+  }
   const auto start = Clock::now();
   auto epoch_start = start;
   int64_t examples = 0;
-  BatchPlan plan = ledger.Plan();
+  BatchPlan plan = ledger.Plan(cursor);
   bool interrupted = false;
   for (PlanItem item; !interrupted && plan.Next(&item);) {
     ledger.Fed(item);

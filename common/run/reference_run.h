@@ -25,6 +25,9 @@ struct RunOptions {
   std::string version;           // recorded in the report
   int weights_pb_limit_mib = 0;  // past this, weights go to OUT/weights/ as shards (0: 1.5 GiB)
   std::string init_from;         // start from these weights (weights.pb or safetensors); "" = none
+  // Continue from the newest complete checkpoint under this directory, as `localpar run`
+  // lays one out (regrouped when the job's --stages or --replicas differ); "" = start fresh.
+  std::string resume;
   // Polled after every training step: once set, the run stops there and reports (and
   // writes) what it has, with RunReport.interrupted set.
   const std::atomic<bool>* stop = nullptr;

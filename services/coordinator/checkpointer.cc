@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_io/regroup.h"
 #include "services/common/peer_text.h"
 
 namespace localpar {
@@ -17,6 +18,7 @@ Checkpointer::Checkpointer(const v1::CoordinatorConfig& c, const v1::Job& job,
       keep_(std::max(1, c.keep_checkpoints())),
       job_(job),
       fingerprint_(std::move(fingerprint)),
+      local_snapshots_(c.local_snapshots()),
       metrics_(metrics),
       ledger_(ledger),
       log_(log) {}
@@ -27,7 +29,8 @@ absl::Status Checkpointer::CheckFresh() const {
 }
 
 absl::StatusOr<FoundCheckpoint> Checkpointer::FindResume(std::ostream& log) {
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir_, fingerprint_);
+  absl::StatusOr<FoundCheckpoint> found =
+      FindCheckpointToResume(dir_, fingerprint_, network_, job_);
   if (!found.ok()) return found.status();
   for (const std::string& why : found->skipped)
     log << "localpar: skipping checkpoint " << why << "\n";
@@ -39,6 +42,31 @@ absl::StatusOr<FoundCheckpoint> Checkpointer::FindResume(std::ostream& log) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const FoundCheckpoint& f : CommittedCheckpoints(dir_)) {
     next_id_ = std::max(next_id_, f.manifest.id() + 1);
+  }
+  if (found->manifest.fingerprint() != fingerprint_) {
+    // The same network in another layout: regrouped into a checkpoint of this run.
+    absl::StatusOr<RegroupPlan> plan = PlanRegroup(found->manifest, found->dir, job_);
+    if (!plan.ok()) return plan.status();
+    if (!local_snapshots_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the newest checkpoint, ", found->dir, " (step ", found->manifest.step(),
+          "), was written as ", LayoutName(plan->from_stages, plan->from_replicas),
+          " and this run is ", LayoutName(plan->to_stages, plan->to_replicas),
+          ": regrouping it needs every worker's snapshots on this machine, and these workers "
+          "keep them on their own storage; resume with the checkpoint's layout, or regroup "
+          "it with `localpar run` or `localpar train --resume` where the snapshots are "
+          "together"));
+    }
+    log_ << "localpar: " << DescribeRegroup(*plan) << "\n";
+    const int from_replicas = plan->from_replicas, to_replicas = std::max(1, job_.replicas());
+    const uint64_t id = next_id_++;
+    absl::StatusOr<FoundCheckpoint> regrouped = WriteRegroupedCheckpoint(
+        *found, [&](int k, int r) { return LocalSnapshotDir(dir_, k, r, from_replicas); }, job_,
+        fingerprint_, network_,
+        [&](int k, int r) { return LocalSnapshotDir(dir_, k, r, to_replicas); }, dir_, id);
+    if (!regrouped.ok()) return regrouped.status();
+    log_ << "localpar: regrouped into " << regrouped->dir << "\n";
+    found = std::move(regrouped);
   }
   last_committed_ = found->dir;
   return found;
@@ -111,6 +139,8 @@ std::optional<v1::DownItem> Checkpointer::Start(uint64_t seq, int64_t step,
   m.set_batch_in_epoch(cursor.batch_in_epoch);
   m.set_seed(job_.seed());
   m.set_fingerprint(fingerprint_);
+  m.set_network(network_);
+  m.set_job_spec(job_.SerializeAsString());
   v1::DownItem item;
   v1::Control* c = item.mutable_control();
   c->set_seq(seq);

@@ -41,12 +41,17 @@ class Checkpointer {
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
   const std::string& fingerprint() const { return fingerprint_; }
+  // The run's network whatever its layout (NetworkFingerprint), recorded in every manifest
+  // with the job, so that a resume with another --stages or --replicas finds them.
+  void SetNetwork(std::string network) { network_ = std::move(network); }
 
   // A fresh run must not mix its checkpoints with another run's: FAILED_PRECONDITION when
   // the directory already holds committed checkpoints.
   absl::Status CheckFresh() const;
   // The newest complete checkpoint of this run, for --resume; others are reported on
-  // `log`, and newer directories that never committed are removed.
+  // `log`, and newer directories that never committed are removed. When the newest is the
+  // same network's in another layout, it is regrouped into a new checkpoint of this run
+  // (regroup.h), which needs every snapshot on this machine (--local_snapshots).
   absl::StatusOr<FoundCheckpoint> FindResume(std::ostream& log);
   // The newest committed checkpoint of this run older than `id`.
   std::optional<FoundCheckpoint> OlderThan(uint64_t id) const;
@@ -97,6 +102,8 @@ class Checkpointer {
   const int keep_;
   const v1::Job& job_;
   const std::string fingerprint_;
+  std::string network_;
+  const bool local_snapshots_;
   CoordinatorMetrics* const metrics_;
   RunLedger& ledger_;
   std::ostream& log_;

@@ -93,6 +93,9 @@ absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std
     return fresh.ok() ? fresh : UsageError(fresh.message());
   }
   absl::StatusOr<FoundCheckpoint> found = checkpointer.FindResume(log);
+  if (!found.ok() && absl::IsInvalidArgument(found.status())) {
+    return UsageError(found.status().message());  // a change a resume cannot make
+  }
   if (!found.ok()) {
     return WithExitCode(absl::Status(found.status().code(),
                                      absl::StrCat("cannot resume: ", found.status().message())),
@@ -107,12 +110,31 @@ absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std
 std::string RunSettings(const v1::CoordinatorConfig& c, const v1::ModelWeights* initial) {
   std::string s =
       absl::StrCat("non_finite=", c.non_finite(), ";overlap_max_delay=", c.overlap_max_delay());
-  if (initial) {  // another starting point is another run
+  if (initial == nullptr) return s;
+  // Another starting point is another run. Weights that fit one protobuf are hashed as one
+  // (as checkpoints have always recorded them); past protobuf's 2 GiB, tensor by tensor.
+  if (initial->ByteSizeLong() < (size_t{1} << 31)) {
     const std::string bytes = initial->SerializeAsString();
     absl::StrAppend(
         &s, ";init=", bytes.size(), ":",
         crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+    return s;
   }
+  uLong crc = crc32(0, nullptr, 0);
+  size_t total = 0;
+  for (const v1::StageWeights& st : initial->stages()) {
+    for (const v1::NamedTensor& nt : st.params()) {
+      const std::string head = absl::StrCat(st.stage(), "/", nt.name(), ";");
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(head.data()), static_cast<uInt>(head.size()));
+      const std::string& data = nt.tensor().data();
+      for (size_t at = 0; at < data.size(); at += size_t{1} << 30) {
+        const size_t n = std::min(data.size() - at, size_t{1} << 30);
+        crc = crc32(crc, reinterpret_cast<const Bytef*>(data.data() + at), static_cast<uInt>(n));
+      }
+      total += data.size();
+    }
+  }
+  absl::StrAppend(&s, ";init_tensors=", total, ":", crc);
   return s;
 }
 
@@ -241,7 +263,9 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
       RunLedger::Open(*job, data->train.size(), data->test.size(), lo);
   if (!ledger.ok()) return UsageError(absl::StrCat("--out: ", ledger.status().message()));
   const int replicas = job->replicas();
-  std::string fingerprint = JobFingerprint(*job, RunSettings(c, initial ? &*initial : nullptr));
+  const std::string settings = RunSettings(c, initial ? &*initial : nullptr);
+  std::string fingerprint = JobFingerprint(*job, settings);
+  std::string network = NetworkFingerprint(*job, settings);
   JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint), **ledger,
                    metrics.get(), log);
   StatusService status(runner.status_board(), runner.checkpointer(), security);
@@ -257,6 +281,7 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
   }
   if (rendezvous) runner.UseRendezvous(rendezvous.get(), RendezvousAddress(c, status_port));
   if (initial) runner.InitFrom(*std::move(initial));
+  runner.checkpointer().SetNetwork(std::move(network));
   if (absl::Status s = DecideResume(c, runner, log); !s.ok()) return s;
   return runner.Run();
 }

@@ -1,11 +1,14 @@
 // `localpar train`, `localpar validate` and `localpar data`.
+#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/io/atomic_file.h"
 #include "common/job/job.h"
 #include "common/job/resources.h"
+#include "common/model_io/regroup.h"
 #include "common/nn/rule.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
@@ -87,6 +90,7 @@ int TrainCommandMain(const Args& args) {
   options.progress = !t.quiet();
   options.version = VersionString();
   options.init_from = t.init_from();
+  options.resume = t.resume();
   if (t.has_weights_pb_limit_mib() && t.weights_pb_limit_mib() < 1) {
     return Fail(kExitUsage, "--weights_pb_limit_mib must be >= 1");
   }
@@ -95,6 +99,12 @@ int TrainCommandMain(const Args& args) {
   options.stop = &InterruptRequested();
   absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);
   if (!report.ok()) {
+    if (!t.resume().empty() &&
+        (absl::IsNotFound(report.status()) || absl::IsInvalidArgument(report.status()) ||
+         absl::IsFailedPrecondition(report.status()))) {
+      // No checkpoint there (2), or one this job cannot continue (2).
+      return Fail(kExitUsage, absl::StrCat("--resume: ", report.status().message()));
+    }
     if (!t.init_from().empty() && report.status().message().rfind(t.init_from(), 0) == 0) {
       // The weights do not fit the job (3), or there are none to read (2).
       const bool missing = report.status().code() == absl::StatusCode::kNotFound;
@@ -129,6 +139,65 @@ int TrainCommandMain(const Args& args) {
   }
   return kExitOk;
 }
+
+namespace {
+
+// validate --resume=DIR: what a resume of `job` from DIR's newest checkpoint would do.
+int ExplainResume(const std::string& dir, const v1::Job& job) {
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir);
+  if (!found.ok()) return Fail(kExitUsage, absl::StrCat("--resume: ", found.status().message()));
+  const v1::CheckpointManifest& m = found->manifest;
+  absl::StatusOr<RegroupPlan> plan = PlanRegroup(m, found->dir, job);
+  if (!plan.ok()) return Fail(kExitUsage, absl::StrCat("--resume: ", plan.status().message()));
+  std::cout << "# resume from " << found->dir << " (job " << m.job() << ", step " << m.step()
+            << ", epoch " << m.epoch() + 1 << "), written as "
+            << LayoutName(plan->from_stages, plan->from_replicas) << "; this job is "
+            << LayoutName(plan->to_stages, plan->to_replicas) << ":\n";
+  if (plan->from_rule != plan->to_rule) {
+    std::cout << "#   the rule changes from " << plan->from_rule << " to " << plan->to_rule << "\n";
+  }
+  std::cout << "#   carries over: every layer's parameters and optimizer state, the optimizer's "
+               "step count, the report so far, and the data order from step "
+            << m.step() << "\n";
+  if (!plan->kept_heads.empty()) {
+    std::cout << "#   heads kept: " << absl::StrJoin(plan->kept_heads, ", ") << "\n";
+  }
+  if (!plan->fresh_heads.empty()) {
+    std::cout << "#   heads starting fresh (seeded, zero optimizer state): "
+              << absl::StrJoin(plan->fresh_heads, ", ") << "\n";
+  }
+  for (const std::string& n : plan->head_notes) std::cout << "#     " << n << "\n";
+  if (!plan->unused_heads.empty()) {
+    std::cout << "#   the checkpoint's heads left out: " << absl::StrJoin(plan->unused_heads, ", ")
+              << "\n";
+  }
+  if (plan->to_replicas > plan->from_replicas) {
+    std::cout << "#   new replicas start from the same state (replicas hold identical weights)\n";
+  }
+  // Where `localpar run` keeps them: found here, or on the workers' own storage elsewhere.
+  int listed = 0, here = 0;
+  for (int k = 0; k < plan->from_stages; ++k) {
+    for (int r = 0; r < plan->from_replicas; ++r) {
+      const v1::StageSnapshot* snap = FindSnapshot(m, k, r);
+      if (snap == nullptr) continue;
+      ++listed;
+      std::error_code ec;
+      const std::string path =
+          absl::StrCat(LocalSnapshotDir(dir, k, r, plan->from_replicas), "/", snap->file());
+      if (static_cast<int64_t>(std::filesystem::file_size(path, ec)) == snap->bytes() && !ec) {
+        ++here;
+      }
+    }
+  }
+  std::cout << "#   snapshots: " << here << " of " << listed << " under " << dir
+            << (here == listed ? "" : " (the others must be on their workers' own storage)")
+            << "\n";
+  std::cout << "#   cannot change on resume (refused, naming the field): the layers, the data, "
+               "the optimizer, the schedule, the batch size, the epochs, the seed\n";
+  return kExitOk;
+}
+
+}  // namespace
 
 int ValidateCommandMain(const Args& args) {
   v1::JobCommand c;
@@ -173,6 +242,7 @@ int ValidateCommandMain(const Args& args) {
     std::cout << "#   synthetic data: " << ByteString(needs.data_bytes) << "\n";
   }
   if (c.explain()) Explain(job);
+  if (!c.resume().empty()) return ExplainResume(c.resume(), job);
   return kExitOk;
 }
 
@@ -184,7 +254,8 @@ int DataCommandMain(const Args& args) {
                               "localpar data JOB_FILE [flags]\n"
                               "Loads the job's data and prints its figures as JSON (examples, "
                               "classes, the unigram baseline in bits).",
-                              args, KeepOverrides({"data_path"}, {"explain"}), &c, &job, &path);
+                              args, KeepOverrides({"data_path"}, {"explain", "resume"}), &c, &job,
+                              &path);
       rc >= 0) {
     return rc;
   }

@@ -19,6 +19,7 @@
 #include "common/data/dataset.h"
 #include "common/io/atomic_file.h"
 #include "common/job/job.h"
+#include "common/model_io/regroup.h"
 #include "common/run/report.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
@@ -119,11 +120,8 @@ class Launcher {
     // Each worker owns its storage, as on separate hosts: one directory per stage.
     std::string dir =
         r.coordinator().checkpoint_dir().empty() ? r.resume() : r.coordinator().checkpoint_dir();
-    if (!dir.empty()) {
-      w.set_checkpoint_dir(
-          replicas_ > 1 ? absl::StrCat(dir, "/stage-", k / replicas_, "-replica-", k % replicas_)
-                        : absl::StrCat(dir, "/stage-", k));
-    }
+    if (!dir.empty())
+      w.set_checkpoint_dir(LocalSnapshotDir(dir, k / replicas_, k % replicas_, replicas_));
     return w;
   }
 
@@ -183,6 +181,9 @@ class Launcher {
       c.set_resume(true);
       if (c.checkpoint_dir().empty()) c.set_checkpoint_dir(options_.run.resume());
     }
+    // Every worker's storage is under the checkpoint directory (WorkerConfigFor), so a resume
+    // with another --stages or --replicas can regroup the snapshots.
+    c.set_local_snapshots(!c.checkpoint_dir().empty());
     std::string text;
     google::protobuf::TextFormat::PrintToString(c, &text);
     const std::string path = run_dir_ + "/coordinator.config";

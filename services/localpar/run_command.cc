@@ -21,8 +21,9 @@ int RunCommandMain(const Args& args) {
   o.run = RunDefaults();
   FlagOptions flags;
   // The launcher sets these itself; --resume=DIR stands for --resume plus the directory.
-  flags.exclude = {"coordinator.job", "coordinator.workers", "coordinator.resume",
-                   "metrics_port_file", "status_port_file"};
+  flags.exclude = {"coordinator.job",    "coordinator.workers",
+                   "coordinator.resume", "coordinator.local_snapshots",
+                   "metrics_port_file",  "status_port_file"};
   int rc = 0;
   if (!ParseCommand("run",
                     "localpar run JOB_FILE [flags]\n"

@@ -79,7 +79,8 @@ static absl::Status CheckReplicaRequest(const v1::Job& job, const v1::ConfigureR
   return absl::OkStatus();
 }
 
-absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* s) {
+absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* s,
+                              const std::function<void()>& release) {
   v1::Job job = req.job();
   ApplyJobDefaults(job);
   if (absl::Status v = ValidateJob(job); !v.ok()) {
@@ -106,11 +107,6 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
   if (absl::Status fits = CheckStageFits(job, req.stage()); !fits.ok()) {
     return fits;
   }
-  std::string error;
-  s->stage_model =
-      Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
-                    mc.optimizer, StageSeed(mc.seed, req.stage()), &error);
-  if (!s->stage_model) return absl::InvalidArgumentError(error);
   if (req.has_restore()) {
     const std::string& root = options_.config.checkpoint_dir();
     if (root.empty()) {
@@ -119,8 +115,27 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
                                               "checkpoint ",
                                               req.restore().checkpoint_id(), " from"));
     }
-    if (absl::Status r = RestoreStageSnapshot(*s->stage_model, req.stage(), root, req.restore(),
-                                              req.fingerprint(), &s->restored, req.replica());
+    // The snapshot is checked whole (size, checksum, run) before the live stage is let go,
+    // so a refused restore leaves it serving; a good one replaces it anyway, and letting it
+    // go first keeps one stage in memory, not two, while every stage rolls back.
+    EpochProgress probe;
+    if (absl::Status r = RestoreStageSnapshot(nullptr, req.stage(), root, req.restore(),
+                                              req.fingerprint(), &probe, req.replica());
+        !r.ok()) {
+      return r;
+    }
+    if (release) release();
+  }
+  std::string error;
+  s->stage_model =
+      Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
+                    mc.optimizer, StageSeed(mc.seed, req.stage()), &error);
+  if (!s->stage_model) return absl::InvalidArgumentError(error);
+  if (req.has_restore()) {
+    const std::string& root = options_.config.checkpoint_dir();
+    if (absl::Status r =
+            RestoreStageSnapshot(s->stage_model.get(), req.stage(), root, req.restore(),
+                                 req.fingerprint(), &s->restored, req.replica());
         !r.ok()) {
       return r;
     }
@@ -196,7 +211,12 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
 
 absl::StatusOr<v1::ConfigureResponse> StageHost::Configure(const v1::ConfigureRequest& req) {
   auto built = std::make_shared<ConfiguredStage>();
-  if (absl::Status s = Build(req, built.get()); !s.ok()) return s;
+  auto release = [this] {
+    std::lock_guard<std::timed_mutex> compute(compute_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
+    setup_.reset();  // a stream still running holds its own reference until it ends
+  };
+  if (absl::Status s = Build(req, built.get(), release); !s.ok()) return s;
   v1::ConfigureResponse resp;
   resp.set_backend(backend_->Describe());
   resp.set_parameters(built->stage_model->num_parameters());

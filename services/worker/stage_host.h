@@ -1,5 +1,7 @@
 // The stage a worker holds: Configure builds it from the job (or restores it from a
-// checkpoint) on the backend the worker was started for, all or nothing.
+// checkpoint) on the backend the worker was started for, all or nothing: a refused request
+// leaves the stage it had. A restore whose snapshot checks out lets the old stage go before
+// building the new one, so a rollback holds one stage at a time.
 #pragma once
 
 #include <atomic>
@@ -92,7 +94,10 @@ class StageHost {
       std::chrono::milliseconds wait, std::unique_lock<std::timed_mutex>* compute);
   absl::Status EnsureBackend();
   absl::Status CheckStageFits(const v1::Job& job, int index) const;
-  absl::Status Build(const v1::ConfigureRequest& request, ConfiguredStage* setup);
+  // `release` runs once the request has passed every check, just before the new stage is
+  // allocated (see Configure).
+  absl::Status Build(const v1::ConfigureRequest& request, ConfiguredStage* setup,
+                     const std::function<void()>& release);
 
   const WorkerOptions& options_;
   std::unique_ptr<Backend> backend_;

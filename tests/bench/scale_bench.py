@@ -14,7 +14,8 @@ protobuf's 2 GiB. In order:
      and the coordinator rolls back to the checkpoint. Its final weights must be bitwise
      those of 1 (every tensor of every shard);
   3. `localpar train --stages=2 --init_from=` the run's shards, one step: the same layers
-     regrouped, two heads left out;
+     regrouped, two heads left out; then `localpar train --stages=2 --resume=` the run's
+     last checkpoint: regrouped, every tensor equal to the run's final one of that name;
   4. `localpar export` to ONNX with external data, run by ONNX Runtime (npm's
      onnxruntime-node in tests/onnx/node_modules) on one batch and compared with
      `localpar predict --logits`.
@@ -138,10 +139,11 @@ def tensor_places(directory):
     return places
 
 
-def same_tensors(a, b):
-    """Every tensor of shard directory a bitwise equal to b's, read one at a time."""
+def same_tensors(a, b, subset=False):
+    """Every tensor of shard directory a bitwise equal to b's of the same name, read one at a
+    time; the same names in both, or with `subset` a's among b's."""
     pa, pb = tensor_places(a), tensor_places(b)
-    if pa.keys() != pb.keys():
+    if not pa or not (set(pa) <= set(pb) if subset else pa.keys() == pb.keys()):
         return False
     for name, (path, at, size) in pa.items():
         qpath, qat, qsize = pb[name]
@@ -248,6 +250,21 @@ def main():
             raise SystemExit(f"scale_bench: --stages=2 did not say which heads it left out:\n{text}")
         rows.append(("load (--init_from the shards, --stages=2)", figures(text, "--init_from: /"),
                      "every layer carried over"))
+
+        # 3b. The run's last checkpoint resumed as 2 stages by the reference: regrouped.
+        regroup = os.path.join(work, "regroup")
+        w = Watch([lp, "train", job, "--stages=2", f"--resume={ckpt}", f"--out={regroup}",
+                   "--quiet", "--memory_limit_mib=1000000", "--weights_pb_limit_mib=1"],
+                  os.path.join(work, "regroup.log"))
+        text = w.wait("train --stages=2 --resume")
+        if "regrouping the checkpoint" not in text:
+            raise SystemExit(f"scale_bench: the resume as 2 stages did not regroup:\n{text}")
+        same = same_tensors(os.path.join(regroup, "weights"), os.path.join(run, "weights"), True)
+        rows.append(("resume the last checkpoint as 2 stages (reference)", f"{w.seconds:.0f} s",
+                     f"peak {max(w.peaks.values()) / 2**30:.2f} GiB; "
+                     + ("every tensor equal to the run's" if same else "DIFFERS from the run")))
+        if not same:
+            raise SystemExit("scale_bench: the regrouped weights differ from the run's")
 
         # 4. ONNX with external data, against predict.
         onnx = os.path.join(work, "scale.onnx")

@@ -210,7 +210,7 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
                  "project_stages", "replicas", "rule", "stages", "threads"}));
   EXPECT_EQ(flags("validate"),
             Set({"batch_size", "data_path", "epochs", "eval_every_steps", "explain", "lr",
-                 "max_steps", "memory_limit_mib", "replicas", "rule", "seed", "stages"}));
+                 "max_steps", "memory_limit_mib", "replicas", "resume", "rule", "seed", "stages"}));
   const Set run = flags("run");
   EXPECT_TRUE(run.count("resume_if_present")) << "run takes the coordinator's restart flag";
   EXPECT_TRUE(run.count("resume") && run.count("checkpoint_dir"));

@@ -335,10 +335,13 @@ def case_oversized_messages_are_bounded():
         channel.close()
         if SANITIZED:
             continue  # ASan's shadow memory and quarantine: its figures say nothing of ours
+        # The quota resets the stream once it is passed, but on a loaded machine gRPC has
+        # read further by then (224 MiB was seen with the cluster tests beside it): the bound
+        # is the quota plus 128 MiB, still well under the 512 MiB sent.
         peak = status()["VmHWM"] - before["VmRSS"]
-        check(peak < quota + (64 << 20),
+        check(peak < quota + (128 << 20),
               f"512 MiB {label}: the peak grew by {peak >> 20} MiB, under the quota "
-              f"{quota >> 20} MiB plus 64")
+              f"{quota >> 20} MiB plus 128")
         deadline = time.time() + 10
         while time.time() < deadline and status()["VmRSS"] > before["VmRSS"] + (80 << 20):
             time.sleep(0.2)

@@ -50,10 +50,12 @@ TEST(Reliability, AFreshRunRefusesADirectoryHoldingAnotherRunsCheckpoints) {
   EXPECT_NE(again.output.find(runs.ckpt + " already holds checkpoints"), std::string::npos)
       << again.output;
   EXPECT_NE(again.output.find("continue it with --resume"), std::string::npos) << again.output;
-  // Resuming it with another seed is another run: refused, saying what differs.
+  // Resuming it with another seed is another run: refused as a usage error, naming the
+  // field and both values.
   auto other = runs.Run({"--resume=" + runs.ckpt, "--seed=6"});
-  EXPECT_EQ(other.exit_code, 1) << other.output;
-  EXPECT_NE(other.output.find("another run's (job small4, rule GREEDY, seed 5"), std::string::npos)
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("these differ: the seed (the checkpoint's 5, this job's 6)"),
+            std::string::npos)
       << other.output;
   EXPECT_GE(runs.Manifests(), 1) << "nothing of the first run was pruned";
 }

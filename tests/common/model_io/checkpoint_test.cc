@@ -177,7 +177,8 @@ TEST(Checkpoint, ASnapshotRestoresOnlyWhenItMatchesTheManifestNamingStageAndFile
   EXPECT_EQ(snap->bytes(),
             static_cast<int64_t>(std::filesystem::file_size(worker.file(snap->file()))));
   EpochProgress restored;
-  ASSERT_TRUE(RestoreStageSnapshot(*b, 3, worker.path_string(), *snap, "run-a", &restored).ok());
+  ASSERT_TRUE(
+      RestoreStageSnapshot(b.get(), 3, worker.path_string(), *snap, "run-a", &restored).ok());
   EXPECT_EQ(State(*a), State(*b));
   EXPECT_EQ(restored.head.count, 8);
   EXPECT_EQ(restored.head.loss_sum, 5.5);
@@ -185,7 +186,7 @@ TEST(Checkpoint, ASnapshotRestoresOnlyWhenItMatchesTheManifestNamingStageAndFile
   auto refused = [&](const v1::StageSnapshot& want, const std::string& fingerprint,
                      const std::string& text) {
     EpochProgress p;
-    absl::Status st = RestoreStageSnapshot(*b, 3, worker.path_string(), want, fingerprint, &p);
+    absl::Status st = RestoreStageSnapshot(b.get(), 3, worker.path_string(), want, fingerprint, &p);
     EXPECT_TRUE(absl::IsDataLoss(st)) << st;
     EXPECT_NE(st.message().find("stage 3, checkpoint 7: "), std::string::npos) << st;
     EXPECT_NE(st.message().find(text), std::string::npos) << st;
