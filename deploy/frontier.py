@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The compute/time frontier: time to a target against compute to it, for data parallelism,
-pipelined backprop and local parallelism (GREEDY, CHUNKED, OVERLAP with K stages).
+pipelined backprop and local parallelism (GREEDY, CHUNKED, OVERLAP with K stages), over
+seeds, with bounds for points that ran out of budget and bootstrap intervals on the
+summary's speed-ups.
 
 The sweep is read from a JSON file (deploy/experiments/frontier.json):
 
@@ -11,15 +13,23 @@ The sweep is read from a JSON file (deploy/experiments/frontier.json):
     "hardware": {"link_gbps": 100, "latency_us": 5},   # the cost model's interconnect
     "models": [{
       "job": "../jobs/fashion_mlp8.textproto",
-      "targets": [0.83, 0.85],    # accuracy (higher is better) or bits per byte (lower)
-      "batch_sizes": [32, 128, 512, 2048],
+      "targets": [0.86, 0.88],    # accuracy (higher is better) or bits per byte (lower)
+      "batch_sizes": [32, 128, 512, 2048, 8192],
       "device_batch": 32,         # examples one device computes per step (the cost model)
-      "lr": {"base": 1e-3, "base_batch": 128, "factors": [1, 2]},
-      "max_examples": 300000, "eval_every_examples": 20000, "seed": 1,
+      "device_batches": [16, 32, 64],   # the summary's sensitivity to device_batch
+      "lr": {"base": 1e-3, "base_batch": 128, "factors": [0.5, 1, 2, 4]},
+      "schedule": {"kind": "COSINE", "warmup_examples": 10000, "min_lr_fraction": 0.1,
+                   "lengths": [600000, 1800000]},   # each run's length (the cosine's)
+      "max_examples": 1800000,    # the budget (without a schedule: every run's length)
+      "eval_every_examples": 4096, "hold": 2,  # reached when held 2 evaluations in a row
+      "seeds": [1, 2, 3], "summary_seeds": [1, 2, 3, 4, 5],
+      "equal_devices": 16,        # the summary's equal-device comparison
       "reference_batch": 128      # where the per-depth head plot is drawn
     }],
     "methods": [
       {"label": "data parallel", "rule": "BACKPROP", "stages": 1, "cost": "data_parallel"},
+      {"label": "first block alone", "rule": "BACKPROP", "stages": 1, "first_stages": 1,
+       "cost": "data_parallel"},                  # the shallow baseline
       {"label": "pipelined backprop K=8", "rule": "BACKPROP", "stages": 8,
        "cost": "pipelined_backprop", "train_stages": 1},
       {"label": "GREEDY K=4", "rule": "GREEDY", "stages": 4, "cost": "local"}, ...
@@ -29,26 +39,30 @@ The sweep is read from a JSON file (deploy/experiments/frontier.json):
   }
 
 Every training run is the in-process reference trainer (`localpar train`), which is bitwise
-equal to a `localpar run` cluster with the same job and seed. A run evaluates every
-`eval_every_examples` training examples and stops once the last stage reaches the model's
-strictest target (or after max_examples training examples). Each learning rate of the grid
-lr = base x sqrt(B / base_batch) x factor is run for each batch size B, and each method's
-point at B is its fastest learning rate to the target.
+equal to a `localpar run` cluster with the same job and seed, of a job derived from the
+model's (its schedule replaced, or its network cut after `first_stages`). A run evaluates
+every `eval_every_examples` training examples and stops once the last stage has met the
+model's strictest target `hold` times in a row (or at its length). Each point is a method at
+one batch size B at its best (learning rate, length) over the seeds; lr = base x sqrt(B /
+base_batch) x factor. Runs are cached by their whole configuration (in their run directory,
+and with --cache in a directory to commit), so a sweep resumes where it stopped.
 
 Cost model (ideal hardware: as many devices as the batch needs, each computing
 `device_batch` examples per step, times measured on this machine by `localpar project --json`
 for that many examples; see RESULTS.md for its statement). Compute to the target counts
 3 x the forward FLOPs of every layer and of every head the method trains, per example seen.
 
-Outputs under --out: profiles/, runs/<run>/ (run.json, metrics.jsonl, run.log),
+Outputs under --out: jobs/, profiles/, runs/<run>/ (run.json, metrics.jsonl, run.log),
 frontier.csv, heads.csv, checks.csv, plots/*.svg and FRONTIER.md; with --results, the
 Markdown also replaces the frontier section of that file and the plots are copied next to it.
 """
 
 import csv
+import hashlib
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -62,6 +76,7 @@ import experiment  # noqa: E402  (shared helpers: fail, data figures, gnuplot)
 experiment.PROGRAM = "frontier"
 
 COSTS = ("data_parallel", "pipelined_backprop", "local", "overlap")
+LOCAL_RULES = ("GREEDY", "CHUNKED", "OVERLAP")
 SECTION_BEGIN = experiment.FRONTIER_BEGIN
 SECTION_END = experiment.FRONTIER_END
 
@@ -91,11 +106,65 @@ def examples_seen(step, batch, train_examples):
     return epochs * train_examples + rest * batch
 
 
-def first_reaching(points, target, higher_is_better):
-    """The first (step, value) of `points` (in step order) that meets `target`, or None."""
-    for step, value in points:
-        if (value >= target) if higher_is_better else (value <= target):
-            return step, value
+def first_reaching(points, target, higher_is_better, hold=1):
+    """The first (step, value) of `points` (in step order) from which `target` holds for
+    `hold` evaluations in a row, or None: with hold = 2 a lucky evaluation alone does not
+    count, and the step reported is the first of the two."""
+    run = 0
+    for i, (step, value) in enumerate(points):
+        run = run + 1 if ((value >= target) if higher_is_better else (value <= target)) else 0
+        if run >= hold:
+            return points[i - hold + 1]
+    return None
+
+
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def choose_setting(candidates):
+    """The best of a method's settings at one batch size and target. `candidates` is a list
+    of (setting, {seed: steps, or None when the target was not reached}); the best reaches it
+    in the most seeds, then in the fewest median steps (a miss counted as infinitely many).
+    Returns (index, setting, steps by seed)."""
+    def score(item):
+        hits = item[1][1]
+        missed = sum(1 for v in hits.values() if v is None)
+        reached = [v for v in hits.values() if v is not None]
+        return (missed, median(reached) if reached else math.inf)
+    best = min(enumerate(candidates), key=score)
+    return best[0], best[1][0], best[1][1]
+
+
+def at_edge(index, count):
+    """Whether the choice `index` of a grid of `count` values is at either end of it (an
+    optimum that may lie outside the grid); a grid of one value has no interior."""
+    return count > 1 and index in (0, count - 1)
+
+
+def bootstrap_ratio(numerator, denominator, draws=4000, seed=20261204):
+    """A 95% percentile-bootstrap interval of mean(numerator) / mean(denominator), each list
+    (one value per seed) resampled with replacement on its own. Deterministic."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        a = [rng.choice(numerator) for _ in numerator]
+        b = [rng.choice(denominator) for _ in denominator]
+        ratios.append((sum(a) / len(a)) / (sum(b) / len(b)))
+    ratios.sort()
+    return ratios[int(0.025 * (draws - 1))], ratios[int(round(0.975 * (draws - 1)))]
+
+
+def stops_paying_off(points, gain=0.9):
+    """The batch size past which data parallelism stops gaining: `points` are (B, time,
+    bound) in B order (bound: the time is a lower bound, the target was not reached); the
+    first B whose next larger B is not at least 1 / gain x faster. None when every step up
+    in B still gains."""
+    for (b, t, _), (_, t2, bound2) in zip(points, points[1:]):
+        if bound2 or t2 > gain * t:
+            return b
     return None
 
 
@@ -242,6 +311,33 @@ def load_spec(path):
                 or not isinstance(lr.get("factors"), list) or not lr["factors"]:
             fail(f"{where}.lr: needs base, base_batch and a non-empty factors list")
         m.setdefault("seed", 1)
+        m.setdefault("seeds", [m["seed"]])
+        m.setdefault("summary_seeds", m["seeds"])
+        m.setdefault("hold", 2)
+        m.setdefault("device_batches", [m["device_batch"]])
+        if m["device_batch"] not in m["device_batches"]:
+            m["device_batches"] = [m["device_batch"]] + m["device_batches"]
+        for key in ("seeds", "summary_seeds", "device_batches"):
+            if not isinstance(m[key], list) or not m[key] or not all(
+                    isinstance(v, int) and v > 0 for v in m[key]):
+                fail(f"{where}.{key}: a non-empty list of positive integers is required")
+        if not set(m["seeds"]) <= set(m["summary_seeds"]):
+            fail(f"{where}.summary_seeds: must include every seed of seeds")
+        if not isinstance(m["hold"], int) or m["hold"] < 1:
+            fail(f"{where}.hold: a positive integer is required")
+        sched = m.get("schedule")
+        if sched is not None:
+            if not isinstance(sched, dict) or sched.get("kind", "COSINE") not in (
+                    "COSINE", "CONSTANT"):
+                fail(f"{where}.schedule.kind: COSINE or CONSTANT")
+            lengths = sched.get("lengths", [m["max_examples"]])
+            if not isinstance(lengths, list) or not lengths or not all(
+                    isinstance(v, int) and v > 0 for v in lengths):
+                fail(f"{where}.schedule.lengths: a non-empty list of example counts is required")
+            m["lengths"] = sorted(lengths)
+            m["max_examples"] = max(lengths)
+        else:
+            m["lengths"] = [m["max_examples"]]
         m.setdefault("reference_batch", m["batch_sizes"][0])
         if m["reference_batch"] not in m["batch_sizes"]:
             fail(f"{where}.reference_batch: must be one of batch_sizes")
@@ -252,7 +348,7 @@ def load_spec(path):
             fail(f"{where}.rule: must be one of {', '.join(experiment.RULES)}")
         if a.get("cost") not in COSTS:
             fail(f"{where}.cost: must be one of {', '.join(COSTS)}")
-        for key in ("stages", "train_stages"):
+        for key in ("stages", "train_stages", "first_stages"):
             if key in a and (not isinstance(a[key], int) or a[key] < 1):
                 fail(f"{where}.{key}: must be a positive integer")
         if "stages" not in a:
@@ -277,14 +373,17 @@ def load_spec(path):
     return spec
 
 
-def profile(args, model, stages, batch, out_dir):
-    """`localpar project --json` of the job regrouped into `stages` at `batch` rows."""
-    path = os.path.join(out_dir, "profiles", f"{model['name']}-K{stages}-b{batch}.json")
+def profile(args, model, stages, batch, out_dir, first_stages=None):
+    """`localpar project --json` of the job regrouped into `stages` at `batch` rows (with
+    `first_stages`: of its network cut after that many stages)."""
+    first = f"-first{first_stages}" if first_stages else ""
+    path = os.path.join(out_dir, "profiles", f"{model['name']}{first}-K{stages}-b{batch}.json")
+    job = model["jobs"][first_stages] if first_stages else model["job"]
     if args.reuse and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    cmd = [args.localpar, "project", model["job"], "--json", f"--stages={stages}",
+    cmd = [args.localpar, "project", job, "--json", f"--stages={stages}",
            f"--batch_size={batch}", "--project_stages=1", f"--threads={args.spec['threads']}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -324,37 +423,123 @@ class EvalPoints:
         return [(s, v) for s, v in sorted(self.points.items()) if None not in v]
 
 
-def train_run(args, model, method, batch, lr, run_dir):
-    """One run of the reference trainer, stopped at the strictest target. Returns run.json."""
+def split_top_level(text):
+    """A text-format message's top-level fields, in order, each as its whole text ("seed: 1",
+    or "stages {...}" with everything inside): braces inside quoted strings do not count."""
+    fields, depth, start, quoted, escaped = [], 0, 0, False, False
+    for i, c in enumerate(text):
+        if quoted:
+            escaped = not escaped and c == "\\"
+            if c == '"' and not escaped:
+                quoted = False
+            continue
+        if c == '"':
+            quoted = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                fields.append(text[start:i + 1].strip())
+                start = i + 1
+        elif c == "\n" and depth == 0:
+            if text[start:i].strip():
+                fields.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        fields.append(text[start:].strip())
+    return fields
+
+
+def field_name(field):
+    return field.split("{", 1)[0].split(":", 1)[0].strip()
+
+
+def derive_job(text, schedule=None, first_stages=None):
+    """The normalised job `text` with its schedule replaced by `schedule` (text inside the
+    braces) and only its first `first_stages` stages kept (the network cut after them, its
+    last kept stage's head the output)."""
+    out, stages = [], 0
+    for f in split_top_level(text):
+        name = field_name(f)
+        if name == "schedule" and schedule is not None:
+            continue
+        if name == "stages":
+            stages += 1
+            if first_stages is not None and stages > first_stages:
+                continue
+        out.append(f)
+    if schedule is not None:
+        out.append(f"schedule {{ {schedule} }}")
+    return "\n".join(out) + "\n"
+
+
+def normalized_job(localpar, job):
+    """The job with every default filled in and its data paths resolved, as `localpar
+    validate` prints it."""
+    out = subprocess.run([localpar, "validate", job], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"{job}: {out.stderr.strip()}")
+    lines = out.stdout.split("\n")[1:]  # after "JOB: ok"
+    return "\n".join(line for line in lines if not line.startswith("#"))
+
+
+def schedule_text(sched, batch, length):
+    """A warm-up then cosine schedule for one run: `warmup_examples` become steps at this
+    batch size, and the cosine decays to min_lr_fraction x lr over the run's `length`
+    examples (its max_steps). lr is 1 here: --lr sets it, and min_lr scales with it."""
+    warm = max(0, round(sched.get("warmup_examples", 0) / batch))
+    kind = sched.get("kind", "COSINE")
+    text = f"kind: {kind} lr: 1 warmup_steps: {warm}"
+    if kind == "COSINE":
+        text += f" min_lr: {sched.get('min_lr_fraction', 0.0):g}"
+    return text
+
+
+def run_id(cfg):
+    """A run's directory name: every setting that changes its result."""
+    first = f"-first{cfg['first_stages']}" if cfg.get("first_stages") else ""
+    return (f"{cfg['model']}-{cfg['rule']}-K{cfg['stages']}{first}-b{cfg['batch']}"
+            f"-lr{cfg['lr']:.6g}-n{cfg['length']}-s{cfg['seed']}")
+
+
+def train_run(args, cfg, run_dir):
+    """One run of the reference trainer (`cfg` says which), stopped once its strictest target
+    has held for `hold` evaluations in a row. Returns run.json. A run whose run.json was
+    written for the same configuration is read back, so a sweep resumes where it stopped."""
     result_path = os.path.join(run_dir, "run.json")
-    if args.reuse and os.path.exists(result_path):
-        with open(result_path) as f:
-            return json.load(f)
+    cache_path = os.path.join(args.cache, run_id(cfg) + ".json") if args.cache else None
+    for path in (result_path, cache_path):
+        if path and os.path.exists(path):
+            with open(path) as f:
+                done = json.load(f)
+            if done.get("config") == cfg:
+                done["cached"] = True  # said on the console, never written
+                return done
     os.makedirs(run_dir, exist_ok=True)
-    train_n = model["data"]["train_examples"]
-    every = max(1, model["eval_every_examples"] // batch)
-    cmd = [args.localpar, "train", model["job"], f"--rule={method['rule']}",
-           f"--stages={method['train_stages']}", f"--batch_size={batch}", f"--lr={lr:.6g}",
-           f"--seed={model['seed']}", "--epochs=1000",
-           f"--max_steps={max(1, model['max_examples'] // batch)}",
-           f"--eval_every_steps={every}", f"--threads={args.spec['threads']}", "--quiet",
-           f"--out={run_dir}"]
+    batch = cfg["batch"]
+    cmd = [args.localpar, "train", os.path.join(args.out, cfg["job"]), f"--rule={cfg['rule']}",
+           f"--stages={cfg['stages']}", f"--batch_size={batch}", f"--lr={cfg['lr']:.6g}",
+           f"--seed={cfg['seed']}", "--epochs=1000",
+           f"--max_steps={max(1, cfg['length'] // batch)}",
+           f"--eval_every_steps={cfg['eval_every_steps']}", f"--threads={args.spec['threads']}",
+           "--quiet", f"--out={run_dir}"]
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    text = model["text"]
-    strictest = min(model["targets"]) if text else max(model["targets"])
+    text = cfg["text"]
+    strictest = cfg["strictest"]
     start = time.monotonic()
     stopped = False
     with open(os.path.join(run_dir, "run.log"), "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        evals = EvalPoints(metrics, method["train_stages"], text)
+        evals = EvalPoints(metrics, cfg["stages"], text)
         while proc.poll() is None:
             time.sleep(0.5)
             points = evals.update()
-            if first_reaching([(s, v[-1]) for s, v in points], strictest, not text):
+            if first_reaching([(s, v[-1]) for s, v in points], strictest, not text, cfg["hold"]):
                 proc.send_signal(signal.SIGTERM)  # reached: the rest would be wasted compute
                 stopped = True
                 proc.wait()
@@ -363,14 +548,21 @@ def train_run(args, model, method, batch, lr, run_dir):
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
     points = evals.update()
     result = {
-        "rule": method["rule"], "stages": method["train_stages"], "batch": batch, "lr": lr,
-        "seed": model["seed"], "stopped_at_target": stopped,
+        "config": cfg,
+        "rule": cfg["rule"], "stages": cfg["stages"], "batch": batch, "lr": cfg["lr"],
+        "seed": cfg["seed"], "length": cfg["length"], "stopped_at_target": stopped,
+        "budget_steps": max(1, cfg["length"] // batch),
         "seconds": time.monotonic() - start,
-        "points": [{"step": s, "examples": examples_seen(s, batch, train_n), "metrics": v}
-                   for s, v in points],
+        "points": [{"step": s, "examples": examples_seen(s, batch, cfg["train_examples"]),
+                    "metrics": v} for s, v in points],
     }
     with open(result_path, "w") as f:
         json.dump(result, f, indent=1)
+    if cache_path:
+        os.makedirs(args.cache, exist_ok=True)
+        with open(cache_path + ".tmp", "w") as f:
+            json.dump(result, f, separators=(",", ":"))
+        os.replace(cache_path + ".tmp", cache_path)
     return result
 
 
@@ -448,10 +640,31 @@ plot {", ".join(plots)}
     return out
 
 
+def summary_points(trows, equal_devices=None):
+    """The points a target's summary compares, from (row, setting) pairs of one model and
+    target: the fastest backprop point and the fastest local point on ideal hardware, then
+    the fastest of each with at most `equal_devices` devices (default: the ideal backprop
+    point's). Shallow baselines are not backprop points here."""
+    def fastest_of(pairs):
+        return min(pairs, key=lambda p: (p[0]["bound"], p[0]["time_seconds"])) if pairs else None
+    backprop = [p for p in trows if p[0]["rule"] == "BACKPROP" and not p[0]["shallow"]]
+    local = [p for p in trows if p[0]["rule"] in LOCAL_RULES]
+    bp, lo = fastest_of(backprop), fastest_of(local)
+    cap = equal_devices or (bp[0]["devices"] if bp else None)
+    bp_eq = fastest_of([p for p in backprop if cap and p[0]["devices"] <= cap])
+    lo_eq = fastest_of([p for p in local if cap and p[0]["devices"] <= cap])
+    return {"backprop": bp, "local": lo, "backprop_equal": bp_eq, "local_equal": lo_eq,
+            "cap": cap}
+
+
 def main():
     args = experiment.parse_args(
         __doc__, "sweep file (JSON)", "replace the frontier section of this Markdown file",
-        "read back runs and profiles that already exist instead of redoing them")
+        "read back profiles and cluster checks that already exist instead of redoing them "
+        "(training runs are always read back when their configuration matches)",
+        lambda p: p.add_argument(
+            "--cache", help="also keep each training run's result here, by its configuration "
+            "(a directory to commit, so that a sweep spans sessions and machines)"))
     spec = load_spec(args.spec)
     args.spec = spec
     hw = spec["hardware"]
@@ -468,79 +681,183 @@ def main():
         m["text"] = m["data"]["labels_per_example"] > 1
         models.append(m)
 
-    # 1. Profiles first, one at a time, while nothing else runs.
+    # Each model's job as the runs see it: normalised, with the sweep's schedule (warm-up in
+    # examples, so its steps depend on B) and cut after `first_stages` for shallow baselines.
+    for m in models:
+        m["normalized"] = normalized_job(args.localpar, m["job"])
+        m["jobs"] = {}
+        jobs_dir = os.path.join(args.out, "jobs")
+        os.makedirs(jobs_dir, exist_ok=True)
+        for first in sorted({a.get("first_stages") for a in spec["methods"]} - {None}):
+            path = os.path.join(jobs_dir, f"{m['name']}-first{first}.textproto")
+            with open(path, "w") as f:
+                f.write(derive_job(m["normalized"], None, first))
+            m["jobs"][first] = path
+
+    def job_for(m, first, batch):
+        sched = m.get("schedule")
+        if not sched:
+            return m["jobs"][first] if first else m["job"]
+        path = os.path.join(args.out, "jobs", f"{m['name']}-first{first or 0}-b{batch}.textproto")
+        text = derive_job(m["normalized"], schedule_text(sched, batch, 0), first)
+        if not os.path.exists(path) or open(path).read() != text:
+            with open(path, "w") as f:
+                f.write(text)
+        return path
+
+    # 1. Profiles first, one at a time, while nothing else runs: every device batch of the
+    # sensitivity check, for every stage count (and shallow cut) the methods use.
     profiles = {}
     for m in models:
-        ks = sorted({a["stages"] for a in spec["methods"]})
-        for k in ks:
-            profiles[(m["name"], k)] = profile(args, m, k, m["device_batch"], args.out)
-            print(f"profiled {m['name']} K={k} at {m['device_batch']} rows", file=sys.stderr)
+        for db in m["device_batches"]:
+            for k, first in sorted({(a["stages"], a.get("first_stages") or 0)
+                                    for a in spec["methods"]}):
+                profiles[(m["name"], k, first, db)] = profile(args, m, k, db, args.out,
+                                                              first or None)
+                print(f"profiled {m['name']} K={k}{f' first {first}' if first else ''} at "
+                      f"{db} rows", file=sys.stderr)
 
-    # 2. The training runs: (model, rule, train stages, batch, lr), shared between methods.
-    jobs = {}
-    for m in models:
-        for a in spec["methods"]:
-            for b in m["batch_sizes"]:
-                for lr in lr_grid(m["lr"], b):
-                    key = (m["name"], a["rule"], a["train_stages"], b, f"{lr:.6g}")
-                    jobs.setdefault(key, (m, a, b, lr))
-    total = len(jobs)
+    # 2. The training runs, one per configuration (shared between methods that train alike),
+    # each cached by its configuration so that a sweep resumes where it stopped.
+    def config(m, a, b, lr, length, seed):
+        text = m["text"]
+        job = job_for(m, a.get("first_stages"), b)
+        with open(job, "rb") as f:
+            job_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+        return {"model": m["name"], "job": os.path.relpath(job, args.out), "job_hash": job_hash,
+                "rule": a["rule"], "stages": a["train_stages"],
+                "first_stages": a.get("first_stages") or 0, "batch": b, "lr": lr,
+                "length": length, "seed": seed,
+                "eval_every_steps": max(1, m["eval_every_examples"] // b), "hold": m["hold"],
+                "strictest": min(m["targets"]) if text else max(m["targets"]), "text": text,
+                "train_examples": m["data"]["train_examples"]}
+
     results = {}
-    done = [0]
 
-    def work(item):
-        key, (m, a, b, lr) = item
-        rid = f"{m['name']}-{a['rule']}-K{a['train_stages']}-b{b}-lr{key[4]}"
-        r = train_run(args, m, a, b, lr, os.path.join(args.out, "runs", rid))
-        done[0] += 1
-        reached = "reached" if r["stopped_at_target"] else "budget"
-        print(f"[{done[0]}/{total}] {rid}: {len(r['points'])} evaluations, {reached}, "
-              f"{r['seconds']:.0f} s", file=sys.stderr)
-        return key, r
+    def run_all(configs):
+        todo = {run_id(c): c for c in configs if run_id(c) not in results}
+        total, done = len(todo), [0]
 
-    with ThreadPoolExecutor(max_workers=max(1, spec["parallel"])) as pool:
-        for key, r in pool.map(work, jobs.items()):
-            results[key] = r
+        def work(item):
+            rid, cfg = item
+            r = train_run(args, cfg, os.path.join(args.out, "runs", rid))
+            done[0] += 1
+            reached = "reached" if r["stopped_at_target"] else "budget"
+            cached = r.pop("cached", False)
+            print(f"[{done[0]}/{total}] {rid}: {len(r['points'])} evaluations, {reached}, "
+                  + ("cached" if cached else f"{r['seconds']:.0f} s"), file=sys.stderr)
+            return rid, r
 
-    # 3. Points: each method, batch size and target, at its fastest learning rate.
-    rows, head_rows = [], []
+        with ThreadPoolExecutor(max_workers=max(1, spec["parallel"])) as pool:
+            for rid, r in pool.map(work, todo.items()):
+                results[rid] = r
+
+    def settings(m, b):
+        return [(lr, length) for length in m["lengths"] for lr in lr_grid(m["lr"], b)]
+
+    run_all([config(m, a, b, lr, length, seed) for m in models for a in spec["methods"]
+             for b in m["batch_sizes"] for lr, length in settings(m, b) for seed in m["seeds"]])
+
+    # 3. Points: each method, batch size and target at its best setting (learning rate and
+    # schedule length) over the model's seeds; a seed that missed counts at its budget, and
+    # makes the point's time a lower bound.
+    def point(m, a, b, target, extra_seeds=()):
+        text = m["text"]
+        prof = profiles[(m["name"], a["stages"], a.get("first_stages") or 0,
+                         m["device_batch"])]["stages"]
+        flops_per_example = training_flops_per_example(prof, a["cost"])
+        grid = settings(m, b)
+        candidates = []
+        for lr, length in grid:
+            hits = {}
+            for seed in m["seeds"]:
+                r = results[run_id(config(m, a, b, lr, length, seed))]
+                hit = first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                                     target, not text, m["hold"])
+                hits[seed] = hit[0] if hit else None
+            candidates.append(((lr, length), hits))
+        index, (lr, length), hits = choose_setting(candidates)
+        for seed in extra_seeds:
+            if seed in hits:
+                continue
+            r = results.get(run_id(config(m, a, b, lr, length, seed)))
+            if r is not None:
+                hit = first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                                     target, not text, m["hold"])
+                hits[seed] = hit[0] if hit else None
+        budget = max(1, length // b)
+        steps = {s: (v if v is not None else budget) for s, v in hits.items()}
+        factors = len(m["lr"]["factors"])
+        row = {"model": m["name"], "method": a["label"], "rule": a["rule"],
+               "cost_kind": a["cost"], "shallow": bool(a.get("first_stages")),
+               "stages": a["stages"], "batch": b, "target": target,
+               "flops_per_example": flops_per_example, "lr": lr, "length": length,
+               "lr_edge": at_edge(index % factors, factors),
+               "seeds": len(hits), "missed": sum(1 for v in hits.values() if v is None),
+               "steps_by_seed": steps}
+        row["reached"] = row["missed"] == 0
+        row["bound"] = not row["reached"]
+        mean_steps = sum(steps.values()) / len(steps)
+        row["steps"] = mean_steps
+        row["steps_sd"] = experiment.mean_sd(list(steps.values()))[1]
+        row["examples"] = examples_seen(round(mean_steps), b, m["data"]["train_examples"])
+        row["compute_flops"] = row["examples"] * flops_per_example
+        for db in m["device_batches"]:
+            if b % db:
+                continue
+            p = profiles[(m["name"], a["stages"], a.get("first_stages") or 0, db)]["stages"]
+            replicas = b // db
+            micro = replicas if a["cost"] == "pipelined_backprop" else 1
+            if a["cost"] == "pipelined_backprop":
+                replicas = 1
+            step_s = step_seconds(a["cost"], p, replicas, micro, link, latency)
+            devices = (a["stages"] if a["cost"] == "pipelined_backprop"
+                       else a["stages"] * replicas)
+            times = [(v + pipeline_fill(a["cost"], a["stages"])) * step_s
+                     for v in steps.values()]
+            row.setdefault("by_device_batch", {})[db] = {
+                "step_seconds": step_s, "devices": devices, "times": times,
+                "time_seconds": sum(times) / len(times)}
+        main = row["by_device_batch"][m["device_batch"]]
+        row.update({"step_seconds": main["step_seconds"], "devices": main["devices"],
+                    "time_seconds": main["time_seconds"], "times": main["times"]})
+        return row, (a, b, lr, length)
+
+    def all_rows(extra=None):
+        out = []
+        for m in models:
+            for a in spec["methods"]:
+                for b in m["batch_sizes"]:
+                    for target in m["targets"]:
+                        key = (m["name"], a["label"], b, target)
+                        more = m["summary_seeds"] if extra and key in extra else ()
+                        out.append(point(m, a, b, target, more))
+        return out
+
+    # The summary's points get the summary seeds too: run them, then score again.
+    first_pass = all_rows()
+    wanted, more_runs = set(), []
+    for m in models:
+        for target in m["targets"]:
+            trows = [(r, s) for r, s in first_pass
+                     if r["model"] == m["name"] and r["target"] == target]
+            chosen = summary_points(trows, m.get("equal_devices"))
+            for pair in (chosen[k] for k in ("backprop", "local", "backprop_equal",
+                                              "local_equal")):
+                if pair is None:
+                    continue
+                a, b, lr, length = pair[1]
+                wanted.add((m["name"], a["label"], b, target))
+                more_runs += [config(m, a, b, lr, length, seed) for seed in m["summary_seeds"]]
+    run_all(more_runs)
+    rows = [r for r, _ in all_rows(wanted)]
+    head_rows = []
     for m in models:
         text = m["text"]
-        for a in spec["methods"]:
-            prof = profiles[(m["name"], a["stages"])]["stages"]
-            flops_per_example = training_flops_per_example(prof, a["cost"])
-            for b in m["batch_sizes"]:
-                replicas = b // m["device_batch"]
-                micro = replicas if a["cost"] == "pipelined_backprop" else 1
-                if a["cost"] == "pipelined_backprop":
-                    replicas = 1
-                step_s = step_seconds(a["cost"], prof, replicas, micro, link, latency)
-                devices = (a["stages"] if a["cost"] == "pipelined_backprop"
-                           else a["stages"] * replicas)
-                for target in m["targets"]:
-                    best = None
-                    for lr in lr_grid(m["lr"], b):
-                        r = results[(m["name"], a["rule"], a["train_stages"], b, f"{lr:.6g}")]
-                        hit = first_reaching([(pt["step"], pt["metrics"][-1]) for pt in r["points"]],
-                                             target, not text)
-                        if hit and (best is None or hit[0] < best[0]):
-                            best = (hit[0], lr, r)
-                    row = {"model": m["name"], "method": a["label"], "rule": a["rule"],
-                           "stages": a["stages"], "batch": b, "target": target,
-                           "devices": devices, "step_seconds": step_s,
-                           "flops_per_example": flops_per_example, "reached": best is not None}
-                    if best:
-                        steps, lr, r = best
-                        ex = examples_seen(steps, b, m["data"]["train_examples"])
-                        row.update({"lr": lr, "steps": steps, "examples": ex,
-                                    "compute_flops": ex * flops_per_example,
-                                    "time_seconds": (steps + pipeline_fill(a["cost"], a["stages"]))
-                                    * step_s})
-                    rows.append(row)
         # Per-depth heads at the reference batch, all at one step that every run reached.
         b = m["reference_batch"]
-        runs = {a["label"]: [results[(m["name"], a["rule"], a["train_stages"], b, f"{lr:.6g}")]
-                             for lr in lr_grid(m["lr"], b)]
+        runs = {a["label"]: [results[run_id(config(m, a, b, lr, length, m["seeds"][0]))]
+                             for lr, length in settings(m, b)]
                 for a in spec["methods"] if a["cost"] != "pipelined_backprop"}
         for method, (step, lr, metrics) in heads_at_common_step(runs, text).items():
             for k, v in enumerate(metrics):
@@ -568,9 +885,9 @@ def main():
                            "error": measured / predicted - 1})
 
     write_csv(os.path.join(args.out, "frontier.csv"), rows,
-              ["model", "method", "rule", "stages", "batch", "target", "reached", "lr", "steps",
-               "examples", "flops_per_example", "compute_flops", "step_seconds", "time_seconds",
-               "devices"])
+              ["model", "method", "rule", "stages", "batch", "target", "reached", "bound", "lr",
+               "lr_edge", "length", "seeds", "missed", "steps", "steps_sd", "examples",
+               "flops_per_example", "compute_flops", "step_seconds", "time_seconds", "devices"])
     write_csv(os.path.join(args.out, "heads.csv"), head_rows,
               ["model", "method", "stages", "stage", "step", "examples", "lr", "metric"])
     write_csv(os.path.join(args.out, "checks.csv"), check_rows,
@@ -655,46 +972,60 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
     md.append(
         "**Procedure.** Every training run is the in-process reference trainer "
         "(`localpar train`), bitwise equal to a `localpar run` cluster of the same job and "
-        "seed. It evaluates every `eval_every_examples` training examples and stops at the "
-        "strictest target, so steps to a target are resolved to one evaluation interval. "
-        "Learning rates: lr = base x sqrt(B / base_batch) x factor for each factor of the "
-        "grid, for every method alike (constant schedule, AdamW). Pipelined backprop computes "
-        "the same update as backprop (its micro-batch gradients add up to the batch's), so it "
-        "shares data parallelism's runs and differs only in cost. One seed per point.\n")
+        "seed. It evaluates every `eval_every_examples` training examples; a target counts as "
+        "reached at the first of `hold` evaluations in a row that meet it, and the run stops "
+        "there. Settings: lr = base x sqrt(B / base_batch) x factor for each factor of the grid, "
+        "and, with a schedule, a linear warm-up over `warmup_examples` then a cosine decay "
+        "over the run's length (a sweep dimension: the budget is the longest). Each point is "
+        "a method at one B at its best setting over the seeds (the most seeds reaching the "
+        "target, then the fewest mean steps); a learning rate at either end of the grid is "
+        "marked *(edge)*. A seed that missed counts at its budget and makes the point's time a "
+        "lower bound (>). Pipelined backprop computes the same update as backprop, so it "
+        "shares data parallelism's runs and differs only in cost. Runs are cached by their "
+        "configuration, so the sweep resumes where it stopped.\n")
     for m in models:
         text = m["text"]
         mrows = [r for r in rows if r["model"] == m["name"]]
         md.append(f"\n## {m['name']}\n")
         lr = m["lr"]
+        sched = m.get("schedule")
+        sched_text = (f"warm-up over {sched.get('warmup_examples', 0)} examples, then "
+                      f"{sched.get('kind', 'COSINE').lower()} to "
+                      f"{sched.get('min_lr_fraction', 0):g} x lr over lengths of "
+                      f"{', '.join(map(str, m['lengths']))} examples" if sched else
+                      "the job's own schedule")
         md.append(
             f"Job `{os.path.relpath(m['job'])}`; {m['data']['train_examples']} training / "
-            f"{m['data'].get('validation_examples', m['data'].get('test_examples'))} held-out examples; batch sizes "
-            f"{', '.join(map(str, m['batch_sizes']))}; device batch {m['device_batch']}; "
+            f"{m['data'].get('validation_examples', m['data'].get('test_examples'))} held-out "
+            f"examples; batch sizes {', '.join(map(str, m['batch_sizes']))}; device batch "
+            f"{m['device_batch']} (also {', '.join(str(d) for d in m['device_batches'] if d != m['device_batch']) or 'no other'}); "
             f"lr grid {lr['base']:g} x sqrt(B / {lr['base_batch']}) x "
-            f"{{{', '.join(f'{f:g}' for f in lr['factors'])}}}; at most {m['max_examples']} "
-            f"training examples; evaluated every {m['eval_every_examples']} examples; seed {m['seed']}. "
+            f"{{{', '.join(f'{f:g}' for f in lr['factors'])}}}; {sched_text}; budget "
+            f"{m['max_examples']} training examples; evaluated every {m['eval_every_examples']} "
+            f"examples; reached when {m['hold']} evaluations in a row meet the target; seeds "
+            f"{', '.join(map(str, m['seeds']))} (the summary's points also "
+            f"{', '.join(str(x) for x in m['summary_seeds'] if x not in m['seeds']) or 'no more'}). "
             f"Target{'s' if len(m['targets']) > 1 else ''}: "
             f"{', '.join(fmt_target(t, text) for t in m['targets'])} "
             f"({'held-out bits per byte, lower is better' if text else 'test accuracy'}).\n")
         for target in m["targets"]:
             trows = [r for r in mrows if r["target"] == target]
             md.append(f"\n### To {fmt_target(target, text)}\n")
-            md.append("| method | B | devices | lr | steps | examples | compute (FLOPs) "
-                      "| step (ms) | time to target (s) | on the frontier |")
-            md.append("|---|---|---|---|---|---|---|---|---|---|")
+            md.append("| method | B | devices | lr | length (examples) | seeds | steps (mean ± sd) "
+                      "| compute (FLOPs) | step (ms) | time to target (s) | on the frontier |")
+            md.append("|---|---|---|---|---|---|---|---|---|---|---|")
             reached = [r for r in trows if r["reached"]]
             front = {id(reached[i]) for i in pareto(
                 [(r["compute_flops"], r["time_seconds"]) for r in reached])}
             for r in trows:
-                if r["reached"]:
-                    md.append(f"| {r['method']} | {r['batch']} | {r['devices']} | {r['lr']:.2g} "
-                              f"| {r['steps']} | {r['examples']} | {fmt_flops(r['compute_flops'])} "
-                              f"| {1e3 * r['step_seconds']:.3g} | {r['time_seconds']:.3g} | "
-                              f"{'**yes**' if id(r) in front else ''} |")
-                else:
-                    md.append(f"| {r['method']} | {r['batch']} | {r['devices']} | | not reached "
-                              f"in {m['max_examples']} examples | | | "
-                              f"{1e3 * r['step_seconds']:.3g} | | |")
+                edge = " (edge)" if r["lr_edge"] else ""
+                seeds = f"{r['seeds']}" + (f", {r['missed']} missed" if r["missed"] else "")
+                time_s = (">" if r["bound"] else "") + f"{r['time_seconds']:.3g}"
+                md.append(f"| {r['method']} | {r['batch']} | {r['devices']} | {r['lr']:.2g}{edge} "
+                          f"| {r['length']} | {seeds} | {r['steps']:.0f} ± {r['steps_sd']:.0f} "
+                          f"| {('>' if r['bound'] else '') + fmt_flops(r['compute_flops'])} "
+                          f"| {1e3 * r['step_seconds']:.3g} | {time_s} | "
+                          f"{'**yes**' if id(r) in front else ''} |")
             md.append("")
             md.append(claim_text(trows, reached, front, target, text))
             series = []
@@ -704,7 +1035,8 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
                 series.append((a["label"], [(c, t, b) for b, c, t in pts]))
             fname = plot_frontier(plots_dir, m["name"], target, series, text)
             md.append(f"![{fname}](plots/{fname})\n")
-        md.append(summary_markdown(mrows, m["targets"], text))
+        md.append(summary_markdown(mrows, m["targets"], text, m["device_batch"],
+                                   m["device_batches"], m.get("equal_devices")))
         # Heads against depth at the reference batch.
         hrows = [h for h in head_rows if h["model"] == m["name"]]
         if hrows:
@@ -759,70 +1091,107 @@ def fastest(rows, rules):
     return min(rows, key=lambda r: r["time_seconds"]) if rows else None
 
 
-def summary_markdown(mrows, targets, text):
-    """One line per target: the fastest backprop and local points, and the ratios."""
+def ratio_text(bp, lo, db=None):
+    """The speed-up of `lo` over `bp` (time of bp / time of lo) with its bootstrap interval
+    over seeds; a bound when either side missed its target in some seed."""
+    if db is not None:
+        if db not in bp["by_device_batch"] or db not in lo["by_device_batch"]:
+            return "n/a"
+        a, b = bp["by_device_batch"][db]["times"], lo["by_device_batch"][db]["times"]
+    else:
+        a, b = bp["times"], lo["times"]
+    ratio = (sum(a) / len(a)) / (sum(b) / len(b))
+    sign = ">" if bp["bound"] and not lo["bound"] else "<" if lo["bound"] and not bp[
+        "bound"] else "~" if bp["bound"] else ""
+    if db is not None:
+        return f"{sign}{ratio:.2f}x"
+    low, high = bootstrap_ratio(a, b)
+    return f"{sign}**{ratio:.2f}x** [{low:.2f}, {high:.2f}]"
+
+
+def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
+                     equal_devices=None):
+    """Per target: the fastest backprop and local points, the speed-up on ideal hardware and
+    at equal device counts with 95% bootstrap intervals over seeds, the shallow baseline, and
+    how the speed-ups move with the cost model's device batch."""
+    others = [d for d in device_batches if d != device_batch]
     out = ["\n### Summary: where local parallelism is on the frontier\n",
-           "| target | fastest backprop point | time (s) | compute | fastest local point "
-           "| time (s) | compute | local speed-up | compute, local / backprop "
-           "| local arms that miss the target at some B |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    speedups = []
+           "Speed-up = the backprop point's mean time to the target / the local point's, with a "
+           "95% bootstrap interval over seeds in brackets; > or < when one side missed the "
+           "target in some seed within its budget (its time is then a lower bound). *Equal "
+           "devices*: the fastest point of each with at most "
+           + (f"{equal_devices} devices" if equal_devices else
+              "as many devices as the fastest backprop point uses") + ".\n",
+           "| target | fastest backprop point | time (s) | fastest local point | time (s) "
+           "| speed-up, ideal hardware | equal devices: backprop point | local point "
+           "| speed-up, equal devices | shallow baseline (first block alone) |"
+           + "".join(f" speed-ups at device batch {d} (ideal / equal) |" for d in others),
+           "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(others)]
+    verdicts = []
+
+    def cell(r):
+        if r is None:
+            return "none", ""
+        devices = f"{r['devices']} device{'s' if r['devices'] != 1 else ''}"
+        return (f"{r['method']}, B = {r['batch']} ({devices})",
+                ("> " if r["bound"] else "") + f"{r['time_seconds']:.3g}")
+
     for target in sorted(targets, reverse=text):  # loosest first
         trows = [r for r in mrows if r["target"] == target]
-        bp = fastest(trows, ("BACKPROP",))
-        lo = fastest(trows, ("GREEDY", "CHUNKED", "OVERLAP"))
-        missing = sorted({f"{r['method']} (B = {r['batch']})" for r in trows
-                          if not r["reached"] and r["rule"] != "BACKPROP"})
-        if not bp or not lo:
-            out.append(f"| {fmt_target(target, text)} | {bp and bp['method'] or 'none'} | | | "
-                       f"{lo and lo['method'] or 'none'} | | | | | {', '.join(missing)} |")
-            continue
-        speed = bp["time_seconds"] / lo["time_seconds"]
-        speedups.append((target, speed, lo["compute_flops"] / bp["compute_flops"]))
-        out.append(f"| {fmt_target(target, text)} | {bp['method']}, B = {bp['batch']} | "
-                   f"{bp['time_seconds']:.3g} | {fmt_flops(bp['compute_flops'])} | "
-                   f"{lo['method']}, B = {lo['batch']} | {lo['time_seconds']:.3g} | "
-                   f"{fmt_flops(lo['compute_flops'])} | **{speed:.2f}x** | "
-                   f"{lo['compute_flops'] / bp['compute_flops']:.2f}x | "
-                   f"{', '.join(missing) or 'none'} |")
+        chosen = summary_points([(r, None) for r in trows], equal_devices)
+        bp, lo, bpe, loe = (chosen[k] and chosen[k][0] for k in
+                            ("backprop", "local", "backprop_equal", "local_equal"))
+        shallow = [r for r in trows if r["shallow"]]
+        shallow_best = min(shallow, key=lambda r: (r["bound"], r["time_seconds"]), default=None)
+        shallow_text = ("not run" if shallow_best is None else
+                        ("missed, > " if shallow_best["bound"] else "")
+                        + f"{shallow_best['time_seconds']:.3g} s (B = {shallow_best['batch']})")
+        ideal = ratio_text(bp, lo) if bp and lo else "n/a"
+        equal = ratio_text(bpe, loe) if bpe and loe else "n/a"
+        sens = "".join(
+            f" {ratio_text(bp, lo, d) if bp and lo else 'n/a'} / "
+            f"{ratio_text(bpe, loe, d) if bpe and loe else 'n/a'} |" for d in others)
+        out.append(f"| {fmt_target(target, text)} | {cell(bp)[0]} | {cell(bp)[1]} | "
+                   f"{cell(lo)[0]} | {cell(lo)[1]} | {ideal} | {cell(bpe)[0]} | "
+                   f"{cell(loe)[0]} | {equal} | {shallow_text} |{sens}")
+        if bp and lo:
+            low_ideal = bootstrap_ratio(bp["times"], lo["times"])[0]
+            low_equal = bootstrap_ratio(bpe["times"], loe["times"])[0] if bpe and loe else None
+            verdicts.append((target, low_ideal, low_equal))
     out.append("")
-    # By method (stage count), the fastest point at each target: where more stages help
-    # and where they stop reaching the target.
-    ordered = sorted(targets, reverse=text)
-    methods = list(dict.fromkeys(r["method"] for r in mrows))
-    out.append("Each method's fastest point per target (time to target in s, and its compute "
-               "in FLOPs; *missed*: no batch size reached it):\n")
-    out.append("| method | " + " | ".join(fmt_target(t, text) for t in ordered) + " |")
-    out.append("|---|" + "---|" * len(ordered))
-    for method in methods:
-        cells = []
-        for t in ordered:
-            f = fastest([r for r in mrows if r["method"] == method and r["target"] == t],
-                        ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP"))
-            cells.append(f"{f['time_seconds']:.3g} s, {fmt_flops(f['compute_flops'])} (B = "
-                         f"{f['batch']})" if f else "*missed*")
-        out.append(f"| {method} | " + " | ".join(cells) + " |")
+    # Where data parallelism stops paying off, from its points.
+    for target in sorted(targets, reverse=text):
+        dp = sorted((r for r in mrows if r["target"] == target
+                     and r["cost_kind"] == "data_parallel" and not r["shallow"]),
+                    key=lambda r: r["batch"])
+        if dp:
+            b = stops_paying_off([(r["batch"], r["time_seconds"], r["bound"]) for r in dp])
+            out.append(f"- To {fmt_target(target, text)}: data parallelism "
+                       + (f"stops paying off past B = {b} (the next larger batch is less than "
+                          f"1.1x faster, or misses the target)" if b else
+                          "still gains at the largest batch size tried")
+                       + ".")
     out.append("")
-    if speedups:
-        lo_s, hi_s = min(s for _, s, _ in speedups), max(s for _, s, _ in speedups)
-        first, last = speedups[0], speedups[-1]
-        verdict = ("supports the claim" if lo_s > 1 else
-                   "does not support the claim at every target")
+    if verdicts:
+        both = [v for v in verdicts if v[1] > 1 and v[2] is not None and v[2] > 1]
+        ideal_only = [v for v in verdicts if v[1] > 1]
+        parts = []
+        for t, a, e in verdicts:
+            parts.append(f"{fmt_target(t, text)}: lower end {a:.2f}x on ideal hardware"
+                         + (f", {e:.2f}x at equal devices" if e is not None else
+                            ", no equal-device comparison"))
         out.append(
-            f"Verdict for this model: at every target the fastest point is "
-            f"{'a local rule' if lo_s > 1 else 'not always a local rule'}, "
-            f"{lo_s:.2f}x to {hi_s:.2f}x sooner than the fastest backprop point (data "
-            f"parallelism or pipelined backprop), which {verdict}. The lead goes from "
-            f"{first[1]:.2f}x at {fmt_target(first[0], text)} to {last[1]:.2f}x at "
-            f"{fmt_target(last[0], text)}, for {first[2]:.2f}x and {last[2]:.2f}x the "
-            f"compute.\n")
+            "Verdict for this model: local parallelism is faster with the whole 95% interval "
+            f"above 1x at {len(ideal_only)} of {len(verdicts)} targets on ideal hardware, and "
+            f"at {len(both)} of {len(verdicts)} at equal device counts ("
+            + "; ".join(parts) + ").\n")
     return "\n".join(out)
 
 
 def claim_text(trows, reached, front, target, text):
     """Where local parallelism stands on this target's frontier, with the numbers."""
     local = [r for r in reached if r["rule"] in ("GREEDY", "CHUNKED", "OVERLAP")]
-    dp = [r for r in reached if r["rule"] == "BACKPROP"]
+    dp = [r for r in reached if r["rule"] == "BACKPROP" and not r["shallow"]]
     missing = sorted({r["method"] for r in trows if not r["reached"]})
     out = []
     if local and dp:

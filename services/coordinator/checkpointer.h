@@ -44,6 +44,7 @@ class Checkpointer {
   // The run's network whatever its layout (NetworkFingerprint), recorded in every manifest
   // with the job, so that a resume with another --stages or --replicas finds them.
   void SetNetwork(std::string network) { network_ = std::move(network); }
+  const std::string& network() const { return network_; }
 
   // A fresh run must not mix its checkpoints with another run's: FAILED_PRECONDITION when
   // the directory already holds committed checkpoints.

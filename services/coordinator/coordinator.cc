@@ -81,7 +81,11 @@ absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std
   Checkpointer& checkpointer = runner.checkpointer();
   bool resume = c.resume();
   if (c.resume_if_present() && !c.checkpoint_dir().empty()) {
-    resume = FindLatestCheckpoint(c.checkpoint_dir(), checkpointer.fingerprint()).ok();
+    // This run's checkpoints, or the same network's in another layout: a coordinator
+    // restarted while it regrouped one must not start afresh.
+    resume =
+        FindLatestCheckpoint(c.checkpoint_dir(), checkpointer.fingerprint(), checkpointer.network())
+            .ok();
     if (!resume) {
       log << "localpar: no checkpoint of this run in " << c.checkpoint_dir()
           << "; starting fresh\n";
