@@ -744,8 +744,10 @@ def main():
             done[0] += 1
             reached = "reached" if r["stopped_at_target"] else "budget"
             cached = r.pop("cached", False)
-            print(f"[{done[0]}/{total}] {rid}: {len(r['points'])} evaluations, {reached}, "
-                  + ("cached" if cached else f"{r['seconds']:.0f} s"), file=sys.stderr)
+            # One write per line: runs finish on several threads at once.
+            sys.stderr.write(f"[{done[0]}/{total}] {rid}: {len(r['points'])} evaluations, "
+                             f"{reached}, " + ("cached" if cached else f"{r['seconds']:.0f} s")
+                             + "\n")
             return rid, r
 
         with ThreadPoolExecutor(max_workers=max(1, spec["parallel"])) as pool:
