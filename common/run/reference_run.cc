@@ -83,13 +83,26 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
     if (!plan.ok()) return plan.status();
     const int from_replicas = plan->from_replicas;
     const std::string root = options.resume;
-    for (Model* m : replicas) {
-      if (absl::Status s = LoadCheckpointInto(
-              found->manifest, found->dir,
-              [&](int k, int r) { return LocalSnapshotDir(root, k, r, from_replicas); }, job, *m,
-              &restored);
-          !s.ok()) {
-        return s;
+    if (absl::Status s = LoadCheckpointInto(
+            found->manifest, found->dir,
+            [&](int k, int r) { return LocalSnapshotDir(root, k, r, from_replicas); }, job, *model,
+            &restored);
+        !s.ok()) {
+      return s;
+    }
+    // The checkpoint is read once: the other replicas copy the first's state.
+    for (size_t r = 1; r < replicas.size(); ++r) {
+      Model* m = replicas[r];
+      for (int k = 0; k < m->num_stages(); ++k) {
+        std::vector<Param*> from = model->stage(k).params(), to = m->stage(k).params();
+        for (size_t i = 0; i < from.size(); ++i) {
+          for (Tensor Param::*t : {&Param::value, &Param::state1, &Param::state2}) {
+            if (!((*from[i]).*t).defined()) continue;
+            if (!((*to[i]).*t).defined()) (*to[i]).*t = Tensor::Zeros(be, from[i]->value.shape());
+            ((*to[i]).*t).CopyFrom((*from[i]).*t);
+          }
+        }
+        m->stage(k).optimizer().set_steps(model->stage(k).optimizer().steps());
       }
     }
     log << "resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
