@@ -22,7 +22,8 @@ The sweep is read from a JSON file (deploy/experiments/frontier.json):
                    "lengths": [600000, 1800000]},   # each run's length (the cosine's)
       "max_examples": 1800000,    # the budget (without a schedule: every run's length)
       "eval_every_examples": 4096, "hold": 2,  # reached when held 2 evaluations in a row
-      "seeds": [1, 2, 3], "summary_seeds": [1, 2, 3, 4, 5],
+      "tune_seeds": [1],          # the seeds that choose each point's setting (default: seeds)
+      "seeds": [2, 3, 4], "summary_seeds": [2, 3, 4, 5, 6],   # the seeds each point reports
       "equal_devices": 16,        # the summary's equal-device comparison
       "reference_batch": 128      # where the per-depth head plot is drawn
     }],
@@ -43,8 +44,9 @@ equal to a `localpar run` cluster with the same job and seed, of a job derived f
 model's (its schedule replaced, or its network cut after `first_stages`). A run evaluates
 every `eval_every_examples` training examples and stops once the last stage has met the
 model's strictest target `hold` times in a row (or at its length). Each point is a method at
-one batch size B at its best (learning rate, length) over the seeds; lr = base x sqrt(B /
-base_batch) x factor. Runs are cached by their whole configuration (in their run directory,
+one batch size B at its best (learning rate, length) over the tune seeds, reported over the
+seeds (fresh ones when tune_seeds differ, so the choice does not flatter the figure);
+lr = base x sqrt(B / base_batch) x factor. Runs are cached by their whole configuration (in their run directory,
 and with --cache in a directory to commit), so a sweep resumes where it stopped.
 
 Cost model (ideal hardware: as many devices as the batch needs, each computing
@@ -313,11 +315,12 @@ def load_spec(path):
         m.setdefault("seed", 1)
         m.setdefault("seeds", [m["seed"]])
         m.setdefault("summary_seeds", m["seeds"])
+        m.setdefault("tune_seeds", m["seeds"])
         m.setdefault("hold", 2)
         m.setdefault("device_batches", [m["device_batch"]])
         if m["device_batch"] not in m["device_batches"]:
             m["device_batches"] = [m["device_batch"]] + m["device_batches"]
-        for key in ("seeds", "summary_seeds", "device_batches"):
+        for key in ("seeds", "summary_seeds", "tune_seeds", "device_batches"):
             if not isinstance(m[key], list) or not m[key] or not all(
                     isinstance(v, int) and v > 0 for v in m[key]):
                 fail(f"{where}.{key}: a non-empty list of positive integers is required")
@@ -377,11 +380,28 @@ def profile(args, model, stages, batch, out_dir, first_stages=None):
     """`localpar project --json` of the job regrouped into `stages` at `batch` rows (with
     `first_stages`: of its network cut after that many stages)."""
     first = f"-first{first_stages}" if first_stages else ""
-    path = os.path.join(out_dir, "profiles", f"{model['name']}{first}-K{stages}-b{batch}.json")
+    name = f"{model['name']}{first}-K{stages}-b{batch}"
+    path = os.path.join(out_dir, "profiles", name + ".json")
     job = model["jobs"][first_stages] if first_stages else model["job"]
     if args.reuse and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
+    # With a cache, a profile is measured once per configuration and read back after, so a
+    # rerun picks the same summary points (which compare measured step times) and trains
+    # nothing new.
+    with open(job, "rb") as f:
+        key = {"job_hash": hashlib.sha256(f.read()).hexdigest()[:16], "stages": stages,
+               "batch": batch, "threads": args.spec["threads"]}
+    cache_path = (os.path.join(args.cache, "profiles", f"{name}-t{key['threads']}.json")
+                  if args.cache else None)
+    if cache_path and os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cached = json.load(f)
+        if cached.get("key") == key:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(cached["profile"], f, indent=1)
+            return dict(cached["profile"], cached=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     cmd = [args.localpar, "project", job, "--json", f"--stages={stages}",
            f"--batch_size={batch}", "--project_stages=1", f"--threads={args.spec['threads']}"]
@@ -390,7 +410,13 @@ def profile(args, model, stages, batch, out_dir, first_stages=None):
         fail(f"profile failed (exit {out.returncode}): {' '.join(cmd)}: {out.stderr.strip()}")
     with open(path, "w") as f:
         f.write(out.stdout)
-    return json.loads(out.stdout)
+    result = json.loads(out.stdout)
+    if cache_path:
+        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        with open(cache_path + ".tmp", "w") as f:
+            json.dump({"key": key, "profile": result}, f, separators=(",", ":"))
+        os.replace(cache_path + ".tmp", cache_path)
+    return result
 
 
 class EvalPoints:
@@ -503,6 +529,22 @@ def run_id(cfg):
             f"-lr{cfg['lr']:.6g}-n{cfg['length']}-s{cfg['seed']}")
 
 
+def covers(done, cfg):
+    """Whether the finished run `done` answers for configuration `cfg`: the same
+    configuration, except that its stopping target may be stricter than cfg's (or it ran its
+    whole budget), since a run stopped later holds every evaluation an earlier stop would."""
+    old = dict(done.get("config") or {})
+    if old == cfg:
+        return True
+    if "strictest" not in old or {**old, "strictest": cfg["strictest"]} != cfg:
+        return False
+    if not done.get("stopped_at_target"):
+        return True
+    if cfg["text"]:
+        return old["strictest"] <= cfg["strictest"]  # a loss: lower is stricter
+    return old["strictest"] >= cfg["strictest"]
+
+
 def train_run(args, cfg, run_dir):
     """One run of the reference trainer (`cfg` says which), stopped once its strictest target
     has held for `hold` evaluations in a row. Returns run.json. A run whose run.json was
@@ -513,7 +555,7 @@ def train_run(args, cfg, run_dir):
         if path and os.path.exists(path):
             with open(path) as f:
                 done = json.load(f)
-            if done.get("config") == cfg:
+            if covers(done, cfg):
                 done["cached"] = True  # said on the console, never written
                 return done
     os.makedirs(run_dir, exist_ok=True)
@@ -712,10 +754,11 @@ def main():
         for db in m["device_batches"]:
             for k, first in sorted({(a["stages"], a.get("first_stages") or 0)
                                     for a in spec["methods"]}):
-                profiles[(m["name"], k, first, db)] = profile(args, m, k, db, args.out,
-                                                              first or None)
+                prof = profile(args, m, k, db, args.out, first or None)
+                cached = prof.pop("cached", False)
+                profiles[(m["name"], k, first, db)] = prof
                 print(f"profiled {m['name']} K={k}{f' first {first}' if first else ''} at "
-                      f"{db} rows", file=sys.stderr)
+                      f"{db} rows{', cached' if cached else ''}", file=sys.stderr)
 
     # 2. The training runs, one per configuration (shared between methods that train alike),
     # each cached by its configuration so that a sweep resumes where it stopped.
@@ -758,35 +801,40 @@ def main():
         return [(lr, length) for length in m["lengths"] for lr in lr_grid(m["lr"], b)]
 
     run_all([config(m, a, b, lr, length, seed) for m in models for a in spec["methods"]
-             for b in m["batch_sizes"] for lr, length in settings(m, b) for seed in m["seeds"]])
+             for b in m["batch_sizes"] for lr, length in settings(m, b)
+             for seed in m["tune_seeds"]])
+
+    def hit_of(m, a, b, lr, length, seed, target):
+        r = results[run_id(config(m, a, b, lr, length, seed))]
+        hit = first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                             target, not m["text"], m["hold"])
+        return hit[0] if hit else None
+
+    def choose(m, a, b, target):
+        """The setting (lr, length) of a point, chosen on the tune seeds: (index, setting)."""
+        candidates = [((lr, length), {seed: hit_of(m, a, b, lr, length, seed, target)
+                                      for seed in m["tune_seeds"]})
+                      for lr, length in settings(m, b)]
+        index, setting, _ = choose_setting(candidates)
+        return index, setting
+
+    # Then each point's chosen setting over the seeds it reports.
+    run_all([config(m, a, b, *choose(m, a, b, target)[1], seed) for m in models
+             for a in spec["methods"] for b in m["batch_sizes"] for target in m["targets"]
+             for seed in m["seeds"]])
 
     # 3. Points: each method, batch size and target at its best setting (learning rate and
-    # schedule length) over the model's seeds; a seed that missed counts at its budget, and
-    # makes the point's time a lower bound.
+    # schedule length) on the tune seeds, over the seeds it reports; a seed that missed counts
+    # at its budget, and makes the point's time a lower bound.
     def point(m, a, b, target, extra_seeds=()):
-        text = m["text"]
         prof = profiles[(m["name"], a["stages"], a.get("first_stages") or 0,
                          m["device_batch"])]["stages"]
         flops_per_example = training_flops_per_example(prof, a["cost"])
-        grid = settings(m, b)
-        candidates = []
-        for lr, length in grid:
-            hits = {}
-            for seed in m["seeds"]:
-                r = results[run_id(config(m, a, b, lr, length, seed))]
-                hit = first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
-                                     target, not text, m["hold"])
-                hits[seed] = hit[0] if hit else None
-            candidates.append(((lr, length), hits))
-        index, (lr, length), hits = choose_setting(candidates)
-        for seed in extra_seeds:
-            if seed in hits:
-                continue
-            r = results.get(run_id(config(m, a, b, lr, length, seed)))
-            if r is not None:
-                hit = first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
-                                     target, not text, m["hold"])
-                hits[seed] = hit[0] if hit else None
+        index, (lr, length) = choose(m, a, b, target)
+        hits = {}
+        for seed in list(m["seeds"]) + [s for s in extra_seeds if s not in m["seeds"]]:
+            if run_id(config(m, a, b, lr, length, seed)) in results:
+                hits[seed] = hit_of(m, a, b, lr, length, seed, target)
         budget = max(1, length // b)
         steps = {s: (v if v is not None else budget) for s, v in hits.items()}
         factors = len(m["lr"]["factors"])
@@ -858,7 +906,7 @@ def main():
         text = m["text"]
         # Per-depth heads at the reference batch, all at one step that every run reached.
         b = m["reference_batch"]
-        runs = {a["label"]: [results[run_id(config(m, a, b, lr, length, m["seeds"][0]))]
+        runs = {a["label"]: [results[run_id(config(m, a, b, lr, length, m["tune_seeds"][0]))]
                              for lr, length in settings(m, b)]
                 for a in spec["methods"] if a["cost"] != "pipelined_backprop"}
         for method, (step, lr, metrics) in heads_at_common_step(runs, text).items():
@@ -1004,8 +1052,11 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
             f"lr grid {lr['base']:g} x sqrt(B / {lr['base_batch']}) x "
             f"{{{', '.join(f'{f:g}' for f in lr['factors'])}}}; {sched_text}; budget "
             f"{m['max_examples']} training examples; evaluated every {m['eval_every_examples']} "
-            f"examples; reached when {m['hold']} evaluations in a row meet the target; seeds "
-            f"{', '.join(map(str, m['seeds']))} (the summary's points also "
+            f"examples; reached when {m['hold']} evaluations in a row meet the target; "
+            + (f"each point's setting chosen on seed{'s' if len(m['tune_seeds']) > 1 else ''} "
+               f"{', '.join(map(str, m['tune_seeds']))}, reported over fresh "
+               if set(m["tune_seeds"]) != set(m["seeds"]) else "")
+            + f"seeds {', '.join(map(str, m['seeds']))} (the summary's points also "
             f"{', '.join(str(x) for x in m['summary_seeds'] if x not in m['seeds']) or 'no more'}). "
             f"Target{'s' if len(m['targets']) > 1 else ''}: "
             f"{', '.join(fmt_target(t, text) for t in m['targets'])} "

@@ -33,6 +33,22 @@ def test_logic(fr):
     bpb = [(10, 4.2), (20, 3.9), (30, 3.7), (40, 3.75)]
     check(fr.first_reaching(bpb, 3.8, False) == (30, 3.7), "first bits/byte <= 3.8")
     check(fr.first_reaching(bpb, 3.9, False) == (20, 3.9), "a target met exactly counts")
+    # The run cache: a run stopped at a stricter target (or at its budget) answers for a
+    # laxer one; a run stopped at a laxer target, or any other setting changed, does not.
+    cfg = {"lr": 0.1, "strictest": 0.88, "text": False}
+    check(fr.covers({"config": dict(cfg), "stopped_at_target": True}, cfg), "the same run")
+    check(fr.covers({"config": dict(cfg, strictest=0.9), "stopped_at_target": True}, cfg),
+          "stopped at a stricter accuracy")
+    check(not fr.covers({"config": dict(cfg, strictest=0.87), "stopped_at_target": True}, cfg),
+          "stopped at a laxer accuracy")
+    check(fr.covers({"config": dict(cfg, strictest=0.87), "stopped_at_target": False}, cfg),
+          "a whole budget")
+    check(not fr.covers({"config": dict(cfg, lr=0.2), "stopped_at_target": False}, cfg),
+          "another learning rate")
+    loss = {"lr": 0.1, "strictest": 3.7, "text": True}
+    check(fr.covers({"config": dict(loss, strictest=3.6), "stopped_at_target": True}, loss)
+          and not fr.covers({"config": dict(loss, strictest=3.8), "stopped_at_target": True},
+                            loss), "a loss target: lower is stricter")
     # Examples seen: 100 examples in batches of 32 are 4 steps an epoch (the last one 4 rows),
     # so 10 steps are 2 whole epochs and 2 batches.
     check(fr.examples_seen(10, 32, 100) == 2 * 100 + 2 * 32, "examples after 10 steps")
@@ -221,8 +237,9 @@ def main():
         again = [a if a != out else os.path.join(tmp, "out2") for a in cmd]
         r2 = subprocess.run(again, capture_output=True, text=True)
         check(r2.returncode == 0 and "cached" in r2.stderr
-              and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r2.stderr),
-              f"a rerun trained again:\n{r2.stderr}")
+              and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r2.stderr)
+              and not re.search(r"rows\n", r2.stderr),
+              f"a rerun trained or profiled again:\n{r2.stderr}")
         for row in rows:
             if row["reached"] != "True":
                 continue
@@ -281,6 +298,39 @@ def main():
         check(all(os.path.getmtime(os.path.join(out, "runs", d, "run.json")) == t
                   for d, t in before.items()), "--reuse reran runs")
         check(open(results).read().count("frontier: begin") == 1, "section appended twice")
+
+        # Tune seeds: each point's learning rate is chosen on seed 1 alone, and the point is
+        # reported over fresh seeds 2 and 3, which train only the chosen setting.
+        tuned = os.path.join(tmp, "tuned.json")
+        with open(tuned, "w") as f:
+            json.dump({"name": "t", "parallel": 2,
+                       "models": [{"job": job, "targets": [0.9], "batch_sizes": [16],
+                                   "device_batch": 16, "tune_seeds": [1], "seeds": [2, 3],
+                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
+                                   "max_examples": 4000000, "eval_every_examples": 256}],
+                       "methods": methods[:1]}, f)
+        out3 = os.path.join(tmp, "out3")
+        r = subprocess.run([sys.executable, os.path.join(source, "deploy", "frontier.py"),
+                            tuned, "--out", out3, "--localpar", localpar],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"tuned sweep failed:\n{r.stderr}")
+        trained = {d: json.load(open(os.path.join(out3, "runs", d, "run.json")))
+                   for d in os.listdir(os.path.join(out3, "runs"))}
+        tune = {r["lr"]: r for r in trained.values() if r["seed"] == 1}
+        check(len(tune) == 2, f"seed 1 tunes both learning rates: {sorted(trained)}")
+        steps = {lr: fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                                       0.9, True, 2)[0] for lr, r in tune.items()}
+        best = min(steps, key=lambda lr: (steps[lr], lr))
+        fresh = [r for r in trained.values() if r["seed"] != 1]
+        check(sorted(r["seed"] for r in fresh) == [2, 3] and all(r["lr"] == best for r in fresh),
+              f"seeds 2 and 3 train the chosen lr {best} only: {sorted(trained)}")
+        row = list(csv.DictReader(open(os.path.join(out3, "frontier.csv"))))[0]
+        want = sum(fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                                     0.9, True, 2)[0] for r in fresh) / 2
+        check(int(row["seeds"]) == 2 and close(float(row["steps"]), want),
+              f"the point reports the fresh seeds: {row}")
+        check("chosen on seed 1, reported over fresh seeds 2, 3" in
+              open(os.path.join(out3, "FRONTIER.md")).read(), "FRONTIER.md states the tuning")
 
         # A bad sweep file names the field.
         with open(spec, "w") as f:
