@@ -65,6 +65,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -367,6 +368,15 @@ def load_spec(path):
             fail(f"{where}.method: not one of the methods' labels")
         if not isinstance(c.get("batch"), int) or not isinstance(c.get("steps"), int):
             fail(f"{where}: batch and steps are required integers")
+        c.setdefault("replicas", 1)
+        c.setdefault("pin", False)
+        for key in ("replicas", "stages"):
+            if key in c and (not isinstance(c[key], int) or c[key] < 1):
+                fail(f"{where}.{key}: a positive integer is required")
+        if c["batch"] % c["replicas"]:
+            fail(f"{where}.batch: must be a multiple of replicas ({c['replicas']})")
+        if not isinstance(c["pin"], bool):
+            fail(f"{where}.pin: true or false")
     spec.setdefault("name", "frontier")
     spec.setdefault("threads", 1)
     spec.setdefault("parallel", 1)
@@ -608,17 +618,22 @@ def train_run(args, cfg, run_dir):
     return result
 
 
-def cluster_check(args, model, method, batch, lr, steps, out_dir):
-    """A real `localpar run` cluster for `steps` steps: its measured training throughput."""
-    run_dir = os.path.join(out_dir, "checks",
-                           f"{model['name']}-{method['label'].replace(' ', '_')}-b{batch}")
+def cluster_check(args, model, method, check, lr, out_dir):
+    """A real `localpar run` cluster for check["steps"] steps (with check["replicas"] replicas
+    of each of check["stages"] stages, each worker pinned to a CPU of its own with
+    check["pin"]): its measured training throughput."""
+    batch, stages, replicas = check["batch"], check["stages"], check["replicas"]
+    name = (f"{model['name']}-{method['rule']}-K{stages}-R{replicas}-b{batch}"
+            + ("-pinned" if check["pin"] else ""))
+    run_dir = os.path.join(out_dir, "checks", name)
     report_path = os.path.join(run_dir, "report.json")
     if not (args.reuse and os.path.exists(report_path)):
         os.makedirs(run_dir, exist_ok=True)
         cmd = [args.localpar, "run", model["job"], f"--rule={method['rule']}",
-               f"--stages={method['train_stages']}", f"--batch_size={batch}", f"--lr={lr:.6g}",
-               f"--seed={model['seed']}", f"--max_steps={steps}", "--epochs=1000",
-               f"--threads={args.spec['threads']}", "--quiet", f"--out={run_dir}"]
+               f"--stages={stages}", f"--replicas={replicas}", f"--batch_size={batch}",
+               f"--lr={lr:.6g}", f"--seed={model['seed']}", f"--max_steps={check['steps']}",
+               "--epochs=1000", f"--threads={args.spec['threads']}", "--quiet",
+               f"--out={run_dir}"] + (["--pin_workers"] if check["pin"] else [])
         with open(os.path.join(run_dir, "run.log"), "w") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
@@ -627,6 +642,66 @@ def cluster_check(args, model, method, batch, lr, steps, out_dir):
             fail(f"cluster check failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
     with open(report_path) as f:
         return json.load(f)
+
+
+def mesh_exchange_rate(args, replicas):
+    """Seconds per byte of the replicas' gradient exchange on this machine: the mesh
+    all-gather and the sum in replica order, as allreduce_bench measures them for a 16 MiB
+    bucket on loopback (run once per replica count)."""
+    bench = os.path.join(os.path.dirname(os.path.abspath(args.localpar)), "bench",
+                         "allreduce_bench")
+    if not os.path.exists(bench):
+        fail(f"{bench}: needed for the replicas' checks (build the benchmarks)")
+    out = subprocess.run([bench, "--mib=16", f"--replicas={replicas}", "--rounds=5"],
+                         capture_output=True, text=True)
+    gather = re.search(r"mesh allgather:\s+([0-9.]+) ms", out.stdout)
+    summed = re.search(r"sum in replica order:\s+([0-9.]+) ms", out.stdout)
+    if out.returncode != 0 or not gather or not summed:
+        fail(f"allreduce_bench failed (exit {out.returncode}): {out.stdout}{out.stderr}")
+    return (float(gather.group(1)) + float(summed.group(1))) * 1e-3 / (16 << 20)
+
+
+CHECK_COLUMNS = ["model", "method", "rule", "stages", "replicas", "batch", "pinned", "cores",
+                 "steps", "predicted_step_ms", "predicted_exchange_ms", "measured_step_ms",
+                 "error"]
+
+
+def run_checks(args, spec, models, link, latency):
+    """The cost model against real `localpar run` clusters on this machine. An unpinned
+    check's processes share every core (the model's summed compute over the cores); a pinned
+    one gives each worker a core of its own, so the model's slowest-stage and exchange terms
+    are tested as on separate machines (the exchange at this machine's measured mesh rate)."""
+    rows = []
+    cores = os.cpu_count() or 1
+    rates = {}
+    for c in spec.get("cluster_checks", []):
+        m = next(x for x in models if x["name"] == c["model"])
+        a = next(x for x in spec["methods"] if x["label"] == c["method"])
+        c.setdefault("stages", a["train_stages"])
+        replicas = c["replicas"]
+        lr = lr_grid(m["lr"], c["batch"])[0]
+        prof = profile(args, m, c["stages"], c["batch"] // replicas, args.out)["stages"]
+        # BACKPROP without micro-batches: each batch forward through every stage and back.
+        cost = "data_parallel" if a["rule"] == "BACKPROP" else a["cost"]
+        workers = c["stages"] * replicas
+        own_cores = c["pin"] and workers <= cores
+        compute = step_seconds(cost, prof, 1, 1, link, latency, cores=0 if own_cores else cores)
+        exchange = 0.0
+        if replicas > 1:
+            if replicas not in rates:
+                rates[replicas] = mesh_exchange_rate(args, replicas)
+            # Each stage's replicas exchange at once, on their own cores: the largest stage.
+            exchange = max(s["parameter_bytes"] for s in prof) * rates[replicas]
+        predicted = compute + exchange
+        report = cluster_check(args, m, a, c, lr, args.out)
+        measured = c["batch"] / report["examples_per_second"]
+        rows.append({"model": m["name"], "method": a["label"], "rule": a["rule"],
+                     "stages": c["stages"], "replicas": replicas, "batch": c["batch"],
+                     "pinned": c["pin"], "cores": cores, "steps": report["steps"],
+                     "predicted_step_ms": 1e3 * predicted,
+                     "predicted_exchange_ms": 1e3 * exchange,
+                     "measured_step_ms": 1e3 * measured, "error": measured / predicted - 1})
+    return rows
 
 
 def fmt_flops(x):
@@ -704,9 +779,12 @@ def main():
         __doc__, "sweep file (JSON)", "replace the frontier section of this Markdown file",
         "read back profiles and cluster checks that already exist instead of redoing them "
         "(training runs are always read back when their configuration matches)",
-        lambda p: p.add_argument(
+        lambda p: (p.add_argument(
             "--cache", help="also keep each training run's result here, by its configuration "
-            "(a directory to commit, so that a sweep spans sessions and machines)"))
+            "(a directory to commit, so that a sweep spans sessions and machines)"),
+                   p.add_argument(
+            "--checks_only", action="store_true", help="run only the cluster checks: "
+            "checks.csv and CHECKS.md under --out (minutes, where the sweep takes days)")))
     spec = load_spec(args.spec)
     args.spec = spec
     hw = spec["hardware"]
@@ -746,6 +824,15 @@ def main():
             with open(path, "w") as f:
                 f.write(text)
         return path
+
+    if args.checks_only:
+        rows = run_checks(args, spec, models, link, latency)
+        write_csv(os.path.join(args.out, "checks.csv"), rows, CHECK_COLUMNS)
+        with open(os.path.join(args.out, "CHECKS.md"), "w") as f:
+            f.write(checks_markdown(rows) if rows else "No cluster checks in the sweep file.\n")
+        print(f"frontier: {len(rows)} cluster checks; {os.path.join(args.out, 'CHECKS.md')}",
+              file=sys.stderr)
+        return
 
     # 1. Profiles first, one at a time, while nothing else runs: every device batch of the
     # sensitivity check, for every stage count (and shallow cut) the methods use.
@@ -917,22 +1004,7 @@ def main():
                                                             m["data"]["train_examples"])})
 
     # 4. The cluster checks: the cost model on this machine against real clusters.
-    check_rows = []
-    cores = os.cpu_count() or 1
-    for c in spec.get("cluster_checks", []):
-        m = next(x for x in models if x["name"] == c["model"])
-        a = next(x for x in spec["methods"] if x["label"] == c["method"])
-        lr = lr_grid(m["lr"], c["batch"])[0]
-        prof = profile(args, m, a["train_stages"], c["batch"], args.out)["stages"]
-        # BACKPROP without micro-batches: each batch forward through every stage and back.
-        cost = "data_parallel" if a["rule"] == "BACKPROP" else a["cost"]
-        predicted = step_seconds(cost, prof, 1, 1, link, latency, cores=cores)
-        report = cluster_check(args, m, a, c["batch"], lr, c["steps"], args.out)
-        measured = c["batch"] / report["examples_per_second"]
-        check_rows.append({"model": m["name"], "method": a["label"], "batch": c["batch"],
-                           "steps": report["steps"], "predicted_step_ms": 1e3 * predicted,
-                           "measured_step_ms": 1e3 * measured,
-                           "error": measured / predicted - 1})
+    check_rows = run_checks(args, spec, models, link, latency)
 
     write_csv(os.path.join(args.out, "frontier.csv"), rows,
               ["model", "method", "rule", "stages", "batch", "target", "reached", "bound", "lr",
@@ -941,10 +1013,10 @@ def main():
     write_csv(os.path.join(args.out, "heads.csv"), head_rows,
               ["model", "method", "stages", "stage", "step", "examples", "lr", "metric"])
     write_csv(os.path.join(args.out, "checks.csv"), check_rows,
-              ["model", "method", "batch", "steps", "predicted_step_ms", "measured_step_ms",
-               "error"])
+              CHECK_COLUMNS)
 
-    md = report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, cores)
+    md = report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir,
+                         os.cpu_count() or 1)
     with open(os.path.join(args.out, "FRONTIER.md"), "w") as f:
         f.write(md)
     if args.results:
@@ -1086,8 +1158,11 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
                 pts = sorted((r["batch"], r["compute_flops"], r["time_seconds"]) for r in reached
                              if r["method"] == a["label"])
                 series.append((a["label"], [(c, t, b) for b, c, t in pts]))
-            fname = plot_frontier(plots_dir, m["name"], target, series, text)
-            md.append(f"![{fname}](plots/{fname})\n")
+            if reached:
+                fname = plot_frontier(plots_dir, m["name"], target, series, text)
+                md.append(f"![{fname}](plots/{fname})\n")
+            else:
+                md.append("No method reached this target at any batch size: no plot.\n")
         md.append(summary_markdown(mrows, m["targets"], text, m["device_batch"],
                                    m["device_batches"], m.get("equal_devices")))
         # Heads against depth at the reference batch.
@@ -1113,29 +1188,41 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
             md.append(f"![{fname}](plots/{fname})\n")
             md.append(overlap_text(hrows, text))
     if check_rows:
-        md.append("\n## The cost model against real clusters\n")
-        md.append(
-            f"The same model with this machine's hardware ({cores} cores shared by the K "
-            f"workers, one device per stage, no replicas, stage times measured at the run's "
-            f"batch) against `localpar run` clusters over gRPC on loopback; measured is the "
-            f"report's training throughput (evaluations excluded). BACKPROP is predicted as "
-            f"one pass through every stage per step.\n")
-        md.append("| model | method | B | steps | predicted step (ms) | measured step (ms) "
-                  "| error |")
-        md.append("|---|---|---|---|---|---|---|")
-        for c in check_rows:
-            md.append(f"| {c['model']} | {c['method']} | {c['batch']} | {c['steps']} | "
-                      f"{c['predicted_step_ms']:.2f} | {c['measured_step_ms']:.2f} | "
-                      f"{100 * c['error']:+.0f}% |")
-        worst = max(abs(c["error"]) for c in check_rows)
-        plain = [abs(c["error"]) for c in check_rows if not c["method"].startswith("OVERLAP")]
-        md.append(f"\nLargest error: {100 * worst:.0f}%"
-                  + (f"; {100 * max(plain):.0f}% without OVERLAP" if plain else "") + ". "
-                  "The model counts the stages' compute only. A cluster adds activation "
-                  "transfers over gRPC, the coordinator's work and the thread hand-offs of K "
-                  "workers that share the cores; synchronous OVERLAP also waits for the next "
-                  "stage's gradient to come back every step, a round trip "
-                  "the profile's median stage times do not include.\n")
+        md.append(checks_markdown(check_rows))
+    return "\n".join(md) + "\n"
+
+
+def checks_markdown(check_rows):
+    """The cluster-check table and what it shows."""
+    cores = check_rows[0]["cores"]
+    md = ["\n## The cost model against real clusters\n",
+          f"The cost model with this machine's hardware ({cores} cores) against `localpar run` "
+          f"clusters over gRPC on loopback; measured is the report's training throughput "
+          f"(evaluations excluded), stage times are `localpar project`'s at each worker's rows. "
+          f"**Pinned** runs give each worker a core of its own (`--pin_workers`), as separate "
+          f"machines would: they test the model's slowest-stage term (and OVERLAP's wait for "
+          f"the next stage's gradient) and, with replicas, its exchange term at this machine's "
+          f"loopback rate (`allreduce_bench`'s mesh all-gather and sum). **Shared** runs put "
+          f"every worker on all {cores} cores, where the model falls back to summed compute "
+          f"over the cores. BACKPROP is predicted as one pass through every stage per step.\n",
+          "| model | method | K × R | B | workers on | steps | predicted step (ms) "
+          "| of it, exchange (ms) | measured step (ms) | error |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in check_rows:
+        on = "a core each" if c["pinned"] else f"{c['cores']} shared cores"
+        md.append(f"| {c['model']} | {c['rule']} | {c['stages']} × {c['replicas']} | "
+                  f"{c['batch']} | {on} | {c['steps']} | {c['predicted_step_ms']:.2f} | "
+                  f"{c['predicted_exchange_ms']:.2f} | {c['measured_step_ms']:.2f} | "
+                  f"{100 * c['error']:+.0f}% |")
+    for pinned in (True, False):
+        errs = [abs(c["error"]) for c in check_rows if c["pinned"] == pinned]
+        if errs:
+            md.append(f"\n{'Pinned' if pinned else 'Shared'}: largest error "
+                      f"{100 * max(errs):.0f}%, median {100 * median(errs):.0f}%.")
+    md.append("\nThe model counts the stages' compute and the replicas' exchange. A cluster "
+              "adds activation transfers over gRPC, the coordinator's work (data and "
+              "evaluations) on the same cores, and the hand-offs between each worker's "
+              "threads.\n")
     return "\n".join(md) + "\n"
 
 

@@ -2,6 +2,7 @@
 #include "services/common/spawn.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -10,11 +11,30 @@
 
 namespace localpar {
 
-pid_t SpawnProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+pid_t SpawnProcess(const std::vector<std::string>& argv, const std::string& log_path, int cpu) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
   setpgid(0, 0);
+  if (cpu >= 0 && cpu < CPU_SETSIZE) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) std::perror("sched_setaffinity");
+  }
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);
   signal(SIGINT, SIG_DFL);

@@ -14,7 +14,7 @@
 namespace localpar {
 
 void Child::Start() {
-  pid = SpawnProcess(argv, log_path);
+  pid = SpawnProcess(argv, log_path, cpu);
   exited = false;
   status = 0;
   cause.clear();

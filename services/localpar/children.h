@@ -13,6 +13,7 @@ struct Child {
   std::string name;  // "worker for stage 2", "coordinator"
   std::vector<std::string> argv;
   std::string log_path;  // empty: the launcher's own stdout and stderr
+  int cpu = -1;          // the one CPU it runs on (--pin_workers), or -1 for any
   pid_t pid = -1;
   bool exited = false;
   int status = 0;  // from waitpid

@@ -26,6 +26,7 @@
 #include "services/common/exit_codes.h"
 #include "services/common/port_file.h"
 #include "services/common/program_config.h"
+#include "services/common/spawn.h"
 #include "services/localpar/children.h"
 #include "services/localpar/health_watch.h"
 
@@ -128,9 +129,11 @@ class Launcher {
   // Each worker binds port 0 and reports the port it got: no races for free ports.
   bool StartWorkers() {
     const std::string bin = options_.bin_dir + "/localpar_worker";
+    const std::vector<int> cpus = AllowedCpus();
     for (int k = 0; k < stages_; ++k) {
       Child c;
       c.name = WorkerName(k);
+      if (options_.run.pin_workers()) c.cpu = cpus[k % cpus.size()];
       c.argv = {bin};
       for (std::string& a : ToFlagArgs(WorkerConfigFor(k, "127.0.0.1:0"), WorkerDefaults())) {
         c.argv.push_back(std::move(a));
@@ -167,6 +170,15 @@ class Launcher {
       addresses_[k] = absl::StrCat("127.0.0.1:", (*ports)[0]);
       metrics_ports_[k] = (*ports)[1];
       health_.Watch(k, addresses_[k]);
+    }
+    if (options_.run.pin_workers()) {
+      std::cerr << "localpar: each worker pinned to one CPU:";
+      for (int k = 0; k < stages_; ++k) {
+        std::cerr << (k ? ", " : " ") << "worker " << k << " on CPU " << children_[k].cpu;
+      }
+      std::cerr << (static_cast<size_t>(stages_) > cpus.size()
+                        ? " (more workers than CPUs: some share)\n"
+                        : "\n");
     }
     return true;
   }

@@ -13,6 +13,7 @@
 #include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
+#include "services/common/spawn.h"
 #include "services/worker/worker_service.h"
 
 namespace localpar {
@@ -67,6 +68,9 @@ absl::StatusOr<int> RunWorker(const WorkerOptions& options, std::ostream& log) {
   }
   log << "localpar_worker: serving on port " << port;
   if (metrics_server) log << ", metrics on port " << metrics_port;
+  const std::vector<int> cpus = AllowedCpus();
+  log << (cpus.size() == 1 ? ", on CPU " : ", on CPUs ");
+  for (size_t i = 0; i < cpus.size(); ++i) log << (i ? "," : "") << cpus[i];
   log << "\n";
   int stopped_by = 0;
   std::thread signals([&] {

@@ -200,7 +200,10 @@ def main():
                                    "max_examples": 4000000, "eval_every_examples": 256}],
                        "methods": methods,
                        "cluster_checks": [{"model": "tiny", "method": "GREEDY K=2", "batch": 64,
-                                           "steps": 20}]}, f)
+                                           "steps": 20},
+                                          {"model": "tiny", "method": "data parallel",
+                                           "batch": 64, "steps": 20, "replicas": 2,
+                                           "pin": True}]}, f)
         out = os.path.join(tmp, "out")
         results = os.path.join(tmp, "doc", "RESULTS.md")
         os.makedirs(os.path.dirname(results))
@@ -278,7 +281,13 @@ def main():
                        "pipelined K=2": 2}.get(row["method"], 2 * b // 16)
             check(int(row["devices"]) == devices, f"{row['method']} B={b}: devices")
         checks = list(csv.DictReader(open(os.path.join(out, "checks.csv"))))
-        check(len(checks) == 1 and float(checks[0]["measured_step_ms"]) > 0, "cluster check")
+        check(len(checks) == 2 and all(float(c["measured_step_ms"]) > 0 for c in checks),
+              "cluster checks")
+        # The pinned check with replicas: two workers, a core each, and an exchange term.
+        check(checks[1]["pinned"] == "True" and checks[1]["replicas"] == "2"
+              and float(checks[1]["predicted_exchange_ms"]) > 0, f"pinned check: {checks[1]}")
+        check(checks[0]["pinned"] == "False"
+              and float(checks[0]["predicted_exchange_ms"]) == 0, f"shared check: {checks[0]}")
         md = open(results).read()
         check(md.startswith("# Results\n\nkept above\n"), "the rest of RESULTS.md was lost")
         for t in ("50%", "90%"):

@@ -21,6 +21,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "proto/localpar.pb.h"
 #include "proto/report.pb.h"
+#include "services/common/spawn.h"
 #include "tests/services/cluster_util.h"
 
 namespace localpar {
@@ -307,6 +308,31 @@ TEST(Launcher, AMissingDataSetIsADataErrorNamingTheFiles) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("dataset-fashion-mnist"), std::string::npos) << r.output;
+}
+
+// --pin_workers: each worker process on a CPU of its own, as on its own machine (the cost
+// model's one device per stage). The kernel's own view of a pinned child, then a whole run.
+TEST(Launcher, PinnedWorkersEachRunOnOneCpu) {
+  TempDir dir;
+  const std::vector<int> cpus = AllowedCpus();
+  const std::string seen = dir.path() + "/affinity";
+  pid_t pid = SpawnProcess({"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"}, seen,
+                           cpus.back());
+  ASSERT_EQ(testing::WaitProcess(pid, 10), 0);
+  EXPECT_NE(ReadFile(seen).find("Cpus_allowed_list:\t" + std::to_string(cpus.back()) + "\n"),
+            std::string::npos)
+      << ReadFile(seen);
+
+  const std::string job = dir.Write("small.textproto", SmallJob("GREEDY", 1));
+  auto r = RunProcess({testing::BinDir() + "/localpar", "run", job, "--pin_workers",
+                       "--max_steps=3", "--out=" + dir.path() + "/out"},
+                      60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int k = 0; k < 4; ++k) {
+    const std::string want =
+        absl::StrCat("worker ", k, " on CPU ", cpus[static_cast<size_t>(k) % cpus.size()]);
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  }
 }
 
 TEST(Worker, APortInUseIsAClearStartupError) {
