@@ -101,6 +101,19 @@ def load_spec(path):
             fail(f"{path}: arms[{i}].rule: must be one of {', '.join(RULES)}")
         if "stages" in a and (not isinstance(a["stages"], int) or a["stages"] < 1):
             fail(f"{path}: arms[{i}].stages: must be a positive integer")
+        # An arm may train a variant of the model's job (its own heads, learning rates per
+        # stage): that job file, under a label of its own.
+        if "job" in a:
+            if not isinstance(a["job"], str) or not isinstance(a.get("label"), str):
+                fail(f"{path}: arms[{i}]: an arm's job needs a label")
+            if len(spec["models"]) != 1:
+                fail(f"{path}: arms[{i}].job: a variant job needs a spec with one model")
+            a["job"] = os.path.normpath(os.path.join(base, a["job"]))
+            if not os.path.exists(a["job"]):
+                fail(f"{path}: arms[{i}].job: {a['job']} does not exist")
+        if "label" in a and (not isinstance(a["label"], str) or not a["label"]
+                             or not re.fullmatch(r"[A-Za-z0-9_.+/=-]+", a["label"])):
+            fail(f"{path}: arms[{i}].label: letters, digits and _.+/=- only")
     def check_seeds(seeds, where):
         if not isinstance(seeds, list) or not seeds or not all(
                 isinstance(s, int) and s >= 0 for s in seeds):
@@ -138,6 +151,8 @@ def mean_sd(values):
 
 
 def arm_label(arm):
+    if "label" in arm:
+        return arm["label"]
     return arm["rule"] + (f"/{arm['stages']}" if "stages" in arm else "")
 
 
@@ -163,7 +178,8 @@ def run_one(args, spec, model, arm, seed, run_dir):
         print(f"  reusing {run_dir}", file=sys.stderr)
         return
     os.makedirs(run_dir, exist_ok=True)
-    cmd = [args.localpar, "run", model["job"], f"--rule={arm['rule']}", f"--seed={seed}",
+    cmd = [args.localpar, "run", arm.get("job", model["job"]), f"--rule={arm['rule']}",
+           f"--seed={seed}",
            f"--out={run_dir}", f"--threads={spec['threads']}", f"--device={spec['device']}"]
     if "stages" in arm:
         cmd.append(f"--stages={arm['stages']}")

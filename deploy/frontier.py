@@ -25,7 +25,9 @@ The sweep is read from a JSON file (deploy/experiments/frontier.json):
       "tune_seeds": [1],          # the seeds that choose each point's setting (default: seeds)
       "seeds": [2, 3, 4], "summary_seeds": [2, 3, 4, 5, 6],   # the seeds each point reports
       "equal_devices": 16,        # the summary's equal-device comparison
-      "reference_batch": 128      # where the per-depth head plot is drawn
+      "reference_batch": 128,     # where the per-depth head plot and the depth check are
+      "depth_check": true,        # the whole network and its first block, trained to the end
+      "depth_only": false         # true: the depth check alone (targets that need no depth)
     }],
     "methods": [
       {"label": "data parallel", "rule": "BACKPROP", "stages": 1, "cost": "data_parallel"},
@@ -119,6 +121,16 @@ def first_reaching(points, target, higher_is_better, hold=1):
         if run >= hold:
             return points[i - hold + 1]
     return None
+
+
+def best_held(values, higher_is_better, hold=1):
+    """The best value that held for `hold` evaluations in a row (each window's worst)."""
+    if len(values) < hold:
+        return -math.inf if higher_is_better else math.inf
+    windows = [values[i:i + hold] for i in range(len(values) - hold + 1)]
+    if higher_is_better:
+        return max(min(w) for w in windows)
+    return min(max(w) for w in windows)
 
 
 def median(values):
@@ -343,6 +355,13 @@ def load_spec(path):
         else:
             m["lengths"] = [m["max_examples"]]
         m.setdefault("reference_batch", m["batch_sizes"][0])
+        m.setdefault("depth_check", True)
+        m.setdefault("depth_only", False)
+        for key in ("depth_check", "depth_only"):
+            if not isinstance(m[key], bool):
+                fail(f"{where}.{key}: true or false")
+        if m["depth_only"] and not m["depth_check"]:
+            fail(f"{where}.depth_only: needs depth_check")
         if m["reference_batch"] not in m["batch_sizes"]:
             fail(f"{where}.reference_batch: must be one of batch_sizes")
     labels = set()
@@ -550,6 +569,8 @@ def covers(done, cfg):
         return False
     if not done.get("stopped_at_target"):
         return True
+    if cfg["strictest"] is None:
+        return False  # wants the whole length
     if cfg["text"]:
         return old["strictest"] <= cfg["strictest"]  # a loss: lower is stricter
     return old["strictest"] >= cfg["strictest"]
@@ -591,7 +612,8 @@ def train_run(args, cfg, run_dir):
         while proc.poll() is None:
             time.sleep(0.5)
             points = evals.update()
-            if first_reaching([(s, v[-1]) for s, v in points], strictest, not text, cfg["hold"]):
+            if strictest is not None and first_reaching(
+                    [(s, v[-1]) for s, v in points], strictest, not text, cfg["hold"]):
                 proc.send_signal(signal.SIGTERM)  # reached: the rest would be wasted compute
                 stopped = True
                 proc.wait()
@@ -834,22 +856,10 @@ def main():
               file=sys.stderr)
         return
 
-    # 1. Profiles first, one at a time, while nothing else runs: every device batch of the
-    # sensitivity check, for every stage count (and shallow cut) the methods use.
-    profiles = {}
-    for m in models:
-        for db in m["device_batches"]:
-            for k, first in sorted({(a["stages"], a.get("first_stages") or 0)
-                                    for a in spec["methods"]}):
-                prof = profile(args, m, k, db, args.out, first or None)
-                cached = prof.pop("cached", False)
-                profiles[(m["name"], k, first, db)] = prof
-                print(f"profiled {m['name']} K={k}{f' first {first}' if first else ''} at "
-                      f"{db} rows{', cached' if cached else ''}", file=sys.stderr)
-
-    # 2. The training runs, one per configuration (shared between methods that train alike),
+    # The training runs, one per configuration (shared between methods that train alike),
     # each cached by its configuration so that a sweep resumes where it stopped.
-    def config(m, a, b, lr, length, seed):
+    def config(m, a, b, lr, length, seed, whole=False):
+        """A run's configuration; `whole`: trained to its length, never stopped early."""
         text = m["text"]
         job = job_for(m, a.get("first_stages"), b)
         with open(job, "rb") as f:
@@ -859,7 +869,8 @@ def main():
                 "first_stages": a.get("first_stages") or 0, "batch": b, "lr": lr,
                 "length": length, "seed": seed,
                 "eval_every_steps": max(1, m["eval_every_examples"] // b), "hold": m["hold"],
-                "strictest": min(m["targets"]) if text else max(m["targets"]), "text": text,
+                "strictest": None if whole else min(m["targets"]) if text else max(m["targets"]),
+                "text": text,
                 "train_examples": m["data"]["train_examples"]}
 
     results = {}
@@ -887,6 +898,51 @@ def main():
     def settings(m, b):
         return [(lr, length) for length in m["lengths"] for lr in lr_grid(m["lr"], b)]
 
+    # 1. Depth: the whole network and its first block alone (the data-parallel methods) at
+    # the reference batch, at every learning rate, trained over the longest length to the
+    # end. The best each holds says which targets need depth; a model marked depth_only
+    # stops here (a sweep of targets the first block reaches tests nothing).
+    depth_rows = []
+    for m in models:
+        dp = [a for a in spec["methods"] if a["cost"] == "data_parallel"]
+        if not m["depth_check"] or not any(a.get("first_stages") for a in dp):
+            continue
+        b, length = m["reference_batch"], max(m["lengths"])
+        grid = lr_grid(m["lr"], b)
+        run_all([config(m, a, b, lr, length, seed, whole=True) for a in dp for lr in grid
+                 for seed in m["tune_seeds"]])
+        for a in dp:
+            best = None
+            for lr in grid:
+                held = []
+                for seed in m["tune_seeds"]:
+                    r = results[run_id(config(m, a, b, lr, length, seed, whole=True))]
+                    held.append(best_held([p["metrics"][-1] for p in r["points"]],
+                                          not m["text"], m["hold"]))
+                value = sum(held) / len(held)
+                if best is None or (value < best[0] if m["text"] else value > best[0]):
+                    best = (value, lr)
+            depth_rows.append({"model": m["name"], "method": a["label"],
+                               "shallow": bool(a.get("first_stages")), "batch": b,
+                               "length": length, "lr": best[1], "best": best[0],
+                               "lr_edge": at_edge(grid.index(best[1]), len(grid)),
+                               "seeds": len(m["tune_seeds"])})
+    all_models, models = models, [m for m in models if not m.get("depth_only")]
+
+    # 2. Profiles first, one at a time, while nothing else runs: every device batch of the
+    # sensitivity check, for every stage count (and shallow cut) the methods use.
+    profiles = {}
+    for m in models:
+        for db in m["device_batches"]:
+            for k, first in sorted({(a["stages"], a.get("first_stages") or 0)
+                                    for a in spec["methods"]}):
+                prof = profile(args, m, k, db, args.out, first or None)
+                cached = prof.pop("cached", False)
+                profiles[(m["name"], k, first, db)] = prof
+                print(f"profiled {m['name']} K={k}{f' first {first}' if first else ''} at "
+                      f"{db} rows{', cached' if cached else ''}", file=sys.stderr)
+
+    # 3. The sweep: every setting on the tune seeds.
     run_all([config(m, a, b, lr, length, seed) for m in models for a in spec["methods"]
              for b in m["batch_sizes"] for lr, length in settings(m, b)
              for seed in m["tune_seeds"]])
@@ -910,7 +966,7 @@ def main():
              for a in spec["methods"] for b in m["batch_sizes"] for target in m["targets"]
              for seed in m["seeds"]])
 
-    # 3. Points: each method, batch size and target at its best setting (learning rate and
+    # 4. Points: each method, batch size and target at its best setting (learning rate and
     # schedule length) on the tune seeds, over the seeds it reports; a seed that missed counts
     # at its budget, and makes the point's time a lower bound.
     def point(m, a, b, target, extra_seeds=()):
@@ -1003,7 +1059,7 @@ def main():
                                   "examples": examples_seen(step, b,
                                                             m["data"]["train_examples"])})
 
-    # 4. The cluster checks: the cost model on this machine against real clusters.
+    # 5. The cluster checks: the cost model on this machine against real clusters.
     check_rows = run_checks(args, spec, models, link, latency)
 
     write_csv(os.path.join(args.out, "frontier.csv"), rows,
@@ -1015,8 +1071,10 @@ def main():
     write_csv(os.path.join(args.out, "checks.csv"), check_rows,
               CHECK_COLUMNS)
 
+    write_csv(os.path.join(args.out, "depth.csv"), depth_rows,
+              ["model", "method", "shallow", "batch", "length", "lr", "lr_edge", "seeds", "best"])
     md = report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir,
-                         os.cpu_count() or 1)
+                         os.cpu_count() or 1, depth_rows, all_models)
     with open(os.path.join(args.out, "FRONTIER.md"), "w") as f:
         f.write(md)
     if args.results:
@@ -1026,7 +1084,7 @@ def main():
         for fname in os.listdir(plots_dir):
             if fname.endswith(".svg"):
                 shutil.copy(os.path.join(plots_dir, fname), dest)
-        for fname in ("frontier.csv", "heads.csv", "checks.csv"):
+        for fname in ("frontier.csv", "heads.csv", "checks.csv", "depth.csv"):
             shutil.copy(os.path.join(args.out, fname),
                         os.path.join(dest, "frontier.csv" if fname == "frontier.csv"
                                      else f"frontier_{fname}"))
@@ -1057,7 +1115,55 @@ def replace_section(path, md):
         f.write(new)
 
 
-def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, cores):
+def depth_markdown(depth_rows, models):
+    """Which targets need depth: the best the first block alone and the whole network held."""
+    md = ["\n## Targets that need depth\n",
+          "Data parallelism with the whole network and with its first block alone, at the "
+          "reference batch, every learning rate of the grid, trained over the longest length "
+          "to its end: the best value each held for `hold` evaluations in a row, at its best "
+          "learning rate (mean over the tune seeds; *edge*: at an end of the grid). A target "
+          "the first block reaches does not need depth, and a frontier on it says nothing "
+          "about deep networks.\n",
+          "| model | B | examples | first block alone | whole network | targets | need depth |",
+          "|---|---|---|---|---|---|---|"]
+    for m in models:
+        rows = [r for r in depth_rows if r["model"] == m["name"]]
+        shallow = next((r for r in rows if r["shallow"]), None)
+        whole = next((r for r in rows if not r["shallow"]), None)
+        if not shallow or not whole:
+            continue
+        text = m["text"]
+
+        def beyond(t):
+            return t < shallow["best"] if text else t > shallow["best"]
+        need = [t for t in m["targets"] if beyond(t)]
+        fmt = (lambda v: f"{v:.3f} bits/byte") if text else (lambda v: f"{100 * v:.2f}%")
+        def at(r):
+            return f"(lr {r['lr']:.2g}{', edge' if r['lr_edge'] else ''})"
+        md.append(f"| {m['name']} | {whole['batch']} | {whole['length']} | "
+                  f"{fmt(shallow['best'])} {at(shallow)} | {fmt(whole['best'])} {at(whole)} | "
+                  f"{', '.join(fmt_target(t, text) for t in m['targets'])} | "
+                  f"{len(need)} of {len(m['targets'])} |")
+    for m in models:
+        rows = [r for r in depth_rows if r["model"] == m["name"]]
+        shallow = next((r for r in rows if r["shallow"]), None)
+        whole = next((r for r in rows if not r["shallow"]), None)
+        if not shallow or not whole:
+            continue
+        deeper = (whole["best"] < shallow["best"]) if m["text"] else (whole["best"] > shallow["best"])
+        if not deeper:
+            md.append(f"\n**{m['name']}: depth does not pay.** The first block alone holds a "
+                      f"value at least as good as the whole network's, so no target needs the "
+                      f"deep network"
+                      + (", and the model is not swept." if m.get("depth_only") else ".")
+                      + "\n")
+        elif m.get("depth_only"):
+            md.append(f"\n{m['name']} is marked depth_only: not swept.\n")
+    return "\n".join(md) + "\n"
+
+
+def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, cores,
+                    depth_rows=(), all_models=()):
     hw = spec["hardware"]
     command = args.command or "python3 " + " ".join(sys.argv)
     md = ["# The compute/time frontier\n",
@@ -1105,6 +1211,8 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
         "lower bound (>). Pipelined backprop computes the same update as backprop, so it "
         "shares data parallelism's runs and differs only in cost. Runs are cached by their "
         "configuration, so the sweep resumes where it stopped.\n")
+    if depth_rows:
+        md.append(depth_markdown(depth_rows, all_models or models))
     for m in models:
         text = m["text"]
         mrows = [r for r in rows if r["model"] == m["name"]]

@@ -29,8 +29,15 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
     v1::Stage* merged = out.add_stages();
     *merged->mutable_input_shape() = job.stages(static_cast<int>(begin)).input_shape();
     std::vector<std::string> names;
+    const float scale = job.stages(static_cast<int>(begin)).lr_scale();
     for (int64_t k = begin; k < begin + count; ++k) {
       const v1::Stage& st = job.stages(static_cast<int>(k));
+      if (st.lr_scale() != scale) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stages=", stages, ": stages[", k, "].lr_scale (", st.lr_scale(),
+                         ") differs from stages[", begin, "].lr_scale (", scale,
+                         "), and they would merge into one stage with one learning rate"));
+      }
       names.push_back(st.name().empty() ? absl::StrCat("stage", k) : st.name());
       for (const v1::Layer& l : st.layers()) *merged->add_layers() = l;
       if (st.has_head()) {
@@ -40,6 +47,7 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
       }
     }
     merged->set_name(absl::StrJoin(names, "+"));
+    merged->set_lr_scale(scale);
   }
   return out;
 }
@@ -109,6 +117,11 @@ ModelConfig ToModelConfig(const v1::Job& job) {
     if (st.head().hidden() > 0) s.head.hidden = st.head().hidden();
     if (st.head().channels() > 0) s.head.channels = st.head().channels();
     s.head.tie_embedding = st.head().tie_embedding();
+    Shape head_in = cur;
+    for (const v1::Layer& l : st.head().layers()) {
+      ExpandLayer(LayerFromSpec(l), &head_in, &s.head.layers);
+    }
+    if (st.lr_scale() > 0) s.lr_scale = st.lr_scale();
     m.stages.push_back(std::move(s));
   }
   return m;

@@ -257,6 +257,18 @@ absl::Status ValidateStages(const v1::Job& job) {
                      "expected LINEAR, POOL_LINEAR, MLP, CONV_POOL_LINEAR or "
                      "LANGUAGE_MODEL");
     }
+    for (int i = 0; i < st.head().layers_size(); ++i) {
+      const std::string where = absl::StrCat(at, ".head.layers[", i, "]");
+      if (int depth = LayerSpecNesting(st.head().layers(i)); depth > kMaxLayerNesting) {
+        return Invalid(where,
+                       absl::StrCat("layers nest ", depth, " deep; at most ", kMaxLayerNesting));
+      }
+      absl::Status s = ValidateLayerSpec(st.head().layers(i), where);
+      if (!s.ok()) return s;
+    }
+    if (!(st.lr_scale() >= 0) || !std::isfinite(st.lr_scale())) {
+      return Invalid(at + ".lr_scale", "must be a finite number >= 0 (0: 1)");
+    }
     if (st.head().hidden() < 0) return Invalid(at + ".head.hidden", "must be > 0");
     if (st.head().channels() < 0) return Invalid(at + ".head.channels", "must be > 0");
     for (int64_t v : st.input_shape()) {

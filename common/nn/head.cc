@@ -7,11 +7,13 @@
 #include "common/nn/layers/norm.h"
 
 namespace localpar {
+namespace {
 
-bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
+// The layers of the head's kind, appended for input shape `in` (what the head's own layers
+// leave).
+bool KindLayers(const HeadConfig& head, const Shape& in, int64_t classes,
                 std::vector<LayerConfig>* layers, std::string* error) {
-  layers->clear();
-  bool image = in.size() == 3;
+  const bool image = in.size() == 3;
   switch (head.kind) {
     case HeadConfig::Kind::kLinear:
       break;
@@ -52,6 +54,24 @@ bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
   }
   layers->push_back(LinearConfig(classes));
   return true;
+}
+
+}  // namespace
+
+bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
+                std::vector<LayerConfig>* layers, std::string* error) {
+  *layers = head.layers;
+  Shape cur = in;
+  for (size_t i = 0; i < head.layers.size(); ++i) {
+    Shape next;
+    std::string e;
+    if (!InferLayerShape(head.layers[i], cur, &next, &e)) {
+      *error = "layers[" + std::to_string(i) + "] " + e + " (input " + ShapeString(cur) + ")";
+      return false;
+    }
+    cur = next;
+  }
+  return KindLayers(head, cur, classes, layers, error);
 }
 
 }  // namespace localpar

@@ -21,9 +21,12 @@ struct HeadConfig {
   int64_t channels = 32;
   // kLanguageModel: the output projection is the stage's embedding table, transposed.
   bool tie_embedding = false;
+  // Applied to the stage's output first (more capacity: a transformer block, say).
+  std::vector<LayerConfig> layers;
 };
 
-// The head's layers for a stage whose output has per-example shape `in`; the last layer
+// The head's layers for a stage whose output has per-example shape `in` (its own `layers`
+// first, then its kind's); the last layer
 // produces `classes` logits. Returns false with *error when the head cannot fit.
 bool HeadLayers(const HeadConfig& head, const Shape& in, int64_t classes,
                 std::vector<LayerConfig>* layers, std::string* error);

@@ -16,6 +16,7 @@ std::unique_ptr<Stage> Stage::Create(Backend& backend, const StageConfig& config
   std::unique_ptr<Stage> st(new Stage(backend, optimizer));
   st->name_ = config.name;
   st->in_shape_ = in;
+  st->lr_scale_ = config.lr_scale;
   Shape cur = in;
   for (size_t i = 0; i < config.layers.size(); ++i) {
     std::string e;
@@ -193,7 +194,7 @@ std::vector<Param*> Stage::head_params() {
   return out;
 }
 
-void Stage::Step(float lr) { opt_.Step(params(), lr); }
+void Stage::Step(float lr) { opt_.Step(params(), lr * lr_scale_); }
 
 std::vector<Param*> Stage::params() {
   std::vector<Param*> out;

@@ -16,7 +16,8 @@ struct StageConfig {
   std::string name;
   std::vector<LayerConfig> layers;
   HeadConfig head;
-  Shape declared_input;  // optional: checked against what arrives (empty: anything)
+  Shape declared_input;   // optional: checked against what arrives (empty: anything)
+  float lr_scale = 1.0f;  // multiplies every Step's learning rate
 };
 
 // Sums of a head's per-example loss and correct predictions over `count` examples.
@@ -69,7 +70,8 @@ class Stage {
   // the last layer first.
   void Backward(int slot, const Tensor& dy, Tensor* dx,
                 const std::function<void(int)>& layer_done = {});
-  // Applies the optimizer to every parameter (layers and head) and clears gradients.
+  // Applies the optimizer to every parameter (layers and head) at lr x the stage's
+  // lr_scale, and clears gradients.
   void Step(float lr);
 
   std::vector<Param*> params();  // the layers' in order, then the head's
@@ -112,6 +114,7 @@ class Stage {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<Layer>> head_;
   Optimizer opt_;
+  float lr_scale_ = 1.0f;
   std::vector<Slot> slots_;
 };
 

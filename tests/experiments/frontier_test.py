@@ -193,6 +193,7 @@ def main():
                        "models": [{"job": job, "targets": [0.5, 0.9], "batch_sizes": [16, 64],
                                    "device_batch": 16, "device_batches": [16, 32],
                                    "seeds": [1, 2], "summary_seeds": [1, 2, 3],
+                                   "depth_check": False,
                                    "schedule": {"kind": "COSINE", "warmup_examples": 64,
                                                 "min_lr_fraction": 0.1,
                                                 "lengths": [4000000]},
@@ -316,15 +317,24 @@ def main():
                        "models": [{"job": job, "targets": [0.9], "batch_sizes": [16],
                                    "device_batch": 16, "tune_seeds": [1], "seeds": [2, 3],
                                    "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
-                                   "max_examples": 4000000, "eval_every_examples": 256}],
-                       "methods": methods[:1]}, f)
+                                   "max_examples": 4000000, "eval_every_examples": 256,
+                                   "depth_check": False},
+                                  # The depth check alone: both data-parallel methods over
+                                  # 12800 examples each, to the end.
+                                  {"job": job, "label": "tinydepth", "targets": [0.9],
+                                   "batch_sizes": [16], "device_batch": 16, "tune_seeds": [1],
+                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1]},
+                                   "max_examples": 12800, "eval_every_examples": 256,
+                                   "depth_only": True}],
+                       "methods": methods[:2]}, f)
         out3 = os.path.join(tmp, "out3")
         r = subprocess.run([sys.executable, os.path.join(source, "deploy", "frontier.py"),
                             tuned, "--out", out3, "--localpar", localpar],
                            capture_output=True, text=True)
         check(r.returncode == 0, f"tuned sweep failed:\n{r.stderr}")
-        trained = {d: json.load(open(os.path.join(out3, "runs", d, "run.json")))
-                   for d in os.listdir(os.path.join(out3, "runs"))}
+        every = {d: json.load(open(os.path.join(out3, "runs", d, "run.json")))
+                 for d in os.listdir(os.path.join(out3, "runs"))}
+        trained = {d: r for d, r in every.items() if d.startswith("tiny-BACKPROP-K1-b16-")}
         tune = {r["lr"]: r for r in trained.values() if r["seed"] == 1}
         check(len(tune) == 2, f"seed 1 tunes both learning rates: {sorted(trained)}")
         steps = {lr: fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
@@ -338,8 +348,28 @@ def main():
                                      0.9, True, 2)[0] for r in fresh) / 2
         check(int(row["seeds"]) == 2 and close(float(row["steps"]), want),
               f"the point reports the fresh seeds: {row}")
-        check("chosen on seed 1, reported over fresh seeds 2, 3" in
-              open(os.path.join(out3, "FRONTIER.md")).read(), "FRONTIER.md states the tuning")
+        md3 = open(os.path.join(out3, "FRONTIER.md")).read()
+        check("chosen on seed 1, reported over fresh seeds 2, 3" in md3,
+              "FRONTIER.md states the tuning")
+        # The depth check: both methods trained to the end of their 12800 examples (800
+        # steps), never stopped at the target, and the best value each held 2 evaluations
+        # in a row; a depth_only model gets no frontier points.
+        depth = {r["method"]: r for r in csv.DictReader(open(os.path.join(out3, "depth.csv")))
+                 if r["model"] == "tinydepth"}
+        check(sorted(depth) == ["data parallel", "first block alone"], f"depth rows: {depth}")
+        for method, first in (("data parallel", ""), ("first block alone", "-first1")):
+            run = every[f"tinydepth-BACKPROP-K1{first}-b16-lr0.0353553-n12800-s1"]
+            acc = [p["metrics"][-1] for p in run["points"]]
+            check(not run["stopped_at_target"] and run["points"][-1]["step"] == 800,
+                  f"{method}: the depth run trains to its end")
+            check(close(float(depth[method]["best"]),
+                        max(min(a, b) for a, b in zip(acc, acc[1:]))),
+                  f"{method}: the best value held twice in a row")
+        check("## Targets that need depth" in md3 and "| tinydepth | 16 | 12800 |" in md3,
+              "FRONTIER.md has the depth table")
+        check(not any(r["model"] == "tinydepth"
+                      for r in csv.DictReader(open(os.path.join(out3, "frontier.csv")))),
+              "a depth_only model is not swept")
 
         # A bad sweep file names the field.
         with open(spec, "w") as f:

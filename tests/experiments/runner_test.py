@@ -130,6 +130,32 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         check(list(csv.DictReader(open(os.path.join(out, "results.csv")))) == rows,
               "--reuse changed the results")
 
+        # An arm may train a variant of the model's job under its own label: here a head with
+        # a transformer block and a learning rate per stage.
+        variant = os.path.join(tmp, "variant.textproto")
+        with open(lm) as f:
+            text = f.read()
+        with open(variant, "w") as f:
+            f.write(text.replace("head { kind: LANGUAGE_MODEL } }",
+                                 "head { kind: LANGUAGE_MODEL layers { transformer_block "
+                                 "{ heads: 2 } } } lr_scale: 0.5 }", 1))
+        check("lr_scale: 0.5" in open(variant).read(), "the variant job")
+        with open(spec, "w") as f:
+            json.dump({"models": [{"job": lm, "max_steps": 4}], "seeds": [1],
+                       "arms": [{"rule": "GREEDY", "job": variant, "label": "GREEDY+var"}]}, f)
+        r = subprocess.run([sys.executable, runner, spec, "--out", os.path.join(tmp, "var"),
+                            "--localpar", localpar], capture_output=True, text=True)
+        check(r.returncode == 0, f"variant arm failed:\n{r.stderr}")
+        rows = list(csv.DictReader(open(os.path.join(tmp, "var", "results.csv"))))
+        check([r["arm"] for r in rows] == ["GREEDY+var"], f"variant rows: {rows}")
+        log = open(os.path.join(tmp, "var", "runs", "tiny_lm-GREEDY+var-seed1", "run.log")).read()
+        check("variant.textproto" in log, "the arm trained its own job")
+        with open(spec, "w") as f:
+            json.dump({"models": [{"job": lm}, {"job": lm}],
+                       "arms": [{"rule": "GREEDY", "job": variant, "label": "v"}]}, f)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        check(r.returncode == 2 and "arms[0].job" in r.stderr, f"job arm, two models: {r.stderr}")
+
         # A bad experiment file names the field.
         with open(spec, "w") as f:
             json.dump({"models": [{"job": lm}], "arms": [{"rule": "SIDEWAYS"}]}, f)

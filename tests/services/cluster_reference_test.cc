@@ -114,6 +114,57 @@ INSTANTIATE_TEST_SUITE_P(Rules, LanguageModelCluster,
                          ::testing::Values("GREEDY", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
 
+// Heads with more capacity (a transformer block before the language-model head) and a
+// learning rate per stage, as the language-model gap's arms use them: a cluster ends
+// bitwise equal to the reference, and lr_scale is exactly a scaled learning rate.
+TEST(LanguageModelCluster, TransformerBlockHeadsAndStageLearningRatesMatchTheReference) {
+  TempDir dir;
+  std::string corpus;
+  for (int i = 0; corpus.size() < 3000; ++i) {
+    corpus += "fortune " + std::to_string(i * 7919 % 1000) + ": the quick brown fox.\n%\n";
+  }
+  const std::string corpus_path = dir.Write("corpus.txt", corpus);
+  auto job_text = [&](const std::string& lr, const std::string& stages) {
+    return "name: \"lm\"\nrule: CHUNKED\ndata { text { paths: \"" + corpus_path +
+           "\" seq_len: 8 holdout_fraction: 0.2 holdout: INTERLEAVED_BLOCKS } }\n"
+           "batch_size: 12\nepochs: 1\nseed: 3\neval_batch_size: 40\n"
+           "optimizer { adamw {} }\nschedule { kind: COSINE lr: " +
+           lr + " warmup_steps: 4 }\n" + stages;
+  };
+  const std::string stages = R"(
+stages { layers { embedding { vocab: 256 dim: 16 } } layers { positional_encoding {} }
+         layers { transformer_block { heads: 2 } } lr_scale: 2
+         head { kind: LANGUAGE_MODEL layers { transformer_block { heads: 2 mlp_hidden: 32 } } } }
+stages { layers { transformer_block { heads: 4 mlp_hidden: 24 } } lr_scale: 0.5
+         head { kind: LANGUAGE_MODEL } }
+)";
+  const std::string job = dir.Write("job.textproto", job_text("0.003", stages));
+  v1::ModelWeights want = ExpectClusterEqualsReference(dir, job);
+  // Stage 0 has an embedding and stage 1 does not, and the blocks are alike: stage 0's head
+  // block adds its dozen tensors (two pre-norm residual blocks' norms, weights and biases).
+  ASSERT_EQ(want.stages_size(), 2);
+  EXPECT_GE(want.stages(0).params_size(), want.stages(1).params_size() + 12);
+
+  // A single stage at lr 0.006 x lr_scale 0.5 trains exactly as at lr 0.003, and not as
+  // at 0.006.
+  const std::string one = R"(
+stages { layers { embedding { vocab: 256 dim: 16 } } layers { positional_encoding {} }
+         layers { transformer_block { heads: 2 } } lr_scale: 0.5 head { kind: LANGUAGE_MODEL } }
+)";
+  std::string plain = one;
+  plain.replace(plain.find(" lr_scale: 0.5"), 14, "");
+  v1::ModelWeights scaled =
+      ReferenceWeights(dir.Write("scaled.textproto", job_text("0.006", one)), dir.path() + "/s");
+  v1::ModelWeights half =
+      ReferenceWeights(dir.Write("half.textproto", job_text("0.003", plain)), dir.path() + "/h");
+  v1::ModelWeights full =
+      ReferenceWeights(dir.Write("full.textproto", job_text("0.006", plain)), dir.path() + "/f");
+  // (The files also carry the job that trained them, which differs: compare the stages.)
+  ASSERT_EQ(scaled.stages_size(), 1);
+  EXPECT_EQ(scaled.stages(0).SerializeAsString(), half.stages(0).SerializeAsString());
+  EXPECT_NE(scaled.stages(0).SerializeAsString(), full.stages(0).SerializeAsString());
+}
+
 // Token files made here (an llm.c shard to train on, a nanoGPT .bin to validate on) train
 // under `localpar run` bitwise equal to `localpar train`: windows at random offsets that
 // both draw alike, a learned position embedding, a tied output projection, clipping. The

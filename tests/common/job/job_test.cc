@@ -211,6 +211,51 @@ stages { name: "d" layers { gelu {} } head { kind: MLP hidden: 7 } }
   EXPECT_NE(bad.status().message().find("regroups into 1..4"), std::string::npos);
 }
 
+// Heads with layers of their own (a transformer block before a language-model head) and a
+// learning rate per stage: parsed into the model's configuration, checked naming the field,
+// and stages with different rates never merge into one.
+TEST(JobFiles, HeadLayersAndStageLearningRates) {
+  const std::string lm = R"(
+rule: GREEDY
+data { synthetic { shape: [8] classes: 5 } }
+stages { layers { linear { out_features: 12 } } layers { relu {} } lr_scale: 2
+         head { kind: MLP hidden: 6 layers { linear { out_features: 10 } } layers { gelu {} } } }
+stages { layers { linear { out_features: 12 } } lr_scale: 2 }
+stages { layers { relu {} } lr_scale: 0.5 }
+)";
+  absl::StatusOr<v1::Job> j = ParseJob(lm, "t");
+  ASSERT_TRUE(j.ok()) << j.status();
+  ModelConfig m = ToModelConfig(*j);
+  ASSERT_EQ(m.stages.size(), 3u);
+  ASSERT_EQ(m.stages[0].head.layers.size(), 2u);
+  EXPECT_EQ(m.stages[0].lr_scale, 2.0f);
+  EXPECT_EQ(m.stages[2].lr_scale, 0.5f);
+  std::vector<LayerConfig> head;
+  std::string e;
+  ASSERT_TRUE(HeadLayers(m.stages[0].head, {12}, 5, &head, &e)) << e;
+  ASSERT_EQ(head.size(), 5u);  // its two layers, then the MLP's linear, relu and linear
+  EXPECT_EQ(head[0].kind, m.stages[0].head.layers[0].kind);
+  std::string why;
+  EXPECT_TRUE(ValidateModel(m, &why)) << why;
+  // Into 2, stages 0 and 1 merge (they share a rate); into 1, stage 2's rate differs.
+  absl::StatusOr<v1::Job> two = RegroupStages(*j, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->stages(0).lr_scale(), 2.0f);
+  absl::StatusOr<v1::Job> one = RegroupStages(*j, 1);
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.status().message().find("stages[2].lr_scale (0.5) differs from stages[0]"),
+            std::string::npos)
+      << one.status();
+  EXPECT_NE(Error(R"(rule: GREEDY data { synthetic { shape: [8] } }
+stages { layers { relu {} } lr_scale: -1 })")
+                .find("stages[0].lr_scale"),
+            std::string::npos);
+  EXPECT_NE(Error(R"(rule: GREEDY data { synthetic { shape: [8] } }
+stages { layers { relu {} } head { layers { linear { out_features: -3 } } } })")
+                .find("stages[0].head.layers[0]"),
+            std::string::npos);
+}
+
 TEST(JobFiles, MissingFileIsNotFound) {
   absl::StatusOr<v1::Job> j = LoadJobFile("/nonexistent/job.textproto");
   ASSERT_FALSE(j.ok());
