@@ -153,6 +153,9 @@ def main():
     sys.path.insert(0, os.path.join(source, "deploy"))
     import frontier as fr
     test_logic(fr)
+    # The shipped sweep file is valid (a mistake there would surface hours into a sweep).
+    spec = fr.load_spec(os.path.join(source, "deploy", "experiments", "frontier.json"))
+    check(spec["models"] and spec["methods"], "deploy/experiments/frontier.json")
 
     with tempfile.TemporaryDirectory(prefix="localpar_frontier_") as tmp:
         job = os.path.join(tmp, "tiny.textproto")

@@ -26,6 +26,13 @@ def check(cond, message):
 def main():
     localpar, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     runner = os.path.join(source, "deploy", "experiment.py")
+    # Every shipped experiment file is valid (its jobs exist, its arms are well formed).
+    sys.path.insert(0, os.path.join(source, "deploy"))
+    import experiment
+    shipped = os.path.join(source, "deploy", "experiments")
+    for name in sorted(os.listdir(shipped)):
+        if name.endswith(".json") and name != "frontier.json":  # frontier.py's own format
+            check(experiment.load_spec(os.path.join(shipped, name))["arms"], name)
     with tempfile.TemporaryDirectory(prefix="localpar_experiment_") as tmp:
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w") as f:
