@@ -1126,32 +1126,29 @@ def depth_markdown(depth_rows, models):
           "about deep networks.\n",
           "| model | B | examples | first block alone | whole network | targets | need depth |",
           "|---|---|---|---|---|---|---|"]
+    pairs = []  # (model, first block's row, whole network's row)
     for m in models:
         rows = [r for r in depth_rows if r["model"] == m["name"]]
         shallow = next((r for r in rows if r["shallow"]), None)
         whole = next((r for r in rows if not r["shallow"]), None)
-        if not shallow or not whole:
-            continue
-        text = m["text"]
+        if shallow and whole:
+            pairs.append((m, shallow, whole))
 
-        def beyond(t):
-            return t < shallow["best"] if text else t > shallow["best"]
-        need = [t for t in m["targets"] if beyond(t)]
+    def better(a, b, text):
+        return a < b if text else a > b
+
+    def at(r):
+        return f"(lr {r['lr']:.2g}{', edge' if r['lr_edge'] else ''})"
+    for m, shallow, whole in pairs:
+        text = m["text"]
+        need = [t for t in m["targets"] if better(t, shallow["best"], text)]
         fmt = (lambda v: f"{v:.3f} bits/byte") if text else (lambda v: f"{100 * v:.2f}%")
-        def at(r):
-            return f"(lr {r['lr']:.2g}{', edge' if r['lr_edge'] else ''})"
         md.append(f"| {m['name']} | {whole['batch']} | {whole['length']} | "
                   f"{fmt(shallow['best'])} {at(shallow)} | {fmt(whole['best'])} {at(whole)} | "
                   f"{', '.join(fmt_target(t, text) for t in m['targets'])} | "
                   f"{len(need)} of {len(m['targets'])} |")
-    for m in models:
-        rows = [r for r in depth_rows if r["model"] == m["name"]]
-        shallow = next((r for r in rows if r["shallow"]), None)
-        whole = next((r for r in rows if not r["shallow"]), None)
-        if not shallow or not whole:
-            continue
-        deeper = (whole["best"] < shallow["best"]) if m["text"] else (whole["best"] > shallow["best"])
-        if not deeper:
+    for m, shallow, whole in pairs:
+        if not better(whole["best"], shallow["best"], m["text"]):
             md.append(f"\n**{m['name']}: depth does not pay.** The first block alone holds a "
                       f"value at least as good as the whole network's, so no target needs the "
                       f"deep network"
