@@ -8,11 +8,16 @@ The matrix is models x arms x seeds, read from a JSON file (see deploy/experimen
     "threads": 1,                                   # CPU GEMM threads per process
     "models": [{"job": "../jobs/fashion_resnet.textproto", "epochs": 2}, ...],
     "arms": [{"rule": "BACKPROP"}, {"rule": "CHUNKED", "stages": 2}, ...],
-    "seeds": [1]
+    "seeds": [1],
+    "trainer": "cluster",                           # or "reference"
+    "parallel": 1                                   # runs at once
   }
 
 Each run is a real local cluster: `localpar run JOB --rule R --stages K --seed S --out DIR`
-(one worker process per stage plus the coordinator, over gRPC on loopback). An arm's
+(one worker process per stage plus the coordinator, over gRPC on loopback). With
+"trainer": "reference" a run is `localpar train` instead: every stage in one process, one
+core per run, and the same weights bit for bit (clusters on CPU are bitwise equal to the
+reference trainer), for long sweeps where only the figures matter. An arm's
 `stages` regroups the job's stages into that many (CHUNKED with 2 chunks is CHUNKED with
 stages 2); without it the job's own stages are used. Model-level `epochs` and `max_steps`
 override the job's budget.
@@ -21,10 +26,19 @@ Outputs under --out: runs/<run>/ (report.json, the run's log, its training curve
 results.csv (one row per run), stages.csv (every stage head's test figures), curves.csv
 (per-stage training loss against wall time), plots/*.svg (gnuplot) and RESULTS.md.
 With --reuse, runs whose report.json already exists are read back instead of rerun.
+With --cache DIR, each finished run's report and curve are also kept in DIR under its whole
+configuration (the job file's contents, rule, stages, seed, budget, threads, device,
+trainer), so a sweep spread over sessions resumes from a committed cache; --done_only then
+writes the tables from the runs finished so far and names the ones still missing.
+
+Over several seeds, each arm's gap to BACKPROP is paired by seed and given with a 95%
+confidence interval (Student's t over the per-seed differences).
 """
 
 import argparse
+import concurrent.futures
 import csv
+import hashlib
 import json
 import math
 import os
@@ -124,6 +138,12 @@ def load_spec(path):
     for i, m in enumerate(spec["models"]):
         m["seeds"] = check_seeds(m.get("seeds", spec["seeds"]), f"models[{i}].seeds")
     spec.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    spec.setdefault("trainer", "cluster")
+    if spec["trainer"] not in ("cluster", "reference"):
+        fail(f"{path}: trainer: must be cluster or reference")
+    spec.setdefault("parallel", 1)
+    if not isinstance(spec["parallel"], int) or spec["parallel"] < 1:
+        fail(f"{path}: parallel: must be a positive integer")
     spec.setdefault("threads", 1)
     spec.setdefault("device", "cpu")
     return spec
@@ -150,6 +170,31 @@ def mean_sd(values):
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+# Student's t for a two-sided 95% interval, by degrees of freedom.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t95(df):
+    if df > 30:
+        return 1.96
+    return T95[max(k for k in T95 if k <= df)]
+
+
+def paired_gap(values, reference):
+    """Mean of the per-seed differences values[s] - reference[s] over the seeds both have,
+    its 95% interval (Student's t; None under two seeds) and the seed count."""
+    d = [values[s] - reference[s] for s in values if s in reference]
+    if not d:
+        return None, None, 0
+    mean = sum(d) / len(d)
+    if len(d) < 2:
+        return mean, None, len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    half = t95(len(d) - 1) * sd / math.sqrt(len(d))
+    return mean, (mean - half, mean + half), len(d)
+
+
 def arm_label(arm):
     if "label" in arm:
         return arm["label"]
@@ -171,14 +216,53 @@ def sequential_steps(rule, stages, steps):
     return steps + stages - 1
 
 
-def run_one(args, spec, model, arm, seed, run_dir):
-    report_path = os.path.join(run_dir, "report.json")
-    curve_path = os.path.join(run_dir, "curve.csv")
-    if args.reuse and os.path.exists(report_path) and os.path.exists(curve_path):
-        print(f"  reusing {run_dir}", file=sys.stderr)
+def run_config(spec, model, arm, seed):
+    """Every setting that changes a run's result, for the cache."""
+    job = arm.get("job", model["job"])
+    with open(job, "rb") as f:
+        job_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+    return {"job": os.path.basename(job), "job_hash": job_hash, "rule": arm["rule"],
+            "stages": arm.get("stages", 0), "seed": seed,
+            "epochs": model.get("epochs", 0), "max_steps": model.get("max_steps", 0),
+            "threads": spec["threads"], "device": spec["device"], "trainer": spec["trainer"]}
+
+
+CACHED = ("report.json", "curve.csv")
+
+
+def cache_dir(args, rid):
+    return os.path.join(args.cache, rid) if args.cache else None
+
+
+def from_cache(args, rid, config, run_dir):
+    """Copies a cached run with this configuration into run_dir; whether there was one."""
+    where = cache_dir(args, rid)
+    if not where or not all(os.path.exists(os.path.join(where, f))
+                            for f in CACHED + ("config.json",)):
+        return False
+    with open(os.path.join(where, "config.json")) as f:
+        if json.load(f) != config:
+            return False
+    os.makedirs(run_dir, exist_ok=True)
+    for name in CACHED:
+        shutil.copy(os.path.join(where, name), os.path.join(run_dir, name))
+    return True
+
+
+def is_done(args, rid, config, run_dir):
+    if from_cache(args, rid, config, run_dir):
+        return True
+    return args.reuse and all(os.path.exists(os.path.join(run_dir, f)) for f in CACHED)
+
+
+def run_one(args, spec, model, arm, seed, run_dir, rid):
+    config = run_config(spec, model, arm, seed)
+    if is_done(args, rid, config, run_dir):
+        print(f"  {rid}: done before, read back", file=sys.stderr)
         return
     os.makedirs(run_dir, exist_ok=True)
-    cmd = [args.localpar, "run", arm.get("job", model["job"]), f"--rule={arm['rule']}",
+    verb = "train" if spec["trainer"] == "reference" else "run"
+    cmd = [args.localpar, verb, arm.get("job", model["job"]), f"--rule={arm['rule']}",
            f"--seed={seed}",
            f"--out={run_dir}", f"--threads={spec['threads']}", f"--device={spec['device']}"]
     if "stages" in arm:
@@ -191,16 +275,17 @@ def run_one(args, spec, model, arm, seed, run_dir):
         os.remove(metrics_path)  # a run appends to it: start this one afresh
     with open(os.path.join(run_dir, "run.log"), "w") as log:
         log.write(" ".join(cmd) + "\n")
+        log.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
             if args.verbose or line.startswith("epoch") and " accuracy" in line:
-                print(f"    {line.rstrip()}", file=sys.stderr)
+                print(f"    {rid}: {line.rstrip()}", file=sys.stderr)
         code = proc.wait()
     if code != 0:
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
     # The training curve: every stage's loss over the epoch so far, from metrics.jsonl.
-    with open(curve_path, "w", newline="") as f:
+    with open(os.path.join(run_dir, "curve.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["seconds", "stage", "train_loss"])
         with open(metrics_path) as m:
@@ -208,6 +293,16 @@ def run_one(args, spec, model, arm, seed, run_dir):
                 point = json.loads(line)
                 if point["kind"] in ("train", "epoch") and point["loss"] is not None:
                     w.writerow([f"{point['wall_seconds']:.2f}", point["stage"], point["loss"]])
+    where = cache_dir(args, rid)
+    if where:
+        # Written whole or not at all: config.json last, so a half-copied entry never counts.
+        os.makedirs(where, exist_ok=True)
+        for name in CACHED:
+            shutil.copy(os.path.join(run_dir, name), os.path.join(where, name + ".tmp"))
+            os.replace(os.path.join(where, name + ".tmp"), os.path.join(where, name))
+        with open(os.path.join(where, "config.json.tmp"), "w") as f:
+            json.dump(config, f, indent=1)
+        os.replace(os.path.join(where, "config.json.tmp"), os.path.join(where, "config.json"))
 
 
 def read_run(run_dir):
@@ -336,12 +431,20 @@ def parse_args(doc, spec_help, results_help, reuse_help, extra=None):
     return args
 
 
+def extra_flags(p):
+    p.add_argument("--verbose", action="store_true", help="echo every progress line")
+    p.add_argument("--cache", help="also keep each finished run here, by its whole "
+                   "configuration, and read runs back from it (a directory to commit)")
+    p.add_argument("--done_only", action="store_true",
+                   help="run nothing: write the tables from the runs already done (in "
+                   "--cache or, with --reuse, in --out) and name the missing ones")
+
+
 def main():
     args = parse_args(
         __doc__, "experiment file (JSON)", "also write the Markdown report to this path",
         "read back runs that already have a report instead of rerunning them",
-        lambda p: p.add_argument("--verbose", action="store_true",
-                                 help="echo every progress line"))
+        extra_flags)
     spec = load_spec(args.spec)
     os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
     results_plots = None
@@ -357,17 +460,50 @@ def main():
         m["text"] = m["data"]["labels_per_example"] > 1
         models.append(m)
 
-    total = sum(len(m["seeds"]) for m in models) * len(spec["arms"])
-    done = 0
+    # Every run first, seed by seed (so that a sweep cut short has whole seeds), up to
+    # `parallel` at once; then the tables from what they wrote.
+    plan = []
+    for si in range(max(len(m["seeds"]) for m in models)):
+        for m in models:
+            for arm in spec["arms"]:
+                if si < len(m["seeds"]):
+                    seed = m["seeds"][si]
+                    rid = f"{m['name']}-{arm_label(arm).replace('/', '-')}-seed{seed}"
+                    plan.append((m, arm, seed, rid, os.path.join(args.out, "runs", rid)))
+    missing = set()
+    if args.done_only:
+        for m, arm, seed, rid, run_dir in plan:
+            if not is_done(args, rid, run_config(spec, m, arm, seed), run_dir):
+                missing.add(rid)
+    else:
+        counter = [0]
+
+        def start(item):
+            m, arm, seed, rid, run_dir = item
+            counter[0] += 1
+            print(f"[{counter[0]}/{len(plan)}] {rid}", file=sys.stderr)
+            run_one(args, spec, m, arm, seed, run_dir, rid)
+
+        pool = concurrent.futures.ThreadPoolExecutor(spec["parallel"])
+        futures = [pool.submit(start, item) for item in plan]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()  # a failed run stops the sweep: start nothing more
+            raise
+        finally:
+            pool.shutdown(wait=True)
+
     rows, stage_rows, curves = [], [], {}
     for m in models:
         for arm in spec["arms"]:
             for seed in m["seeds"]:
-                done += 1
                 rid = f"{m['name']}-{arm_label(arm).replace('/', '-')}-seed{seed}"
-                print(f"[{done}/{total}] {rid}", file=sys.stderr)
                 run_dir = os.path.join(args.out, "runs", rid)
-                run_one(args, spec, m, arm, seed, run_dir)
+                if rid in missing:
+                    continue
                 report, curve = read_run(run_dir)
                 curves[rid] = curve
                 last = held_out(report["epochs"][-1])
@@ -421,8 +557,14 @@ def main():
     md.append(f"# Results: {spec['name']}\n")
     md.append("Produced by the experiment runner; regenerate with\n")
     md.append(f"```\n{command}\n```\n")
-    md.append(f"Every run is a real local cluster (`localpar run`: one worker process per "
-              f"stage and a coordinator over gRPC on loopback), device `{spec['device']}`, "
+    if spec["trainer"] == "reference":
+        how = ("Every run is the in-process reference trainer (`localpar train`: every stage in "
+               "one process, one run per core, {} at once), which gives a local cluster's "
+               "weights bit for bit on CPU".format(spec["parallel"]))
+    else:
+        how = ("Every run is a real local cluster (`localpar run`: one worker process per "
+               "stage and a coordinator over gRPC on loopback)")
+    md.append(f"{how}, device `{spec['device']}`, "
               f"{spec['threads']} GEMM thread(s) per process; seeds per model below. Wall "
               f"time includes the per-epoch "
               f"evaluations. *Sequential steps* counts dependent stage computations on the "
@@ -457,29 +599,44 @@ def main():
                       f"**{fmt_metric(r['metric'], text)}** | {delta} | {heads} | "
                       f"{r['wall_seconds']:.0f} | {r['examples_per_second']:.0f} | {r['steps']} | "
                       f"{r['sequential_steps']} |")
+        gone = [rid for rid in missing if rid.startswith(m["name"] + "-")]
+        if gone:
+            md.append("")
+            md.append(f"Not run yet ({len(gone)} of {len(m['seeds']) * len(spec['arms'])}): "
+                      + ", ".join(sorted(gone)) + ". The summary below is over the seeds "
+                      "each arm has.")
+        if not mrows:
+            continue
         if len(m["seeds"]) > 1:
             md.append("")
-            md.append(f"Over the {len(m['seeds'])} seeds (mean ± sample standard deviation, and "
-                      f"min to max){'; the loss also in nats per byte (bits × ln 2)' if text else ''}:\n")
-            nats = " | mean nats/byte" if text else ""
-            md.append(f"| arm | mean {metric}{nats} | min to max | mean vs BACKPROP |")
-            md.append("|---|---|---|---|" + ("---|" if text else ""))
+            md.append(f"Over the seeds (mean ± sample standard deviation, and min to max); the "
+                      f"gap to BACKPROP is paired by seed, with a 95% confidence interval "
+                      f"(Student's t over the per-seed gaps)"
+                      f"{'; perplexity is 2^(bits/byte), so its ratio to BACKPROP is 2^gap' if text else ''}"
+                      f":\n")
+            ppl = " | perplexity vs BACKPROP" if text else ""
+            md.append(f"| arm | seeds | mean {metric} | min to max | mean gap to BACKPROP "
+                      f"| 95% CI of the gap{ppl} |")
+            md.append("|---|---|---|---|---|---|" + ("---|" if text else ""))
             arms = list(dict.fromkeys(r["arm"] for r in mrows))
-            means = {arm: mean_sd([r["metric"] for r in mrows if r["arm"] == arm])
-                     for arm in arms}
-            ref_mean = means["BACKPROP"][0] if "BACKPROP" in means else None
+            by_seed = {arm: {r["seed"]: r["metric"] for r in mrows if r["arm"] == arm}
+                       for arm in arms}
+            unit = (lambda d: f"{d:+.3f}") if text else (lambda d: f"{100 * d:+.2f} pt")
             for arm in arms:
-                vals = [r["metric"] for r in mrows if r["arm"] == arm]
-                mean, sd = means[arm]
-                delta = ""
-                if ref_mean is not None and arm != "BACKPROP":
-                    d = mean - ref_mean
-                    delta = f"{d:+.3f}" if text else f"{100 * d:+.2f} pt"
-                spread = f" ± {sd:.3f}" if text else f" ± {100 * sd:.2f}"
-                nat = f" | {mean * math.log(2):.3f} ± {sd * math.log(2):.3f}" if text else ""
-                md.append(f"| {arm} | **{fmt_metric(mean, text)}**{spread}{nat} | "
-                          f"{fmt_metric(min(vals), text)} to {fmt_metric(max(vals), text)} | "
-                          f"{delta} |")
+                vals = list(by_seed[arm].values())
+                mean, sd = mean_sd(vals) if len(vals) > 1 else (vals[0], float("nan"))
+                gap, ci, _ = (None, None, 0)
+                if "BACKPROP" in by_seed and arm != "BACKPROP":
+                    gap, ci, _ = paired_gap(by_seed[arm], by_seed["BACKPROP"])
+                spread = ("" if len(vals) < 2 else f" ± {sd:.3f}" if text
+                          else f" ± {100 * sd:.2f}")
+                cells = [arm, str(len(vals)), f"**{fmt_metric(mean, text)}**{spread}",
+                         f"{fmt_metric(min(vals), text)} to {fmt_metric(max(vals), text)}",
+                         unit(gap) if gap is not None else "",
+                         f"[{unit(ci[0])}, {unit(ci[1])}]" if ci else ""]
+                if text:
+                    cells.append(f"{100 * (2 ** gap - 1):+.1f}%" if gap is not None else "")
+                md.append("| " + " | ".join(cells) + " |")
         losses = []
         for r in mrows:
             if r["seed"] not in ref or r["rule"] == "BACKPROP":

@@ -72,6 +72,7 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
 
         with open(os.path.join(out, "results.csv")) as f:
             rows = list(csv.DictReader(f))
+        first_rows = rows
         check(len(rows) == 4 * 2 + 4 * 1, f"{len(rows)} result rows, want 12")
         check({r["seed"] for r in rows if r["model"] == "tiny_lm"} == {"3"}, "model seeds")
         stage_rows = list(csv.DictReader(open(os.path.join(out, "stages.csv"))))
@@ -115,7 +116,16 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         smoke_bp = [float(r["metric"]) for r in rows
                     if r["model"] == "synthetic_smoke" and r["arm"] == "BACKPROP"]
         mean = sum(smoke_bp) / len(smoke_bp)
-        check(f"| BACKPROP | **{100 * mean:.2f}%** ± " in md, "mean over seeds missing or wrong")
+        check(f"| BACKPROP | 2 | **{100 * mean:.2f}%** ± " in md, "mean over seeds missing or wrong")
+        # GREEDY's gap to BACKPROP, paired by seed, with its t interval over the two seeds.
+        smoke = {(r["arm"], r["seed"]): float(r["metric"]) for r in rows
+                 if r["model"] == "synthetic_smoke"}
+        gaps = [smoke[("GREEDY", s)] - smoke[("BACKPROP", s)] for s in ("1", "2")]
+        gap = sum(gaps) / 2
+        half = 12.706 * abs(gaps[0] - gaps[1]) / 2  # t(1) x sd / sqrt(2); sd = |a - b| / sqrt(2)
+        line = next(l for l in md.splitlines() if l.startswith("| GREEDY | 2 | **"))
+        check(f"| {100 * gap:+.2f} pt | [{100 * (gap - half):+.2f} pt, {100 * (gap + half):+.2f} pt] |"
+              in line, f"GREEDY's gap or its interval: {line}")
         for model in ("synthetic_smoke", "tiny_lm"):
             for plot in ("metric_vs_time", "stage_heads", "training_curves"):
                 path = os.path.join(os.path.dirname(results), "results", f"{model}_{plot}.svg")
@@ -162,6 +172,55 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
                        "arms": [{"rule": "GREEDY", "job": variant, "label": "v"}]}, f)
         r = subprocess.run(cmd, capture_output=True, text=True)
         check(r.returncode == 2 and "arms[0].job" in r.stderr, f"job arm, two models: {r.stderr}")
+
+        # The reference trainer gives a cluster's figures exactly; runs go two at a time, each
+        # kept in a cache by its configuration and read back from it by a fresh output dir.
+        cache = os.path.join(tmp, "cache")
+        ref_spec = {"models": [{"job": lm, "max_steps": 12, "seeds": [3]}],
+                    "arms": [{"rule": "BACKPROP"}, {"rule": "GREEDY"}, {"rule": "OVERLAP"}],
+                    "trainer": "reference", "parallel": 2, "name": "ref"}
+        with open(spec, "w") as f:
+            json.dump(ref_spec, f)
+        ref_cmd = [sys.executable, runner, spec, "--localpar", localpar, "--cache", cache]
+        r = subprocess.run(ref_cmd + ["--out", os.path.join(tmp, "ref1")], capture_output=True,
+                           text=True)
+        check(r.returncode == 0, f"reference runs failed:\n{r.stderr}")
+        ref_rows = list(csv.DictReader(open(os.path.join(tmp, "ref1", "results.csv"))))
+        cluster = {r["arm"]: r["metric"] for r in first_rows if r["model"] == "tiny_lm"}
+        for row in ref_rows:
+            check(row["metric"] == cluster[row["arm"]],
+                  f"{row['arm']}: reference {row['metric']} != cluster {cluster[row['arm']]}")
+        log = open(os.path.join(tmp, "ref1", "runs", "tiny_lm-GREEDY-seed3", "run.log")).read()
+        check(" train " in log.splitlines()[0], "the reference arm ran `localpar train`")
+        check(len(os.listdir(cache)) == 3, f"cache entries: {os.listdir(cache)}")
+        r = subprocess.run(ref_cmd + ["--out", os.path.join(tmp, "ref2")], capture_output=True,
+                           text=True)
+        check(r.returncode == 0 and r.stderr.count("done before") == 3,
+              f"the cache was not read back:\n{r.stderr}")
+        check(not os.path.exists(os.path.join(tmp, "ref2", "runs", "tiny_lm-GREEDY-seed3",
+                                              "run.log")), "a cached run was trained again")
+        check(list(csv.DictReader(open(os.path.join(tmp, "ref2", "results.csv")))) == ref_rows,
+              "the cached runs' figures changed")
+        # A changed configuration (another budget) is not answered from the cache; with
+        # --done_only the tables name what is missing, and nothing runs.
+        ref_spec["models"][0].update(seeds=[3, 4])
+        with open(spec, "w") as f:
+            json.dump(ref_spec, f)
+        r = subprocess.run(ref_cmd + ["--out", os.path.join(tmp, "ref3"), "--done_only"],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"--done_only failed:\n{r.stderr}")
+        md = open(os.path.join(tmp, "ref3", "RESULTS.md")).read()
+        check("Not run yet (3 of 6)" in md and "tiny_lm-GREEDY-seed4" in md,
+              "--done_only does not name the missing runs")
+        check(len(list(csv.DictReader(open(os.path.join(tmp, "ref3", "results.csv"))))) == 3,
+              "--done_only rows")
+        ref_spec["models"][0].update(seeds=[3], max_steps=11)
+        with open(spec, "w") as f:
+            json.dump(ref_spec, f)
+        r = subprocess.run(ref_cmd + ["--out", os.path.join(tmp, "ref4"), "--done_only"],
+                           capture_output=True, text=True)
+        check("Not run yet (3 of 3)" in open(os.path.join(tmp, "ref4", "RESULTS.md")).read(),
+              "a run with another budget was answered from the cache")
 
         # A bad experiment file names the field.
         with open(spec, "w") as f:
