@@ -39,6 +39,7 @@ import argparse
 import concurrent.futures
 import csv
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -46,6 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 RULES = ("BACKPROP", "GREEDY", "CHUNKED", "OVERLAP")
 # deploy/frontier.py owns the part of the results file between these markers; a rewrite of
@@ -76,6 +78,16 @@ def replace_section(old, name, text):
         at = old.index(FRONTIER_BEGIN)
         return old[:at] + block + "\n" + old[at:]
     return (old.rstrip("\n") + "\n\n" if old.strip() else "") + block
+
+
+SAY = threading.Lock()
+
+
+def say(line):
+    """One progress line on stderr, whole even when runs go in parallel."""
+    with SAY:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def fail(message):
@@ -258,7 +270,7 @@ def is_done(args, rid, config, run_dir):
 def run_one(args, spec, model, arm, seed, run_dir, rid):
     config = run_config(spec, model, arm, seed)
     if is_done(args, rid, config, run_dir):
-        print(f"  {rid}: done before, read back", file=sys.stderr)
+        say(f"  {rid}: done before, read back")
         return
     os.makedirs(run_dir, exist_ok=True)
     verb = "train" if spec["trainer"] == "reference" else "run"
@@ -280,7 +292,7 @@ def run_one(args, spec, model, arm, seed, run_dir, rid):
         for line in proc.stdout:
             log.write(line)
             if args.verbose or line.startswith("epoch") and " accuracy" in line:
-                print(f"    {rid}: {line.rstrip()}", file=sys.stderr)
+                say(f"    {rid}: {line.rstrip()}")
         code = proc.wait()
     if code != 0:
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
@@ -476,12 +488,11 @@ def main():
             if not is_done(args, rid, run_config(spec, m, arm, seed), run_dir):
                 missing.add(rid)
     else:
-        counter = [0]
+        counter = itertools.count(1)  # next() on it is atomic
 
         def start(item):
             m, arm, seed, rid, run_dir = item
-            counter[0] += 1
-            print(f"[{counter[0]}/{len(plan)}] {rid}", file=sys.stderr)
+            say(f"[{next(counter)}/{len(plan)}] {rid}")
             run_one(args, spec, m, arm, seed, run_dir, rid)
 
         pool = concurrent.futures.ThreadPoolExecutor(spec["parallel"])
