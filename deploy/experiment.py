@@ -137,6 +137,13 @@ def load_spec(path):
             a["job"] = os.path.normpath(os.path.join(base, a["job"]))
             if not os.path.exists(a["job"]):
                 fail(f"{path}: arms[{i}].job: {a['job']} does not exist")
+        # An arm may set the schedule's peak learning rate (`--lr`), under a label of its own.
+        if "lr" in a:
+            if not isinstance(a["lr"], (int, float)) or isinstance(a["lr"], bool) or not (
+                    0 < a["lr"] < 10):
+                fail(f"{path}: arms[{i}].lr: a learning rate between 0 and 10")
+            if not isinstance(a.get("label"), str):
+                fail(f"{path}: arms[{i}]: an arm's lr needs a label")
         if "label" in a and (not isinstance(a["label"], str) or not a["label"]
                              or not re.fullmatch(r"[A-Za-z0-9_.+/=-]+", a["label"])):
             fail(f"{path}: arms[{i}].label: letters, digits and _.+/=- only")
@@ -236,7 +243,8 @@ def run_config(spec, model, arm, seed):
     return {"job": os.path.basename(job), "job_hash": job_hash, "rule": arm["rule"],
             "stages": arm.get("stages", 0), "seed": seed,
             "epochs": model.get("epochs", 0), "max_steps": model.get("max_steps", 0),
-            "threads": spec["threads"], "device": spec["device"], "trainer": spec["trainer"]}
+            "threads": spec["threads"], "device": spec["device"], "trainer": spec["trainer"],
+            **({"lr": arm["lr"]} if "lr" in arm else {})}
 
 
 CACHED = ("report.json", "curve.csv")
@@ -279,6 +287,8 @@ def run_one(args, spec, model, arm, seed, run_dir, rid):
            f"--out={run_dir}", f"--threads={spec['threads']}", f"--device={spec['device']}"]
     if "stages" in arm:
         cmd.append(f"--stages={arm['stages']}")
+    if "lr" in arm:
+        cmd.append(f"--lr={arm['lr']:.6g}")
     for key in ("epochs", "max_steps"):
         if key in model:
             cmd.append(f"--{key}={model[key]}")
@@ -582,6 +592,14 @@ def main():
               f"critical path: BACKPROP 2 x stages per update (forward and backward visit every "
               f"stage before the next update); GREEDY and CHUNKED one per update once the "
               f"pipeline is full; OVERLAP two.\n")
+    # What the section cost: each reference run holds one core (its threads) for its wall time.
+    hours = sum(r["wall_seconds"] for r in rows) / 3600
+    if spec["trainer"] == "reference":
+        md.append(f"Cost: {len(rows)} runs, {hours * spec['threads']:.1f} core-hours (the sum "
+                  f"of their wall times × {spec['threads']} thread(s)).\n")
+    else:
+        md.append(f"Cost: {len(rows)} runs, {hours:.1f} hours of wall time in all (each cluster "
+                  f"used the whole machine).\n")
     for m in models:
         mrows = [r for r in rows if r["model"] == m["name"]]
         text = m["text"]

@@ -159,12 +159,15 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         check("lr_scale: 0.5" in open(variant).read(), "the variant job")
         with open(spec, "w") as f:
             json.dump({"models": [{"job": lm, "max_steps": 4}], "seeds": [1],
-                       "arms": [{"rule": "GREEDY", "job": variant, "label": "GREEDY+var"}]}, f)
+                       "arms": [{"rule": "GREEDY", "job": variant, "label": "GREEDY+var"},
+                                {"rule": "GREEDY", "lr": 0.01, "label": "GREEDY+lr"}]}, f)
         r = subprocess.run([sys.executable, runner, spec, "--out", os.path.join(tmp, "var"),
                             "--localpar", localpar], capture_output=True, text=True)
         check(r.returncode == 0, f"variant arm failed:\n{r.stderr}")
         rows = list(csv.DictReader(open(os.path.join(tmp, "var", "results.csv"))))
-        check([r["arm"] for r in rows] == ["GREEDY+var"], f"variant rows: {rows}")
+        check([r["arm"] for r in rows] == ["GREEDY+var", "GREEDY+lr"], f"variant rows: {rows}")
+        log = open(os.path.join(tmp, "var", "runs", "tiny_lm-GREEDY+lr-seed1", "run.log")).read()
+        check("--lr=0.01" in log.splitlines()[0], "the arm's learning rate was not passed")
         log = open(os.path.join(tmp, "var", "runs", "tiny_lm-GREEDY+var-seed1", "run.log")).read()
         check("variant.textproto" in log, "the arm trained its own job")
         with open(spec, "w") as f:
@@ -223,10 +226,18 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
               "a run with another budget was answered from the cache")
 
         # A bad experiment file names the field.
+        for arm, field in (({"rule": "SIDEWAYS"}, "arms[0].rule"),
+                           ({"rule": "GREEDY", "lr": -1, "label": "x"}, "arms[0].lr"),
+                           ({"rule": "GREEDY", "lr": 0.1}, "lr needs a label")):
+            with open(spec, "w") as f:
+                json.dump({"models": [{"job": lm}], "arms": [arm]}, f)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            check(r.returncode == 2 and field in r.stderr, f"bad spec {arm}: {r.stderr}")
         with open(spec, "w") as f:
-            json.dump({"models": [{"job": lm}], "arms": [{"rule": "SIDEWAYS"}]}, f)
+            json.dump({"models": [{"job": lm}], "arms": [{"rule": "GREEDY"}],
+                       "trainer": "remote"}, f)
         r = subprocess.run(cmd, capture_output=True, text=True)
-        check(r.returncode == 2 and "arms[0].rule" in r.stderr, f"bad spec: {r.stderr}")
+        check(r.returncode == 2 and "trainer" in r.stderr, f"bad trainer: {r.stderr}")
     print("runner_test: ok")
 
 
