@@ -163,6 +163,13 @@ def load_spec(path):
     spec.setdefault("parallel", 1)
     if not isinstance(spec["parallel"], int) or spec["parallel"] < 1:
         fail(f"{path}: parallel: must be a positive integer")
+    if "tune" in spec:
+        t = spec["tune"]
+        if not isinstance(t, dict) or not isinstance(t.get("lrs"), list) or len(t["lrs"]) < 2 \
+                or not all(isinstance(x, (int, float)) and 0 < x < 10 for x in t["lrs"]):
+            fail(f"{path}: tune.lrs: a list of at least 2 learning rates between 0 and 10")
+        t["lrs"] = sorted(t["lrs"])
+        t["seeds"] = check_seeds(t.get("seeds", [1]), "tune.seeds")
     spec.setdefault("threads", 1)
     spec.setdefault("device", "cpu")
     return spec
@@ -248,6 +255,7 @@ def run_config(spec, model, arm, seed):
 
 
 CACHED = ("report.json", "curve.csv")
+USAGE = "usage.json"  # the run's CPU seconds (kept beside, optional: older entries lack it)
 
 
 def cache_dir(args, rid):
@@ -264,8 +272,9 @@ def from_cache(args, rid, config, run_dir):
         if json.load(f) != config:
             return False
     os.makedirs(run_dir, exist_ok=True)
-    for name in CACHED:
-        shutil.copy(os.path.join(where, name), os.path.join(run_dir, name))
+    for name in CACHED + (USAGE,):
+        if os.path.exists(os.path.join(where, name)):
+            shutil.copy(os.path.join(where, name), os.path.join(run_dir, name))
     return True
 
 
@@ -303,7 +312,12 @@ def run_one(args, spec, model, arm, seed, run_dir, rid):
             log.write(line)
             if args.verbose or line.startswith("epoch") and " accuracy" in line:
                 say(f"    {rid}: {line.rstrip()}")
-        code = proc.wait()
+        # Reaped here rather than by proc.wait(), for the run's own CPU time (its wall time
+        # says little when runs share the machine).
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+    with open(os.path.join(run_dir, USAGE), "w") as f:
+        json.dump({"cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2)}, f)
     if code != 0:
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
     # The training curve: every stage's loss over the epoch so far, from metrics.jsonl.
@@ -319,12 +333,21 @@ def run_one(args, spec, model, arm, seed, run_dir, rid):
     if where:
         # Written whole or not at all: config.json last, so a half-copied entry never counts.
         os.makedirs(where, exist_ok=True)
-        for name in CACHED:
+        for name in CACHED + (USAGE,):
             shutil.copy(os.path.join(run_dir, name), os.path.join(where, name + ".tmp"))
             os.replace(os.path.join(where, name + ".tmp"), os.path.join(where, name))
         with open(os.path.join(where, "config.json.tmp"), "w") as f:
             json.dump(config, f, indent=1)
         os.replace(os.path.join(where, "config.json.tmp"), os.path.join(where, "config.json"))
+
+
+def cpu_seconds(run_dir, wall):
+    """A run's CPU seconds where they were recorded, else its wall time."""
+    path = os.path.join(run_dir, USAGE)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["cpu_seconds"], True
+    return wall, False
 
 
 def read_run(run_dir):
@@ -482,31 +505,28 @@ def main():
         m["text"] = m["data"]["labels_per_example"] > 1
         models.append(m)
 
-    # Every run first, seed by seed (so that a sweep cut short has whole seeds), up to
-    # `parallel` at once; then the tables from what they wrote.
-    plan = []
-    for si in range(max(len(m["seeds"]) for m in models)):
-        for m in models:
-            for arm in spec["arms"]:
-                if si < len(m["seeds"]):
-                    seed = m["seeds"][si]
-                    rid = f"{m['name']}-{arm_label(arm).replace('/', '-')}-seed{seed}"
-                    plan.append((m, arm, seed, rid, os.path.join(args.out, "runs", rid)))
-    missing = set()
-    if args.done_only:
-        for m, arm, seed, rid, run_dir in plan:
-            if not is_done(args, rid, run_config(spec, m, arm, seed), run_dir):
-                missing.add(rid)
-    else:
+    def rid_of(m, arm, seed, lr=None):
+        tag = f"-lr{lr:g}" if lr is not None else ""
+        return f"{m['name']}-{arm_label(arm).replace('/', '-')}{tag}-seed{seed}"
+
+    def execute(items):
+        """Runs `items` (model, arm, seed, run id, run dir), up to `parallel` at once; with
+        --done_only runs nothing. Returns the ids of the runs that are not done."""
+        missing = set()
+        if args.done_only:
+            for m, arm, seed, rid, run_dir in items:
+                if not is_done(args, rid, run_config(spec, m, arm, seed), run_dir):
+                    missing.add(rid)
+            return missing
         counter = itertools.count(1)  # next() on it is atomic
 
         def start(item):
             m, arm, seed, rid, run_dir = item
-            say(f"[{next(counter)}/{len(plan)}] {rid}")
+            say(f"[{next(counter)}/{len(items)}] {rid}")
             run_one(args, spec, m, arm, seed, run_dir, rid)
 
         pool = concurrent.futures.ThreadPoolExecutor(spec["parallel"])
-        futures = [pool.submit(start, item) for item in plan]
+        futures = [pool.submit(start, item) for item in items]
         try:
             for f in futures:
                 f.result()
@@ -516,13 +536,71 @@ def main():
             raise
         finally:
             pool.shutdown(wait=True)
+        return missing
+
+    def item(m, arm, seed, lr=None):
+        rid = rid_of(m, arm, seed, lr)
+        return (m, arm if lr is None else dict(arm, lr=lr), seed, rid,
+                os.path.join(args.out, "runs", rid))
+
+    tune_usage = []
+
+    def final_metric(run_dir, text):
+        with open(os.path.join(run_dir, "report.json")) as f:
+            report = json.load(f)
+        tune_usage.append(cpu_seconds(run_dir, report["wall_seconds"]))
+        return metric_of(held_out(report["epochs"][-1])[-1], text)
+
+    # With "tune", every arm that sets no learning rate of its own first trains at each of
+    # the grid's rates on the tune seeds; it then trains the model's seeds at the rate whose
+    # mean final metric was best there (fresh seeds, so the choice does not flatter them).
+    tune = spec.get("tune")
+    tuned = lambda arm: tune is not None and "lr" not in arm
+    chosen, tune_rows = {}, []
+    if tune:
+        items = [item(m, arm, seed, lr) for seed in tune["seeds"] for m in models
+                 for arm in spec["arms"] if tuned(arm) for lr in tune["lrs"]]
+        say(f"tuning: {len(items)} runs")
+        tune_missing = execute(items)
+        for m in models:
+            for arm in spec["arms"]:
+                if not tuned(arm):
+                    continue
+                means = {}
+                for lr in tune["lrs"]:
+                    vals = [final_metric(os.path.join(args.out, "runs", rid), m["text"])
+                            for rid in (rid_of(m, arm, s, lr) for s in tune["seeds"])
+                            if rid not in tune_missing]
+                    if len(vals) == len(tune["seeds"]):
+                        means[lr] = sum(vals) / len(vals)
+                if len(means) == len(tune["lrs"]):
+                    pick = min if m["text"] else max
+                    chosen[(m["name"], arm_label(arm))] = pick(means, key=means.get)
+                tune_rows.append((m["name"], arm_label(arm), means))
+
+    # Then every run, seed by seed (so that a sweep cut short has whole seeds).
+    plan, missing = [], set()
+    for si in range(max(len(m["seeds"]) for m in models)):
+        for m in models:
+            for arm in spec["arms"]:
+                if si < len(m["seeds"]):
+                    seed = m["seeds"][si]
+                    if not tuned(arm):
+                        plan.append(item(m, arm, seed))
+                    elif (m["name"], arm_label(arm)) in chosen:
+                        plan.append(item(m, arm, seed, chosen[(m["name"], arm_label(arm))]))
+                    else:
+                        missing.add(rid_of(m, arm, seed) + " (its learning rate is not tuned yet)")
+    missing |= execute(plan)
+    run_of = {(it[0]["name"], arm_label(it[1]), it[2]): it for it in plan}
 
     rows, stage_rows, curves = [], [], {}
     for m in models:
         for arm in spec["arms"]:
             for seed in m["seeds"]:
-                rid = f"{m['name']}-{arm_label(arm).replace('/', '-')}-seed{seed}"
-                run_dir = os.path.join(args.out, "runs", rid)
+                if (m["name"], arm_label(arm), seed) not in run_of:
+                    continue
+                _, run_arm, _, rid, run_dir = run_of[(m["name"], arm_label(arm), seed)]
                 if rid in missing:
                     continue
                 report, curve = read_run(run_dir)
@@ -535,11 +613,13 @@ def main():
                     timeline.append((elapsed, metric_of(held_out(e)[-1], text)))
                 row = {
                     "id": rid, "model": m["name"], "arm": arm_label(arm), "rule": arm["rule"],
+                    "lr": run_arm.get("lr", ""),
                     "stages": report["stages"], "seed": seed,
                     "metric_name": "bits_per_byte" if text else "accuracy",
                     "metric": metric_of(last[-1], text),
                     "stage_metrics": [metric_of(s, text) for s in last],
                     "wall_seconds": report["wall_seconds"],
+                    "cpu": cpu_seconds(run_dir, report["wall_seconds"]),
                     "examples_per_second": report["examples_per_second"],
                     "steps": report["steps"],
                     "sequential_steps": sequential_steps(arm["rule"], report["stages"],
@@ -555,7 +635,7 @@ def main():
                                        "metric": metric_of(s, text)})
 
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
-        cols = ["model", "arm", "rule", "stages", "seed", "metric_name", "metric",
+        cols = ["model", "arm", "rule", "lr", "stages", "seed", "metric_name", "metric",
                 "wall_seconds", "examples_per_second", "steps", "sequential_steps", "baseline"]
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
@@ -593,13 +673,13 @@ def main():
               f"stage before the next update); GREEDY and CHUNKED one per update once the "
               f"pipeline is full; OVERLAP two.\n")
     # What the section cost: each reference run holds one core (its threads) for its wall time.
-    hours = sum(r["wall_seconds"] for r in rows) / 3600
-    if spec["trainer"] == "reference":
-        md.append(f"Cost: {len(rows)} runs, {hours * spec['threads']:.1f} core-hours (the sum "
-                  f"of their wall times × {spec['threads']} thread(s)).\n")
-    else:
-        md.append(f"Cost: {len(rows)} runs, {hours:.1f} hours of wall time in all (each cluster "
-                  f"used the whole machine).\n")
+    usage = [r["cpu"] for r in rows] + tune_usage
+    hours = sum(c for c, _ in usage) / 3600
+    measured = sum(1 for _, known in usage if known)
+    how = ("their CPU time" if measured == len(usage) else
+           f"CPU time for {measured}, wall time for the {len(usage) - measured} runs "
+           f"recorded before CPU time was")
+    md.append(f"Cost: {len(usage)} runs, {hours:.1f} CPU core-hours ({how}).\n")
     for m in models:
         mrows = [r for r in rows if r["model"] == m["name"]]
         text = m["text"]
@@ -614,13 +694,31 @@ def main():
             md.append(f"Unigram baseline (a model that ignores context, fitted on the training "
                       f"split): **{m['data']['unigram_bits_per_label']:.3f} bits per byte** on the "
                       f"held-out split.\n")
+        trows = [t for t in tune_rows if t[0] == m["name"]]
+        if trows:
+            seeds = ", ".join(map(str, tune["seeds"]))
+            md.append(f"Learning rates, tuned on seed(s) {seeds}: the final {metric} at each "
+                      f"peak rate of the grid (the schedule's floor scales with it). Each arm "
+                      f"then trains the seeds below at its best rate, in bold; *edge* marks a "
+                      f"best rate at the end of the grid, where a wider grid might do better.\n")
+            md.append("| arm | " + " | ".join(f"lr {lr:g}" for lr in tune["lrs"]) + " | best |")
+            md.append("|---|" + "---|" * (len(tune["lrs"]) + 1))
+            for _, label, means in trows:
+                best = chosen.get((m["name"], label))
+                cells = [(f"**{fmt_metric(means[lr], text)}**" if lr == best
+                          else fmt_metric(means[lr], text)) if lr in means else "not run"
+                         for lr in tune["lrs"]]
+                edge = best in (tune["lrs"][0], tune["lrs"][-1])
+                verdict = "" if best is None else f"{best:g}" + (" (*edge*)" if edge else "")
+                md.append(f"| {label} | " + " | ".join(cells) + f" | {verdict} |")
+            md.append("")
         md.append(f"| arm | stages | seed | last stage: {metric} | vs BACKPROP | each stage's head "
                   f"| wall s | examples/s | updates | sequential steps |")
         md.append("|---|---|---|---|---|---|---|---|---|---|")
-        ref = {r["seed"]: r["metric"] for r in mrows if r["rule"] == "BACKPROP"}
+        ref = {r["seed"]: r["metric"] for r in mrows if r["arm"] == "BACKPROP"}
         for r in mrows:
             delta = ""
-            if r["seed"] in ref and r["rule"] != "BACKPROP":
+            if r["seed"] in ref and r["arm"] != "BACKPROP":
                 d = r["metric"] - ref[r["seed"]]
                 delta = f"{d:+.3f}" if text else f"{100 * d:+.2f} pt"
             heads = " / ".join(fmt_metric(v, text) for v in r["stage_metrics"])
@@ -644,9 +742,11 @@ def main():
                       f"{'; perplexity is 2^(bits/byte), so its ratio to BACKPROP is 2^gap' if text else ''}"
                       f":\n")
             ppl = " | perplexity vs BACKPROP" if text else ""
-            md.append(f"| arm | seeds | mean {metric} | min to max | mean gap to BACKPROP "
-                      f"| 95% CI of the gap{ppl} |")
-            md.append("|---|---|---|---|---|---|" + ("---|" if text else ""))
+            with_lr = any(r["lr"] != "" for r in mrows)
+            md.append(f"| arm |{' lr |' if with_lr else ''} seeds | mean {metric} | min to max "
+                      f"| mean gap to BACKPROP | 95% CI of the gap{ppl} |")
+            md.append("|---|---|---|---|---|---|" + ("---|" if text else "")
+                      + ("---|" if with_lr else ""))
             arms = list(dict.fromkeys(r["arm"] for r in mrows))
             by_seed = {arm: {r["seed"]: r["metric"] for r in mrows if r["arm"] == arm}
                        for arm in arms}
@@ -659,7 +759,10 @@ def main():
                     gap, ci, _ = paired_gap(by_seed[arm], by_seed["BACKPROP"])
                 spread = ("" if len(vals) < 2 else f" ± {sd:.3f}" if text
                           else f" ± {100 * sd:.2f}")
-                cells = [arm, str(len(vals)), f"**{fmt_metric(mean, text)}**{spread}",
+                lrs = {r["lr"] for r in mrows if r["arm"] == arm}
+                cells = [arm] + ([" ".join(f"{x:g}" if x != "" else "job's" for x in lrs)]
+                                 if with_lr else []) + [
+                         str(len(vals)), f"**{fmt_metric(mean, text)}**{spread}",
                          f"{fmt_metric(min(vals), text)} to {fmt_metric(max(vals), text)}",
                          unit(gap) if gap is not None else "",
                          f"[{unit(ci[0])}, {unit(ci[1])}]" if ci else ""]

@@ -225,6 +225,45 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         check("Not run yet (3 of 3)" in open(os.path.join(tmp, "ref4", "RESULTS.md")).read(),
               "a run with another budget was answered from the cache")
 
+        # Tuning: each arm without a rate of its own trains at every rate of the grid on the
+        # tune seed, then its seeds at the rate that was best there.
+        with open(spec, "w") as f:
+            json.dump({"models": [{"job": lm, "max_steps": 10, "seeds": [2, 3]}],
+                       "arms": [{"rule": "BACKPROP"}, {"rule": "GREEDY"},
+                                {"rule": "GREEDY", "lr": 0.02, "label": "GREEDY+fixed"}],
+                       "tune": {"lrs": [0.03, 0.001], "seeds": [1]},
+                       "trainer": "reference", "parallel": 2, "name": "tuned"}, f)
+        tuned_out = os.path.join(tmp, "tuned")
+        r = subprocess.run([sys.executable, runner, spec, "--out", tuned_out, "--localpar",
+                            localpar], capture_output=True, text=True)
+        check(r.returncode == 0, f"tuned runs failed:\n{r.stderr}")
+        runs = sorted(os.listdir(os.path.join(tuned_out, "runs")))
+        check(len(runs) == 2 * 2 + 3 * 2, f"tuned runs: {runs}")
+        rows = list(csv.DictReader(open(os.path.join(tuned_out, "results.csv"))))
+        md = open(os.path.join(tuned_out, "RESULTS.md")).read()
+        for arm in ("BACKPROP", "GREEDY"):
+            tuned_bits = {}
+            for lr in (0.001, 0.03):
+                report = json.load(open(os.path.join(tuned_out, "runs",
+                                                     f"tiny_lm-{arm}-lr{lr:g}-seed1",
+                                                     "report.json")))
+                tuned_bits[lr] = report["epochs"][-1]["validation"][-1]["loss"]
+            best = min(tuned_bits, key=tuned_bits.get)
+            got = {float(r["lr"]) for r in rows if r["arm"] == arm}
+            check(got == {best}, f"{arm}: seeds ran at {got}, tuning chose {best}")
+            check(any(l.startswith(f"| {arm} | ") and f"| {best:g} (*edge*) |" in l
+                      for l in md.splitlines()), f"{arm}: no tuning row naming {best:g}")
+        check({r["lr"] for r in rows if r["arm"] == "GREEDY+fixed"} == {"0.02"},
+              "an arm with its own rate was tuned")
+        check({r["seed"] for r in rows} == {"2", "3"}, "the seeds after tuning")
+        # The cost line adds up every run's own CPU time, the tuning runs' included.
+        cpu = 0.0
+        for run in runs:
+            with open(os.path.join(tuned_out, "runs", run, "usage.json")) as f:
+                cpu += json.load(f)["cpu_seconds"]
+        check(f"Cost: 10 runs, {cpu / 3600:.1f} CPU core-hours (their CPU time)" in md,
+              "the cost line")
+
         # A bad experiment file names the field.
         for arm, field in (({"rule": "SIDEWAYS"}, "arms[0].rule"),
                            ({"rule": "GREEDY", "lr": -1, "label": "x"}, "arms[0].lr"),
@@ -233,11 +272,14 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
                 json.dump({"models": [{"job": lm}], "arms": [arm]}, f)
             r = subprocess.run(cmd, capture_output=True, text=True)
             check(r.returncode == 2 and field in r.stderr, f"bad spec {arm}: {r.stderr}")
-        with open(spec, "w") as f:
-            json.dump({"models": [{"job": lm}], "arms": [{"rule": "GREEDY"}],
-                       "trainer": "remote"}, f)
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        check(r.returncode == 2 and "trainer" in r.stderr, f"bad trainer: {r.stderr}")
+        for extra, field in (({"trainer": "remote"}, "trainer"),
+                             ({"tune": {"lrs": [0.1]}}, "tune.lrs"),
+                             ({"tune": {"lrs": [0.1, 0.2], "seeds": []}}, "tune.seeds"),
+                             ({"parallel": 0}, "parallel")):
+            with open(spec, "w") as f:
+                json.dump({"models": [{"job": lm}], "arms": [{"rule": "GREEDY"}], **extra}, f)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            check(r.returncode == 2 and field in r.stderr, f"bad {extra}: {r.stderr}")
     print("runner_test: ok")
 
 
