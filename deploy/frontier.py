@@ -609,14 +609,18 @@ def train_run(args, cfg, run_dir):
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         evals = EvalPoints(metrics, cfg["stages"], text)
-        while proc.poll() is None:
+        while True:
+            # Reaped here, not by proc.poll(), for the run's own CPU time.
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
             time.sleep(0.5)
             points = evals.update()
-            if strictest is not None and first_reaching(
+            if not stopped and strictest is not None and first_reaching(
                     [(s, v[-1]) for s, v in points], strictest, not text, cfg["hold"]):
                 proc.send_signal(signal.SIGTERM)  # reached: the rest would be wasted compute
                 stopped = True
-                proc.wait()
     code = proc.returncode
     if code != 0 and not stopped:
         fail(f"run failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
@@ -627,6 +631,7 @@ def train_run(args, cfg, run_dir):
         "seed": cfg["seed"], "length": cfg["length"], "stopped_at_target": stopped,
         "budget_steps": max(1, cfg["length"] // batch),
         "seconds": time.monotonic() - start,
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
         "points": [{"step": s, "examples": examples_seen(s, batch, cfg["train_examples"]),
                     "metrics": v} for s, v in points],
     }
@@ -1074,7 +1079,8 @@ def main():
     write_csv(os.path.join(args.out, "depth.csv"), depth_rows,
               ["model", "method", "shallow", "batch", "length", "lr", "lr_edge", "seeds", "best"])
     md = report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir,
-                         os.cpu_count() or 1, depth_rows, all_models)
+                         os.cpu_count() or 1, depth_rows, all_models,
+                         cost=sweep_cost(results.values()))
     with open(os.path.join(args.out, "FRONTIER.md"), "w") as f:
         f.write(md)
     if args.results:
@@ -1159,8 +1165,17 @@ def depth_markdown(depth_rows, models):
     return "\n".join(md) + "\n"
 
 
+def sweep_cost(runs):
+    """The training runs' count and CPU core-hours: each run's own CPU time where it was
+    recorded, else its wall time (one thread, a core of its own)."""
+    runs = list(runs)
+    seconds = sum(r.get("cpu_seconds", r["seconds"]) for r in runs)
+    measured = sum(1 for r in runs if "cpu_seconds" in r)
+    return len(runs), seconds / 3600, measured
+
+
 def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, cores,
-                    depth_rows=(), all_models=()):
+                    depth_rows=(), all_models=(), cost=None):
     hw = spec["hardware"]
     command = args.command or "python3 " + " ".join(sys.argv)
     md = ["# The compute/time frontier\n",
@@ -1168,6 +1183,12 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
           "Every point is in [frontier.csv](plots/frontier.csv), the heads against depth in "
           "[frontier_heads.csv](plots/frontier_heads.csv) and the cluster checks in "
           "[frontier_checks.csv](plots/frontier_checks.csv).\n"]
+    if cost:
+        n, hours, measured = cost
+        md.append(f"Cost: {n} training runs, {hours:.1f} CPU core-hours ("
+                  + ("their CPU time" if measured == n else
+                     f"CPU time for {measured}, wall time for the {n - measured} recorded "
+                     f"before CPU time was") + "; profiles and cluster checks not counted).\n")
     md.append(
         "**The claim** (Laskin, Metz et al.): local parallelism keeps turning compute into "
         "speed after data parallelism (ever larger batches) stops paying off, and it is at its "

@@ -294,6 +294,12 @@ def main():
               and float(checks[0]["predicted_exchange_ms"]) == 0, f"shared check: {checks[0]}")
         md = open(results).read()
         check(md.startswith("# Results\n\nkept above\n"), "the rest of RESULTS.md was lost")
+        # The section's cost: every training run's own CPU time, added up.
+        cpu = sum(r["cpu_seconds"] for r in runs.values())
+        check(all(0 < r["cpu_seconds"] < 4 * r["seconds"] + 1 for r in runs.values()),
+              "each run's CPU time")
+        check(f"Cost: {len(runs)} training runs, {cpu / 3600:.1f} CPU core-hours (their CPU "
+              f"time;" in md, "the cost line")
         for t in ("50%", "90%"):
             check(f"### To {t}" in md, f"no table for the {t} target")
         for said in ("speed-up, ideal hardware", "speed-up, equal devices", "x** [",
