@@ -34,6 +34,23 @@ def main():
         if name.endswith(".json") and name != "frontier.json":  # frontier.py's own format
             check(experiment.load_spec(os.path.join(shipped, name))["arms"], name)
     with tempfile.TemporaryDirectory(prefix="localpar_experiment_") as tmp:
+        # The shipped best local configuration of the language-model gap is the arm it names,
+        # bit for bit: the same held-out and training losses after a few steps.
+        jobs = os.path.join(source, "deploy", "jobs")
+        losses = []
+        for args in (["shakespeare_char_local2.textproto"],
+                     ["shakespeare_char_headblock2_lrscale.textproto", "--rule=OVERLAP",
+                      "--stages=2", "--lr=0.002"]):
+            d = os.path.join(tmp, f"local2_{len(losses)}")
+            r = subprocess.run([localpar, "train", os.path.join(jobs, args[0]), *args[1:],
+                                "--max_steps=6", "--eval_every_steps=0", "--quiet",
+                                f"--out={d}"], capture_output=True, text=True)
+            check(r.returncode == 0, f"{args}: {r.stderr}")
+            report = json.load(open(os.path.join(d, "report.json")))
+            e = report["epochs"][-1]
+            losses.append(([s["loss"] for s in e["validation"]], [s["loss"] for s in e["train"]],
+                           report["rule"], report["stages"]))
+        check(losses[0] == losses[1], f"shakespeare_char_local2 is not its arm: {losses}")
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w") as f:
             for i in range(120):
