@@ -680,6 +680,7 @@ def main():
            f"CPU time for {measured}, wall time for the {len(usage) - measured} runs "
            f"recorded before CPU time was")
     md.append(f"Cost: {len(usage)} runs, {hours:.1f} CPU core-hours ({how}).\n")
+    made = []
     for m in models:
         mrows = [r for r in rows if r["model"] == m["name"]]
         text = m["text"]
@@ -783,7 +784,9 @@ def main():
             md.append("Where local rules lose to BACKPROP here: " + "; ".join(losses) + ".\n")
         elif ref:
             md.append("No local rule scored below BACKPROP here.\n")
-        files = plot_model(m["name"], mrows, curves, text, plots_dir)
+        # Named by the experiment too: two experiments on one model keep their own plots.
+        files = plot_model(f"{spec['name']}_{m['name']}", mrows, curves, text, plots_dir)
+        made.extend(files)
         link_dir = "plots"
         if args.results:
             link_dir = os.path.relpath(results_plots, os.path.dirname(os.path.abspath(args.results)))
@@ -795,9 +798,8 @@ def main():
     if args.results:
         dest = results_plots
         os.makedirs(dest, exist_ok=True)
-        for fname in os.listdir(plots_dir):
-            if fname.endswith(".svg"):
-                shutil.copy(os.path.join(plots_dir, fname), dest)
+        for fname in made:  # this run's plots only, not older ones left in --out
+            shutil.copy(os.path.join(plots_dir, fname), dest)
         old = ""
         if os.path.exists(args.results):
             with open(args.results) as f:

@@ -145,9 +145,10 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
               in line, f"GREEDY's gap or its interval: {line}")
         for model in ("synthetic_smoke", "tiny_lm"):
             for plot in ("metric_vs_time", "stage_heads", "training_curves"):
-                path = os.path.join(os.path.dirname(results), "results", f"{model}_{plot}.svg")
+                name = f"runner_test_{model}_{plot}.svg"  # the experiment's name, the model's
+                path = os.path.join(os.path.dirname(results), "results", name)
                 check(os.path.exists(path) and "<svg" in open(path).read(), f"no plot {path}")
-                check(f"results/{model}_{plot}.svg" in md, f"RESULTS.md does not show {plot}")
+                check(f"results/{name}" in md, f"RESULTS.md does not show {plot}")
 
         # --reuse reads the runs back instead of training again.
         logs = [os.path.join(out, "runs", d, "run.log") for d in os.listdir(os.path.join(out, "runs"))]
