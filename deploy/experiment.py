@@ -545,11 +545,12 @@ def main():
 
     tune_usage = []
 
-    def final_metric(run_dir, text):
+    def tune_result(run_dir, text):
+        """A tuning run's final metric and its CPU seconds."""
         with open(os.path.join(run_dir, "report.json")) as f:
             report = json.load(f)
-        tune_usage.append(cpu_seconds(run_dir, report["wall_seconds"]))
-        return metric_of(held_out(report["epochs"][-1])[-1], text)
+        return (metric_of(held_out(report["epochs"][-1])[-1], text),
+                cpu_seconds(run_dir, report["wall_seconds"]))
 
     # With "tune", every arm that sets no learning rate of its own first trains at each of
     # the grid's rates on the tune seeds; it then trains the model's seeds at the rate whose
@@ -568,9 +569,11 @@ def main():
                     continue
                 means = {}
                 for lr in tune["lrs"]:
-                    vals = [final_metric(os.path.join(args.out, "runs", rid), m["text"])
+                    done = [tune_result(os.path.join(args.out, "runs", rid), m["text"])
                             for rid in (rid_of(m, arm, s, lr) for s in tune["seeds"])
                             if rid not in tune_missing]
+                    tune_usage.extend(usage for _, usage in done)
+                    vals = [metric for metric, _ in done]
                     if len(vals) == len(tune["seeds"]):
                         means[lr] = sum(vals) / len(vals)
                 if len(means) == len(tune["lrs"]):
