@@ -122,6 +122,11 @@ def load_spec(path):
         for key in ("epochs", "max_steps"):
             if key in m and (not isinstance(m[key], int) or m[key] < 1):
                 fail(f"{path}: models[{i}].{key}: must be a positive integer")
+        # A model may set the peak learning rate (`--lr`) of every arm on it that sets none
+        # of its own (a rate tuned once, in another experiment, reused here).
+        if "lr" in m and (not isinstance(m["lr"], (int, float)) or isinstance(m["lr"], bool)
+                          or not 0 < m["lr"] < 10):
+            fail(f"{path}: models[{i}].lr: a learning rate between 0 and 10")
     for i, a in enumerate(spec["arms"]):
         if not isinstance(a, dict) or a.get("rule") not in RULES:
             fail(f"{path}: arms[{i}].rule: must be one of {', '.join(RULES)}")
@@ -170,6 +175,9 @@ def load_spec(path):
             fail(f"{path}: tune.lrs: a list of at least 2 learning rates between 0 and 10")
         t["lrs"] = sorted(t["lrs"])
         t["seeds"] = check_seeds(t.get("seeds", [1]), "tune.seeds")
+        for i, m in enumerate(spec["models"]):
+            if "lr" in m:
+                fail(f"{path}: models[{i}].lr: a fixed rate and tune exclude each other")
     spec.setdefault("threads", 1)
     spec.setdefault("device", "cpu")
     return spec
@@ -589,7 +597,7 @@ def main():
                 if si < len(m["seeds"]):
                     seed = m["seeds"][si]
                     if not tuned(arm):
-                        plan.append(item(m, arm, seed))
+                        plan.append(item(m, arm, seed, None if "lr" in arm else m.get("lr")))
                     elif (m["name"], arm_label(arm)) in chosen:
                         plan.append(item(m, arm, seed, chosen[(m["name"], arm_label(arm))]))
                     else:

@@ -274,6 +274,23 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         check({r["lr"] for r in rows if r["arm"] == "GREEDY+fixed"} == {"0.02"},
               "an arm with its own rate was tuned")
         check({r["seed"] for r in rows} == {"2", "3"}, "the seeds after tuning")
+        # A model's own rate: every arm on it trains at that rate, under the same run id as a
+        # tuned run at it, and reproduces that run.
+        best = float(next(r["lr"] for r in rows if r["arm"] == "BACKPROP"))
+        with open(spec, "w") as f:
+            json.dump({"models": [{"job": lm, "max_steps": 10, "seeds": [2], "lr": best}],
+                       "arms": [{"rule": "BACKPROP"}], "trainer": "reference",
+                       "name": "fixed"}, f)
+        fixed_out = os.path.join(tmp, "fixed")
+        r = subprocess.run([sys.executable, runner, spec, "--out", fixed_out, "--localpar",
+                            localpar], capture_output=True, text=True)
+        check(r.returncode == 0, f"a model's own rate failed:\n{r.stderr}")
+        rid = f"tiny_lm-BACKPROP-lr{best:g}-seed2"
+        check(os.listdir(os.path.join(fixed_out, "runs")) == [rid], "a model's own rate: run id")
+        reports = [json.load(open(os.path.join(d, "runs", rid, "report.json")))["epochs"][-1]
+                   for d in (fixed_out, tuned_out)]
+        check(reports[0]["validation"] == reports[1]["validation"],
+              "a model's own rate did not reproduce the tuned run at that rate")
         # The cost line adds up every run's own CPU time, the tuning runs' included.
         cpu = 0.0
         for run in runs:
@@ -293,7 +310,10 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
         for extra, field in (({"trainer": "remote"}, "trainer"),
                              ({"tune": {"lrs": [0.1]}}, "tune.lrs"),
                              ({"tune": {"lrs": [0.1, 0.2], "seeds": []}}, "tune.seeds"),
-                             ({"parallel": 0}, "parallel")):
+                             ({"parallel": 0}, "parallel"),
+                             ({"models": [{"job": lm, "lr": 0}]}, "models[0].lr"),
+                             ({"models": [{"job": lm, "lr": 0.1}], "tune": {"lrs": [0.1, 0.2]}},
+                              "models[0].lr")):
             with open(spec, "w") as f:
                 json.dump({"models": [{"job": lm}], "arms": [{"rule": "GREEDY"}], **extra}, f)
             r = subprocess.run(cmd, capture_output=True, text=True)
