@@ -40,7 +40,10 @@ def main():
         losses = []
         for args in (["shakespeare_char_local2.textproto"],
                      ["shakespeare_char_headblock2_lrscale.textproto", "--rule=OVERLAP",
-                      "--stages=2", "--lr=0.002"]):
+                      "--stages=2", "--lr=0.002"],
+                     ["shakespeare_char_local4.textproto"],
+                     ["shakespeare_char_headblock4.textproto", "--rule=OVERLAP",
+                      "--lr=0.004"]):
             d = os.path.join(tmp, f"local2_{len(losses)}")
             r = subprocess.run([localpar, "train", os.path.join(jobs, args[0]), *args[1:],
                                 "--max_steps=6", "--eval_every_steps=0", "--quiet",
@@ -51,6 +54,7 @@ def main():
             losses.append(([s["loss"] for s in e["validation"]], [s["loss"] for s in e["train"]],
                            report["rule"], report["stages"]))
         check(losses[0] == losses[1], f"shakespeare_char_local2 is not its arm: {losses}")
+        check(losses[2] == losses[3], f"shakespeare_char_local4 is not its arm: {losses}")
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w") as f:
             for i in range(120):
