@@ -106,6 +106,11 @@ def read_json(path):
         fail(f"{path}:{e.lineno}:{e.colno}: {e.msg}")
 
 
+def is_lr(x):
+    """Whether a spec's value is a usable peak learning rate (a number in (0, 10))."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 10
+
+
 def load_spec(path):
     spec = read_json(path)
     base = os.path.dirname(os.path.abspath(path))
@@ -124,8 +129,7 @@ def load_spec(path):
                 fail(f"{path}: models[{i}].{key}: must be a positive integer")
         # A model may set the peak learning rate (`--lr`) of every arm on it that sets none
         # of its own (a rate tuned once, in another experiment, reused here).
-        if "lr" in m and (not isinstance(m["lr"], (int, float)) or isinstance(m["lr"], bool)
-                          or not 0 < m["lr"] < 10):
+        if "lr" in m and not is_lr(m["lr"]):
             fail(f"{path}: models[{i}].lr: a learning rate between 0 and 10")
     for i, a in enumerate(spec["arms"]):
         if not isinstance(a, dict) or a.get("rule") not in RULES:
@@ -144,8 +148,7 @@ def load_spec(path):
                 fail(f"{path}: arms[{i}].job: {a['job']} does not exist")
         # An arm may set the schedule's peak learning rate (`--lr`), under a label of its own.
         if "lr" in a:
-            if not isinstance(a["lr"], (int, float)) or isinstance(a["lr"], bool) or not (
-                    0 < a["lr"] < 10):
+            if not is_lr(a["lr"]):
                 fail(f"{path}: arms[{i}].lr: a learning rate between 0 and 10")
             if not isinstance(a.get("label"), str):
                 fail(f"{path}: arms[{i}]: an arm's lr needs a label")
@@ -171,7 +174,7 @@ def load_spec(path):
     if "tune" in spec:
         t = spec["tune"]
         if not isinstance(t, dict) or not isinstance(t.get("lrs"), list) or len(t["lrs"]) < 2 \
-                or not all(isinstance(x, (int, float)) and 0 < x < 10 for x in t["lrs"]):
+                or not all(is_lr(x) for x in t["lrs"]):
             fail(f"{path}: tune.lrs: a list of at least 2 learning rates between 0 and 10")
         t["lrs"] = sorted(t["lrs"])
         t["seeds"] = check_seeds(t.get("seeds", [1]), "tune.seeds")

@@ -44,7 +44,7 @@ def main():
                      ["shakespeare_char_local4.textproto"],
                      ["shakespeare_char_headblock4.textproto", "--rule=OVERLAP",
                       "--lr=0.004"]):
-            d = os.path.join(tmp, f"local2_{len(losses)}")
+            d = os.path.join(tmp, f"local_{len(losses)}")
             r = subprocess.run([localpar, "train", os.path.join(jobs, args[0]), *args[1:],
                                 "--max_steps=6", "--eval_every_steps=0", "--quiet",
                                 f"--out={d}"], capture_output=True, text=True)
