@@ -14,4 +14,12 @@ void InstallInterruptHandler();
 // Set by the first signal; never cleared.
 const std::atomic<bool>& InterruptRequested();
 
+// Makes `handler` the action for SIGINT and SIGTERM, run on a stack of its own (an
+// alternate signal stack for the calling thread, which should be main). A signal's frame
+// must never land on the stack the interrupted code was using: oneDNN's JIT GEMM kernels
+// point the stack pointer into a heap buffer while they run, and a frame pushed there
+// overwrites the heap around it. Every program that handles these signals goes through
+// here.
+void InstallSignalHandler(void (*handler)(int));
+
 }  // namespace localpar

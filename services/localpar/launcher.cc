@@ -24,6 +24,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "services/common/exit_codes.h"
+#include "services/common/interrupt.h"
 #include "services/common/port_file.h"
 #include "services/common/program_config.h"
 #include "services/common/spawn.h"
@@ -475,10 +476,7 @@ int Launch(const LaunchOptions& o) {
     std::cerr << "localpar: " << s.message() << "\n";
     return kExitFailure;
   }
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  InstallSignalHandler(OnSignal);
   const std::string run_dir = tmpl;
   const int rc = Launcher(o, security, job->stages_size(), job->replicas(), run_dir).Run();
   std::error_code ec;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/exit_codes.h"
+#include "services/common/interrupt.h"
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
 #include "services/common/spawn.h"
@@ -32,10 +33,7 @@ void OnTerminate(int sig) {
 absl::StatusOr<int> RunWorker(const WorkerOptions& options, std::ostream& log) {
   ConfigureAllocatorForMessages();
   if (pipe(g_signal_pipe) != 0) return FailureError("cannot make the signal pipe");
-  struct sigaction sa = {};
-  sa.sa_handler = OnTerminate;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  InstallSignalHandler(OnTerminate);
 
   std::unique_ptr<MetricsServer> metrics_server;
   std::unique_ptr<WorkerMetrics> metrics;
