@@ -253,12 +253,16 @@ def sequential_steps(rule, stages, steps):
     return steps + stages - 1
 
 
+def job_hash(path):
+    """A job file's content hash, part of every cache key that depends on the job."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
 def run_config(spec, model, arm, seed):
     """Every setting that changes a run's result, for the cache."""
     job = arm.get("job", model["job"])
-    with open(job, "rb") as f:
-        job_hash = hashlib.sha256(f.read()).hexdigest()[:16]
-    return {"job": os.path.basename(job), "job_hash": job_hash, "rule": arm["rule"],
+    return {"job": os.path.basename(job), "job_hash": job_hash(job), "rule": arm["rule"],
             "stages": arm.get("stages", 0), "seed": seed,
             "epochs": model.get("epochs", 0), "max_steps": model.get("max_steps", 0),
             "threads": spec["threads"], "device": spec["device"], "trainer": spec["trainer"],

@@ -62,7 +62,6 @@ Markdown also replaces the frontier section of that file and the plots are copie
 """
 
 import csv
-import hashlib
 import json
 import math
 import os
@@ -418,9 +417,8 @@ def profile(args, model, stages, batch, out_dir, first_stages=None):
     # With a cache, a profile is measured once per configuration and read back after, so a
     # rerun picks the same summary points (which compare measured step times) and trains
     # nothing new.
-    with open(job, "rb") as f:
-        key = {"job_hash": hashlib.sha256(f.read()).hexdigest()[:16], "stages": stages,
-               "batch": batch, "threads": args.spec["threads"]}
+    key = {"job_hash": experiment.job_hash(job), "stages": stages, "batch": batch,
+           "threads": args.spec["threads"]}
     cache_path = (os.path.join(args.cache, "profiles", f"{name}-t{key['threads']}.json")
                   if args.cache else None)
     if cache_path and os.path.exists(cache_path):
@@ -867,9 +865,8 @@ def main():
         """A run's configuration; `whole`: trained to its length, never stopped early."""
         text = m["text"]
         job = job_for(m, a.get("first_stages"), b)
-        with open(job, "rb") as f:
-            job_hash = hashlib.sha256(f.read()).hexdigest()[:16]
-        return {"model": m["name"], "job": os.path.relpath(job, args.out), "job_hash": job_hash,
+        return {"model": m["name"], "job": os.path.relpath(job, args.out),
+                "job_hash": experiment.job_hash(job),
                 "rule": a["rule"], "stages": a["train_stages"],
                 "first_stages": a.get("first_stages") or 0, "batch": b, "lr": lr,
                 "length": length, "seed": seed,
