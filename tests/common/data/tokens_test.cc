@@ -147,13 +147,8 @@ TEST(TokenData, ResidentMemoryDoesNotGrowWithTheFile) {
   for (int step = 0; step < 50; ++step) batch.Gather({}, step * 100, 100, step);
   const int64_t grown = ResidentKiB() - before;
   // AddressSanitizer keeps freed blocks in quarantine, so they stay resident; the plain
-  // build holds the 8 MiB bound, the sanitizer build a looser one.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOCALPAR_TOKENS_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(LOCALPAR_TOKENS_TEST_ASAN)
+  // build holds the 8 MiB bound, the sanitizer build (LOCALPAR_SANITIZE) a looser one.
+#ifdef LOCALPAR_SANITIZE
   const int64_t bound_kib = 16 * 1024;
 #else
   const int64_t bound_kib = 8 * 1024;
