@@ -364,6 +364,18 @@ TEST(Worker, APortInUseIsAClearStartupError) {
   EXPECT_EQ(probe.exit_code, 1) << probe.output;
 }
 
+// The `localpar status` address the launcher announces in its log, or "" after 5 s.
+std::string StatusAddress(const TempDir& dir) {
+  std::string log;
+  std::smatch m;
+  std::regex announce("localpar status (127\\.0\\.0\\.1:[0-9]+)");
+  for (int i = 0; i < 100 && !std::regex_search(log, m, announce); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    log = ReadFile(dir.path() + "/log");
+  }
+  return std::regex_search(log, m, announce) ? m[1].str() : "";
+}
+
 // Starts a long run, waits until all four workers are up, then does something to it.
 struct LongRun {
   TempDir dir;
@@ -380,6 +392,22 @@ struct LongRun {
       children = testing::LaunchedProcesses(launcher);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // training under way
+  }
+  // True once `localpar status` shows the last stage past its first steps: every stage is
+  // configured and training. A worker lost before it was configured is only restarted.
+  bool Training() const {
+    const std::string address = StatusAddress(dir);
+    if (address.empty()) return false;
+    std::regex step("training, step ([0-9]+)/");
+    for (int i = 0; i < 300; ++i) {
+      auto r = RunProcess({testing::BinDir() + "/localpar", "status", address}, 30);
+      std::smatch m;
+      if (r.exit_code == 0 && std::regex_search(r.output, m, step) && std::stoi(m[1]) >= 2) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
   }
 };
 
@@ -449,22 +477,11 @@ TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
   EXPECT_GE(rounds, 2u) << watched;
 }
 
-std::string StatusAddress(const LongRun& run) {
-  std::string log;
-  std::smatch m;
-  std::regex announce("localpar status (127\\.0\\.0\\.1:[0-9]+)");
-  for (int i = 0; i < 100 && !std::regex_search(log, m, announce); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    log = ReadFile(run.dir.path() + "/log");
-  }
-  return std::regex_search(log, m, announce) ? m[1].str() : "";
-}
-
 TEST(Launcher, ACheckpointOnDemandCommitsAndStatusShowsIt) {
   TempDir ckpt;
   LongRun run({"--checkpoint_dir=" + ckpt.path()});
   ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
-  const std::string address = StatusAddress(run);
+  const std::string address = StatusAddress(run.dir);
   ASSERT_FALSE(address.empty()) << ReadFile(run.dir.path() + "/log");
   auto before = RunProcess({testing::BinDir() + "/localpar", "status", address}, 30);
   ASSERT_EQ(before.exit_code, 0) << before.output;
@@ -587,6 +604,7 @@ TEST(Launcher, CtrlCAtAnyMomentOfAStepStopsCleanly) {
 TEST(Launcher, AKilledWorkerStopsTheJobWithWorkerLost) {
   LongRun run;
   ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
+  ASSERT_TRUE(run.Training()) << ReadFile(run.dir.path() + "/log");
   // Children are started in stage order, the coordinator last.
   kill(run.children[2], SIGKILL);
   EXPECT_EQ(testing::WaitProcess(run.launcher, 60), 5) << ReadFile(run.dir.path() + "/log");
