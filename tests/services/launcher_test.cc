@@ -414,21 +414,15 @@ struct LongRun {
 TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
   LongRun run;
   ASSERT_EQ(run.children.size(), 5u) << ReadFile(run.dir.path() + "/log");
-  std::string log;
-  std::smatch m;
-  std::regex announce("localpar status (127\\.0\\.0\\.1:[0-9]+)");
-  for (int i = 0; i < 100 && !std::regex_search(log, m, announce); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    log = ReadFile(run.dir.path() + "/log");
-  }
-  ASSERT_TRUE(std::regex_search(log, m, announce)) << log;
+  const std::string address = StatusAddress(run.dir);
+  ASSERT_FALSE(address.empty()) << ReadFile(run.dir.path() + "/log");
   // One row per stage, each with a positive examples/s (the column after the address).
   // The status port opens before the workers are configured, so allow start-up time.
   std::regex row("\\n +([0-3]) +127\\.0\\.0\\.1:[0-9]+ +([0-9]+) ");
   testing::ProcessResult r;
   int rows = 0, moving = 0;
   for (int attempt = 0; attempt < 15 && moving < 4; ++attempt) {
-    r = RunProcess({testing::BinDir() + "/localpar", "status", m[1].str()}, 30);
+    r = RunProcess({testing::BinDir() + "/localpar", "status", address}, 30);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     rows = moving = 0;
     for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), row);
@@ -445,7 +439,7 @@ TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
   EXPECT_EQ(rows, 4) << r.output;
   EXPECT_EQ(moving, 4) << r.output;
   // --json: the JobStatus message, every stage in it.
-  auto json = RunProcess({testing::BinDir() + "/localpar", "status", m[1].str(), "--json"}, 30);
+  auto json = RunProcess({testing::BinDir() + "/localpar", "status", address, "--json"}, 30);
   ASSERT_EQ(json.exit_code, 0) << json.output;
   v1::JobStatus parsed;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
@@ -461,9 +455,9 @@ TEST(Launcher, StatusShowsEveryStageOfTheRunningJob) {
   EXPECT_NE(wrong.output.find(worker[0].str() + " is not a coordinator"), std::string::npos)
       << wrong.output;
   // --watch_s: it prints until the coordinator goes away, then exits 0.
-  pid_t watch = testing::StartProcess(
-      {testing::BinDir() + "/localpar", "status", m[1].str(), "--watch_s=0.2"},
-      run.dir.path() + "/watch.log");
+  pid_t watch =
+      testing::StartProcess({testing::BinDir() + "/localpar", "status", address, "--watch_s=0.2"},
+                            run.dir.path() + "/watch.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // each round samples 1 s
   kill(run.launcher, SIGINT);
   testing::WaitProcess(run.launcher, 30);
