@@ -30,18 +30,21 @@ using testing::RunProcess;
 using testing::SmallJob;
 using testing::TempDir;
 
-// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST. Tests that
-// need a checkpoint to exist before they break something wait on this, not on a fixed delay
-// from start-up, which the sanitizer build under load can outrun.
-void WaitForACommittedCheckpoint(const std::string& ckpt) {
+// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST or, with
+// `committed` false, until anything at all is written under `ckpt`: a stage's part of the
+// first checkpoint, so every stage is configured and training. Tests that need the run to be
+// that far before they break something wait on this, not on a fixed delay from start-up,
+// which a loaded machine or the sanitizer build can outrun.
+void WaitForACheckpoint(const std::string& ckpt, bool committed = true) {
   for (int i = 0; i < 3000; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
-      if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
+      if (!committed || std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
     }
   }
-  ADD_FAILURE() << "no checkpoint committed in " << ckpt << " within 30 s";
+  ADD_FAILURE() << "no checkpoint " << (committed ? "committed" : "started") << " in " << ckpt
+                << " within 30 s";
 }
 
 // Long enough (12 epochs, a slowed last stage) to be interrupted mid-run.
@@ -61,13 +64,17 @@ struct RecoveryRun {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return *ReadWeightsFile(dir.path() + "/full/weights.pb");
   }
-  // Starts the run, waits `delay_ms`, sends `signal` to child `index` of the launcher
-  // (the workers in stage order, a stage's replicas together, then the coordinator), and
-  // waits for the run to end.
-  // With `after_a_checkpoint`, the delay counts from the first committed checkpoint rather
-  // than from the processes' start, however slow they are.
+  // Where a kill's delay counts from.
+  enum class From {
+    kStart,      // the processes' start
+    kTraining,   // the first write under the checkpoint folder: every stage is training
+    kCommitted,  // the first committed checkpoint
+  };
+  // Starts the run, waits `delay_ms` from `from`, sends `signal` to child `index` of the
+  // launcher (the workers in stage order, a stage's replicas together, then the
+  // coordinator), and waits for the run to end.
   testing::ProcessResult KillAndFinish(int index, int delay_ms, int signal = SIGKILL,
-                                       bool after_a_checkpoint = false) {
+                                       From from = From::kStart) {
     pid_t launcher = testing::StartProcess(
         {bin, "run", job, "--quiet", "--checkpoint_dir=" + ckpt, "--checkpoint_every_steps=3",
          "--slow_stage=3", "--slow_ms=15", "--out=" + dir.path() + "/run"},
@@ -77,7 +84,7 @@ struct RecoveryRun {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       children = testing::LaunchedProcesses(launcher);
     }
-    if (after_a_checkpoint) WaitForACommittedCheckpoint(ckpt);
+    if (from != From::kStart) WaitForACheckpoint(ckpt, from == From::kCommitted);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     EXPECT_EQ(children.size(), processes);
     if (children.size() == processes) kill(children[index], signal);
@@ -92,9 +99,11 @@ TEST(Recovery, AWorkerKilledAtARandomMomentIsRestartedAndTheRunEndsBitwiseEqual)
   RecoveryRun run;
   v1::ModelWeights want = run.Uninterrupted();
   std::random_device rd;
-  int stage = static_cast<int>(rd() % 4), delay = 300 + static_cast<int>(rd() % 900);
-  auto r = run.KillAndFinish(stage, delay);
-  ASSERT_EQ(r.exit_code, 0) << "killed stage " << stage << " after " << delay << " ms\n"
+  // Counted from the first checkpoint write, not from start-up: a worker lost before it is
+  // configured is only restarted, with nothing to roll back.
+  int stage = static_cast<int>(rd() % 4), delay = static_cast<int>(rd() % 900);
+  auto r = run.KillAndFinish(stage, delay, SIGKILL, RecoveryRun::From::kTraining);
+  ASSERT_EQ(r.exit_code, 0) << "killed stage " << stage << " " << delay << " ms into training\n"
                             << r.output;
   EXPECT_NE(r.output.find("restarting it"), std::string::npos) << r.output;
   // Killed before the first checkpoint committed, the run starts over; after, it rolls back.
@@ -112,9 +121,10 @@ TEST(Recovery, AKilledReplicaIsRestartedAndEveryStageRollsBackBitwiseEqual) {
   RecoveryRun run(2);
   v1::ModelWeights want = run.Uninterrupted();
   std::random_device rd;
-  const int delay = 600 + static_cast<int>(rd() % 600);
-  auto r = run.KillAndFinish(3, delay);  // stage 1, replica 1
-  ASSERT_EQ(r.exit_code, 0) << "killed after " << delay << " ms\n" << r.output;
+  const int delay = static_cast<int>(rd() % 600);
+  auto r =
+      run.KillAndFinish(3, delay, SIGKILL, RecoveryRun::From::kTraining);  // stage 1, replica 1
+  ASSERT_EQ(r.exit_code, 0) << "killed " << delay << " ms into training\n" << r.output;
   EXPECT_NE(r.output.find("worker for stage 1 replica 1 was killed by signal 9; restarting it"),
             std::string::npos)
       << r.output;
@@ -130,7 +140,7 @@ TEST(Recovery, AKilledCoordinatorIsRestartedFromTheLastManifestBitwiseEqual) {
   v1::ModelWeights want = run.Uninterrupted();
   // Killed once a checkpoint is committed, so there is always one to resume from (under
   // the sanitizers a fixed delay from start-up could come before the first).
-  auto r = run.KillAndFinish(4, 50, SIGKILL, true);
+  auto r = run.KillAndFinish(4, 50, SIGKILL, RecoveryRun::From::kCommitted);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("coordinator was killed by signal 9; restarting it"), std::string::npos)
       << r.output;
@@ -155,7 +165,7 @@ TEST(Recovery, AStoppedWorkerIsKilledRestartedAndTheRunEndsBitwiseEqual) {
 TEST(Recovery, AStoppedCoordinatorIsKilledRestartedAndResumes) {
   RecoveryRun run;
   v1::ModelWeights want = run.Uninterrupted();
-  auto r = run.KillAndFinish(4, 50, SIGSTOP, true);
+  auto r = run.KillAndFinish(4, 50, SIGSTOP, RecoveryRun::From::kCommitted);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("coordinator answered no health check for 5 s"), std::string::npos)
       << r.output;
@@ -199,7 +209,7 @@ TEST(Recovery, AWorkerThatNeverReturnsStopsTheJobNamingTheStageAndCheckpoint) {
                              "--workers=" + list, "--quiet", "--checkpoint_dir=" + run.ckpt,
                              "--checkpoint_every_steps=3", "--recovery_timeout_s=2"},
                             run.dir.path() + "/coordinator.log");
-  WaitForACommittedCheckpoint(run.ckpt);  // so the message has one to name
+  WaitForACheckpoint(run.ckpt);  // so the message has one to name
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   kill(workers[1], SIGKILL);
   EXPECT_EQ(testing::WaitProcess(coordinator, 60), 5);
