@@ -30,12 +30,19 @@ grpc::Status StatusService::Checkpoint(grpc::ServerContext* ctx, const v1::Check
   if (!checkpointer_.enabled()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this run has no --checkpoint_dir");
   }
-  checkpointer_.Request();
   // The marker follows the next step fed, which the last stage reaches only once the steps
-  // already on their way have passed every stage.
+  // already on their way have passed every stage. With every step fed there is no next one.
   const v1::JobStatus now = board_.Get();
   const int64_t last = now.stages_size() > 0 ? now.stages(now.stages_size() - 1).steps() : 0;
   const int64_t fed = now.fed_steps();
+  if (now.total_steps() > 0 && fed >= now.total_steps()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("every step (", fed, ") is fed already and no checkpoint follows the last; ",
+                     "the run is finishing (the last stage is at step ", last,
+                     "), and its weights are written at the end"));
+  }
+  checkpointer_.Request();
   out->set_message(absl::StrCat("a checkpoint follows the next step fed (step ", fed + 1,
                                 "; the last stage is at step ", last, ", so it commits once the ",
                                 std::max<int64_t>(0, fed - last),
