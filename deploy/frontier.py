@@ -404,9 +404,10 @@ def load_spec(path):
     return spec
 
 
-def profile(args, model, stages, batch, out_dir, first_stages=None):
+def profile(args, model, stages, batch, out_dir, first_stages=None, measure=True):
     """`localpar project --json` of the job regrouped into `stages` at `batch` rows (with
-    `first_stages`: of its network cut after that many stages)."""
+    `first_stages`: of its network cut after that many stages). With `measure` false, only
+    a profile already measured (None when there is none)."""
     first = f"-first{first_stages}" if first_stages else ""
     name = f"{model['name']}{first}-K{stages}-b{batch}"
     path = os.path.join(out_dir, "profiles", name + ".json")
@@ -429,6 +430,8 @@ def profile(args, model, stages, batch, out_dir, first_stages=None):
             with open(path, "w") as f:
                 json.dump(cached["profile"], f, indent=1)
             return dict(cached["profile"], cached=True)
+    if not measure:
+        return None
     os.makedirs(os.path.dirname(path), exist_ok=True)
     cmd = [args.localpar, "project", job, "--json", f"--stages={stages}",
            f"--batch_size={batch}", "--project_stages=1", f"--threads={args.spec['threads']}"]
@@ -574,19 +577,29 @@ def covers(done, cfg):
     return old["strictest"] >= cfg["strictest"]
 
 
-def train_run(args, cfg, run_dir):
-    """One run of the reference trainer (`cfg` says which), stopped once its strictest target
-    has held for `hold` evaluations in a row. Returns run.json. A run whose run.json was
-    written for the same configuration is read back, so a sweep resumes where it stopped."""
-    result_path = os.path.join(run_dir, "run.json")
+def cached_run(args, cfg, run_dir):
+    """The run.json of a finished run that answers for `cfg`, from its run directory or from
+    --cache, or None."""
     cache_path = os.path.join(args.cache, run_id(cfg) + ".json") if args.cache else None
-    for path in (result_path, cache_path):
+    for path in (os.path.join(run_dir, "run.json"), cache_path):
         if path and os.path.exists(path):
             with open(path) as f:
                 done = json.load(f)
             if covers(done, cfg):
                 done["cached"] = True  # said on the console, never written
                 return done
+    return None
+
+
+def train_run(args, cfg, run_dir):
+    """One run of the reference trainer (`cfg` says which), stopped once its strictest target
+    has held for `hold` evaluations in a row. Returns run.json. A run whose run.json was
+    written for the same configuration is read back, so a sweep resumes where it stopped."""
+    done = cached_run(args, cfg, run_dir)
+    if done is not None:
+        return done
+    result_path = os.path.join(run_dir, "run.json")
+    cache_path = os.path.join(args.cache, run_id(cfg) + ".json") if args.cache else None
     os.makedirs(run_dir, exist_ok=True)
     batch = cfg["batch"]
     cmd = [args.localpar, "train", os.path.join(args.out, cfg["job"]), f"--rule={cfg['rule']}",
@@ -809,7 +822,12 @@ def main():
             "(a directory to commit, so that a sweep spans sessions and machines)"),
                    p.add_argument(
             "--checks_only", action="store_true", help="run only the cluster checks: "
-            "checks.csv and CHECKS.md under --out (minutes, where the sweep takes days)")))
+            "checks.csv and CHECKS.md under --out (minutes, where the sweep takes days)"),
+                   p.add_argument(
+            "--plan", action="store_true", help="run and measure nothing: say which stage the "
+            "sweep is at, how many of its runs are done (in --cache, or under --out), and name "
+            "the runs left; later stages depend on earlier results, so only the first "
+            "unfinished stage is listed. Beside a running sweep, give it another --out")))
     spec = load_spec(args.spec)
     args.spec = spec
     hw = spec["hardware"]
@@ -877,9 +895,24 @@ def main():
 
     results = {}
 
-    def run_all(configs):
+    def run_all(configs, stage):
         todo = {run_id(c): c for c in configs if run_id(c) not in results}
         total, done = len(todo), [0]
+        if args.plan:
+            left = []
+            for rid, cfg in todo.items():
+                r = cached_run(args, cfg, os.path.join(args.out, "runs", rid))
+                if r is None:
+                    left.append(rid)
+                else:
+                    results[rid] = r
+            print(f"{stage}: {total - len(left)} of {total} runs done")
+            if left:
+                print(f"left ({len(left)}; the stages after this one depend on their results):")
+                for rid in left:
+                    print(f"  {rid}")
+                sys.exit(0)
+            return
 
         def work(item):
             rid, cfg = item
@@ -912,7 +945,7 @@ def main():
         b, length = m["reference_batch"], max(m["lengths"])
         grid = lr_grid(m["lr"], b)
         run_all([config(m, a, b, lr, length, seed, whole=True) for a in dp for lr in grid
-                 for seed in m["tune_seeds"]])
+                 for seed in m["tune_seeds"]], f"depth check ({m['name']})")
         for a in dp:
             best = None
             for lr in grid:
@@ -933,12 +966,18 @@ def main():
 
     # 2. Profiles first, one at a time, while nothing else runs: every device batch of the
     # sensitivity check, for every stage count (and shallow cut) the methods use.
-    profiles = {}
+    # With --plan only profiles already measured: measuring beside a running sweep would skew
+    # the step times.
+    profiles, unmeasured = {}, []
     for m in models:
         for db in m["device_batches"]:
             for k, first in sorted({(a["stages"], a.get("first_stages") or 0)
                                     for a in spec["methods"]}):
-                prof = profile(args, m, k, db, args.out, first or None)
+                prof = profile(args, m, k, db, args.out, first or None, measure=not args.plan)
+                if prof is None:
+                    unmeasured.append(f"{m['name']} K={k}{f' first {first}' if first else ''} "
+                                      f"at {db} rows")
+                    continue
                 cached = prof.pop("cached", False)
                 profiles[(m["name"], k, first, db)] = prof
                 print(f"profiled {m['name']} K={k}{f' first {first}' if first else ''} at "
@@ -947,7 +986,7 @@ def main():
     # 3. The sweep: every setting on the tune seeds.
     run_all([config(m, a, b, lr, length, seed) for m in models for a in spec["methods"]
              for b in m["batch_sizes"] for lr, length in settings(m, b)
-             for seed in m["tune_seeds"]])
+             for seed in m["tune_seeds"]], "tuning (every setting, on the tune seeds)")
 
     def hit_of(m, a, b, lr, length, seed, target):
         r = results[run_id(config(m, a, b, lr, length, seed))]
@@ -966,7 +1005,13 @@ def main():
     # Then each point's chosen setting over the seeds it reports.
     run_all([config(m, a, b, *choose(m, a, b, target)[1], seed) for m in models
              for a in spec["methods"] for b in m["batch_sizes"] for target in m["targets"]
-             for seed in m["seeds"]])
+             for seed in m["seeds"]], "seeds (each point's chosen setting)")
+    if unmeasured:  # only with --plan: the summary points compare measured step times
+        print("summary seeds: not yet known; the summary points need these profiles, which "
+              "the sweep measures first:")
+        for u in unmeasured:
+            print(f"  {u}")
+        return
 
     # 4. Points: each method, batch size and target at its best setting (learning rate and
     # schedule length) on the tune seeds, over the seeds it reports; a seed that missed counts
@@ -1044,7 +1089,10 @@ def main():
                 a, b, lr, length = pair[1]
                 wanted.add((m["name"], a["label"], b, target))
                 more_runs += [config(m, a, b, lr, length, seed) for seed in m["summary_seeds"]]
-    run_all(more_runs)
+    run_all(more_runs, "summary seeds (the summary's points)")
+    if args.plan:
+        print("every run is done: run it without --plan to write the tables")
+        return
     rows = [r for r, _ in all_rows(wanted)]
     head_rows = []
     for m in models:

@@ -247,6 +247,23 @@ def main():
               and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r2.stderr)
               and not re.search(r"rows\n", r2.stderr),
               f"a rerun trained or profiled again:\n{r2.stderr}")
+        # --plan trains and measures nothing. With every run cached it says so; with an empty
+        # cache it counts the first stage's runs and names every one.
+        plan = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--localpar",
+                localpar, "--plan"]
+        p1 = subprocess.run(plan + ["--out", os.path.join(tmp, "plan1"), "--cache", cache],
+                            capture_output=True, text=True)
+        check(p1.returncode == 0 and "seeds (each point's chosen setting): " in p1.stdout
+              and "every run is done" in p1.stdout, f"a plan of a finished sweep:\n{p1.stdout}")
+        p2 = subprocess.run(plan + ["--out", os.path.join(tmp, "plan2"), "--cache",
+                                    os.path.join(tmp, "empty")], capture_output=True, text=True)
+        listed = re.findall(r"^  (tiny-\S+-s[12])$", p2.stdout, re.M)
+        check(p2.returncode == 0
+              and "tuning (every setting, on the tune seeds): 0 of 32 runs done" in p2.stdout
+              and len(listed) == 32 and "every run is done" not in p2.stdout
+              and not os.path.exists(os.path.join(tmp, "plan2", "runs"))
+              and not os.path.exists(os.path.join(tmp, "empty")),
+              f"a plan with nothing done:\n{p2.stdout}\n{p2.stderr}")
         for row in rows:
             if row["reached"] != "True":
                 continue
