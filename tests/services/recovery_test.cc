@@ -30,29 +30,42 @@ using testing::RunProcess;
 using testing::SmallJob;
 using testing::TempDir;
 
-// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST or, with
-// `committed` false, until anything at all is written under `ckpt`: a stage's part of the
-// first checkpoint, so every stage is configured and training. Tests that need the run to be
-// that far before they break something wait on this, not on a fixed delay from start-up,
-// which a loaded machine or the sanitizer build can outrun.
-void WaitForACheckpoint(const std::string& ckpt, bool committed = true) {
+// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST. Tests that
+// need the run to be that far before they break something wait on this, not on a fixed
+// delay from start-up, which a loaded machine or the sanitizer build can outrun.
+void WaitForACheckpoint(const std::string& ckpt) {
   for (int i = 0; i < 3000; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
-      if (!committed || std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
+      if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
     }
   }
-  ADD_FAILURE() << "no checkpoint " << (committed ? "committed" : "started") << " in " << ckpt
-                << " within 30 s";
+  ADD_FAILURE() << "no checkpoint committed in " << ckpt << " within 30 s";
+}
+
+// Waits (up to 30 s) until a file called `name` exists anywhere under `ckpt`: a worker's
+// snapshot, written once it has trained the checkpoint's step.
+void WaitForASnapshot(const std::string& ckpt, const std::string& name) {
+  for (int i = 0; i < 3000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::error_code ec;
+    // Checkpoints are written and pruned meanwhile: any error just means "look again".
+    for (std::filesystem::recursive_directory_iterator it(ckpt, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (it->path().filename() == name) return;
+    }
+  }
+  ADD_FAILURE() << "no " << name << " under " << ckpt << " within 30 s";
 }
 
 // Long enough (12 epochs, a slowed last stage) to be interrupted mid-run.
 struct RecoveryRun {
   TempDir dir;
   std::string job, ckpt, bin = testing::BinDir() + "/localpar";
+  int replicas;
   size_t processes;  // the workers and the coordinator
-  explicit RecoveryRun(int replicas = 1) : processes(4 * replicas + 1) {
+  explicit RecoveryRun(int replicas = 1) : replicas(replicas), processes(4 * replicas + 1) {
     std::string text = SmallJob("GREEDY", 1);
     text.replace(text.find("epochs: 2"), 9, "epochs: 12");
     if (replicas > 1) text += "replicas: " + std::to_string(replicas) + "\n";
@@ -67,7 +80,7 @@ struct RecoveryRun {
   // Where a kill's delay counts from.
   enum class From {
     kStart,      // the processes' start
-    kTraining,   // the first write under the checkpoint folder: every stage is training
+    kSnapshot,   // the killed worker's first snapshot: it holds state the run must not lose
     kCommitted,  // the first committed checkpoint
   };
   // Starts the run, waits `delay_ms` from `from`, sends `signal` to child `index` of the
@@ -84,7 +97,14 @@ struct RecoveryRun {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       children = testing::LaunchedProcesses(launcher);
     }
-    if (from != From::kStart) WaitForACheckpoint(ckpt, from == From::kCommitted);
+    if (from == From::kCommitted) WaitForACheckpoint(ckpt);
+    if (from == From::kSnapshot) {
+      // Replica 0's snapshot is stage-K.ckpt, another replica's stage-K-replica-R.ckpt.
+      const int stage = index / replicas, replica = index % replicas;
+      WaitForASnapshot(ckpt, "stage-" + std::to_string(stage) +
+                                 (replica > 0 ? "-replica-" + std::to_string(replica) : "") +
+                                 ".ckpt");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     EXPECT_EQ(children.size(), processes);
     if (children.size() == processes) kill(children[index], signal);
@@ -99,14 +119,16 @@ TEST(Recovery, AWorkerKilledAtARandomMomentIsRestartedAndTheRunEndsBitwiseEqual)
   RecoveryRun run;
   v1::ModelWeights want = run.Uninterrupted();
   std::random_device rd;
-  // Counted from the first checkpoint write, not from start-up: a worker lost before it is
-  // configured is only restarted, with nothing to roll back.
+  // Counted from the killed worker's first snapshot, not from start-up: a worker lost before
+  // it has trained a step is only restarted, with nothing to roll back or restart. Killed
+  // before that checkpoint commits (every stage's snapshot in), the run starts over; after,
+  // it rolls back.
   int stage = static_cast<int>(rd() % 4), delay = static_cast<int>(rd() % 900);
-  auto r = run.KillAndFinish(stage, delay, SIGKILL, RecoveryRun::From::kTraining);
-  ASSERT_EQ(r.exit_code, 0) << "killed stage " << stage << " " << delay << " ms into training\n"
+  auto r = run.KillAndFinish(stage, delay, SIGKILL, RecoveryRun::From::kSnapshot);
+  ASSERT_EQ(r.exit_code, 0) << "killed stage " << stage << " " << delay
+                            << " ms after its first snapshot\n"
                             << r.output;
   EXPECT_NE(r.output.find("restarting it"), std::string::npos) << r.output;
-  // Killed before the first checkpoint committed, the run starts over; after, it rolls back.
   EXPECT_TRUE(r.output.find("rolling every stage back to") != std::string::npos ||
               r.output.find("no committed checkpoint yet; restarting from step 0") !=
                   std::string::npos)
@@ -123,8 +145,8 @@ TEST(Recovery, AKilledReplicaIsRestartedAndEveryStageRollsBackBitwiseEqual) {
   std::random_device rd;
   const int delay = static_cast<int>(rd() % 600);
   auto r =
-      run.KillAndFinish(3, delay, SIGKILL, RecoveryRun::From::kTraining);  // stage 1, replica 1
-  ASSERT_EQ(r.exit_code, 0) << "killed " << delay << " ms into training\n" << r.output;
+      run.KillAndFinish(3, delay, SIGKILL, RecoveryRun::From::kSnapshot);  // stage 1, replica 1
+  ASSERT_EQ(r.exit_code, 0) << "killed " << delay << " ms after its first snapshot\n" << r.output;
   EXPECT_NE(r.output.find("worker for stage 1 replica 1 was killed by signal 9; restarting it"),
             std::string::npos)
       << r.output;
