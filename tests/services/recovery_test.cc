@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -30,33 +31,40 @@ using testing::RunProcess;
 using testing::SmallJob;
 using testing::TempDir;
 
-// Waits (up to 30 s) until a checkpoint directory under `ckpt` has its MANIFEST. Tests that
-// need the run to be that far before they break something wait on this, not on a fixed
-// delay from start-up, which a loaded machine or the sanitizer build can outrun.
-void WaitForACheckpoint(const std::string& ckpt) {
+// Polls `found` every 10 ms for up to 30 s; a test failure names `what` if it never holds.
+void WaitFor(const std::string& what, const std::function<bool()>& found) {
   for (int i = 0; i < 3000; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
-      if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return;
-    }
+    if (found()) return;
   }
-  ADD_FAILURE() << "no checkpoint committed in " << ckpt << " within 30 s";
+  ADD_FAILURE() << what << " within 30 s";
 }
 
-// Waits (up to 30 s) until a file called `name` exists anywhere under `ckpt`: a worker's
-// snapshot, written once it has trained the checkpoint's step.
+// Until a checkpoint directory under `ckpt` has its MANIFEST. Tests that need the run to be
+// that far before they break something wait on this, not on a fixed delay from start-up,
+// which a loaded machine or the sanitizer build can outrun.
+void WaitForACheckpoint(const std::string& ckpt) {
+  WaitFor("no checkpoint committed in " + ckpt, [&] {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(ckpt, ec)) {
+      if (std::filesystem::exists(entry.path() / "MANIFEST", ec)) return true;
+    }
+    return false;
+  });
+}
+
+// Until a file called `name` exists anywhere under `ckpt`: a worker's snapshot, written once
+// it has trained the checkpoint's step.
 void WaitForASnapshot(const std::string& ckpt, const std::string& name) {
-  for (int i = 0; i < 3000; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  WaitFor("no " + name + " under " + ckpt, [&] {
     std::error_code ec;
     // Checkpoints are written and pruned meanwhile: any error just means "look again".
     for (std::filesystem::recursive_directory_iterator it(ckpt, ec), end; !ec && it != end;
          it.increment(ec)) {
-      if (it->path().filename() == name) return;
+      if (it->path().filename() == name) return true;
     }
-  }
-  ADD_FAILURE() << "no " << name << " under " << ckpt << " within 30 s";
+    return false;
+  });
 }
 
 // Long enough (12 epochs, a slowed last stage) to be interrupted mid-run.
