@@ -577,11 +577,15 @@ def covers(done, cfg):
     return old["strictest"] >= cfg["strictest"]
 
 
+def cache_file(args, cfg):
+    """Where --cache keeps the result of configuration `cfg` (None without --cache)."""
+    return os.path.join(args.cache, run_id(cfg) + ".json") if args.cache else None
+
+
 def cached_run(args, cfg, run_dir):
     """The run.json of a finished run that answers for `cfg`, from its run directory or from
     --cache, or None."""
-    cache_path = os.path.join(args.cache, run_id(cfg) + ".json") if args.cache else None
-    for path in (os.path.join(run_dir, "run.json"), cache_path):
+    for path in (os.path.join(run_dir, "run.json"), cache_file(args, cfg)):
         if path and os.path.exists(path):
             with open(path) as f:
                 done = json.load(f)
@@ -599,7 +603,7 @@ def train_run(args, cfg, run_dir):
     if done is not None:
         return done
     result_path = os.path.join(run_dir, "run.json")
-    cache_path = os.path.join(args.cache, run_id(cfg) + ".json") if args.cache else None
+    cache_path = cache_file(args, cfg)
     os.makedirs(run_dir, exist_ok=True)
     batch = cfg["batch"]
     cmd = [args.localpar, "train", os.path.join(args.out, cfg["job"]), f"--rule={cfg['rule']}",
