@@ -1114,7 +1114,7 @@ def main():
                                                             m["data"]["train_examples"])})
 
     # 5. The cluster checks: the cost model on this machine against real clusters.
-    check_rows = run_checks(args, spec, models, link, latency)
+    check_rows = run_checks(args, spec, all_models, link, latency)
 
     write_csv(os.path.join(args.out, "frontier.csv"), rows,
               ["model", "method", "rule", "stages", "batch", "target", "reached", "bound", "lr",

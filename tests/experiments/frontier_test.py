@@ -352,7 +352,10 @@ def main():
                                    "lr": {"base": 0.05, "base_batch": 32, "factors": [1]},
                                    "max_examples": 12800, "eval_every_examples": 256,
                                    "depth_only": True}],
-                       "methods": methods[:2]}, f)
+                       "methods": methods[:2],
+                       # A model that is not swept still gets its cluster checks.
+                       "cluster_checks": [{"model": "tinydepth", "method": "data parallel",
+                                           "batch": 16, "steps": 20}]}, f)
         out3 = os.path.join(tmp, "out3")
         r = subprocess.run([sys.executable, os.path.join(source, "deploy", "frontier.py"),
                             tuned, "--out", out3, "--localpar", localpar],
@@ -396,6 +399,9 @@ def main():
         check(not any(r["model"] == "tinydepth"
                       for r in csv.DictReader(open(os.path.join(out3, "frontier.csv")))),
               "a depth_only model is not swept")
+        checked = list(csv.DictReader(open(os.path.join(out3, "checks.csv"))))
+        check([(r["model"], r["method"]) for r in checked] == [("tinydepth", "data parallel")],
+              f"the depth_only model's cluster check ran: {checked}")
 
         # A bad sweep file names the field.
         with open(spec, "w") as f:
