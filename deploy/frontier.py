@@ -746,6 +746,23 @@ def run_checks(args, spec, models, link, latency):
     return rows
 
 
+def profile_disagreements(profiles, tolerance=0.15):
+    """Profiles measured under load disagree with each other: the whole network's step
+    (one stage) against the sum of its K stages' steps (heads excluded) at the same rows.
+    `profiles` maps (model, K, first, rows) to `localpar project --json`; returns one line
+    per pair off by more than `tolerance`."""
+    out = []
+    for (name, k, first, rows), prof in sorted(profiles.items()):
+        whole = profiles.get((name, 1, first, rows))
+        if k == 1 or whole is None:
+            continue
+        one = sum(s["seconds"] for s in whole["stages"])
+        split = sum(s["seconds"] for s in prof["stages"])
+        if abs(split / one - 1) > tolerance:
+            out.append(f"{name} at {rows} rows: the whole network {1e3 * one:.2f} ms a step, "
+                       f"its {k} stages {1e3 * split:.2f} ms together")
+    return out
+
 def fmt_flops(x):
     return f"{x:.2e}"
 
@@ -986,6 +1003,12 @@ def main():
                 profiles[(m["name"], k, first, db)] = prof
                 print(f"profiled {m['name']} K={k}{f' first {first}' if first else ''} at "
                       f"{db} rows{', cached' if cached else ''}", file=sys.stderr)
+    # A profile measured while something else ran is slower than the others: the whole
+    # network then disagrees with the sum of its stages. Said here and in the report.
+    disagreements = profile_disagreements(profiles)
+    for line in disagreements:
+        print(f"warning: profiles disagree by more than 15% (measured under load? delete "
+              f"them from --cache and measure again): {line}", file=sys.stderr)
 
     # 3. The sweep: every setting on the tune seeds.
     run_all([config(m, a, b, lr, length, seed) for m in models for a in spec["methods"]
@@ -1129,7 +1152,7 @@ def main():
               ["model", "method", "shallow", "batch", "length", "lr", "lr_edge", "seeds", "best"])
     md = report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir,
                          os.cpu_count() or 1, depth_rows, all_models,
-                         cost=sweep_cost(results.values()))
+                         cost=sweep_cost(results.values()), disagreements=disagreements)
     with open(os.path.join(args.out, "FRONTIER.md"), "w") as f:
         f.write(md)
     if args.results:
@@ -1224,7 +1247,7 @@ def sweep_cost(runs):
 
 
 def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, cores,
-                    depth_rows=(), all_models=(), cost=None):
+                    depth_rows=(), all_models=(), cost=None, disagreements=()):
     hw = spec["hardware"]
     command = args.command or "python3 " + " ".join(sys.argv)
     md = ["# The compute/time frontier\n",
@@ -1238,19 +1261,27 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
                   + ("their CPU time" if measured == n else
                      f"CPU time for {measured}, wall time for the {n - measured} recorded "
                      f"before CPU time was") + "; profiles and cluster checks not counted).\n")
+    if disagreements:
+        md.append("**Warning: the profiles disagree** (the whole network against the sum of "
+                  "its stages, by more than 15%), as when they are measured while something "
+                  "else runs, so the step times below are suspect: "
+                  + "; ".join(disagreements) + ".\n")
     md.append(
         "**The claim** (Laskin, Metz et al.): local parallelism keeps turning compute into "
         "speed after data parallelism (ever larger batches) stops paying off, and it is at its "
         "best in the high-compute regime. Each point below is one method at one batch size B, "
-        "at the fastest learning rate of its grid; its x is the training compute it needed "
-        "to reach the target, its y the time that took under the cost model.\n")
+        "at its best setting (learning rate and schedule length); its x is the training "
+        "compute it needed to reach the target, its y the time that took under the cost "
+        "model.\n")
     md.append(
         "**Cost model** (ideal hardware: as many devices as the batch needs). Every device "
         "computes `device_batch` examples per step; stage times are the medians `localpar "
         "project --json` measured on this machine for that many rows (forward, backward and "
         "update, plus the gradient for the stage's input under backprop and OVERLAP, which "
         "send one upstream from every stage but the first), and links carry "
-        f"{hw['link_gbps']} Gbit/s with {hw['latency_us']} us latency.\n"
+        f"{hw['link_gbps']} Gbit/s with {hw['latency_us']} us latency. Each profile is "
+        "measured once, one at a time, and kept with --cache, so a rerun chooses the same "
+        "points; delete the cached profiles to measure them again.\n"
         "- *data parallel*: R = B / device_batch replicas of the whole network; a step is one "
         "replica's pass plus a ring all-reduce of every parameter, 2 (R - 1) / R x the bytes.\n"
         "- *pipelined backprop* (GPipe): K stages, M = B / device_batch micro-batches; a step "

@@ -53,6 +53,14 @@ def test_logic(fr):
     # so 10 steps are 2 whole epochs and 2 batches.
     check(fr.examples_seen(10, 32, 100) == 2 * 100 + 2 * 32, "examples after 10 steps")
     check(fr.examples_seen(8, 32, 100) == 200, "examples after 2 epochs")
+    # Profiles measured under load: the whole network against the sum of its stages.
+    def prof(*ms):
+        return {"stages": [{"seconds": x / 1e3} for x in ms]}
+    profs = {("m", 1, 0, 16): prof(8.0), ("m", 4, 0, 16): prof(2.1, 2.0, 2.0, 2.1),
+             ("m", 1, 0, 32): prof(13.0), ("m", 8, 0, 32): prof(*[1.35] * 8)}
+    off = fr.profile_disagreements(profs)
+    check(len(off) == 1 and off[0].startswith("m at 32 rows"),
+          f"a profile 20% off its stages is flagged, one 2% off is not: {off}")
     # Training FLOPs: 3 x forward; local rules train every head, backprop only the last.
     stages = [{"forward_flops": 100, "head_forward_flops": 10},
               {"forward_flops": 200, "head_forward_flops": 20}]
