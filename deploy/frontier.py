@@ -763,6 +763,7 @@ def profile_disagreements(profiles, tolerance=0.15):
                        f"its {k} stages {1e3 * split:.2f} ms together")
     return out
 
+
 def fmt_flops(x):
     return f"{x:.2e}"
 
