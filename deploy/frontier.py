@@ -746,7 +746,12 @@ def run_checks(args, spec, models, link, latency):
     return rows
 
 
-def profile_disagreements(profiles, tolerance=0.15):
+# How far the whole network's profiled step may stray from the sum of its stages' before
+# the profiles count as measured under load.
+PROFILE_TOLERANCE = 0.15
+
+
+def profile_disagreements(profiles, tolerance=PROFILE_TOLERANCE):
     """Profiles measured under load disagree with each other: the whole network's step
     (one stage) against the sum of its K stages' steps (heads excluded) at the same rows.
     `profiles` maps (model, K, first, rows) to `localpar project --json`; returns one line
@@ -1008,8 +1013,9 @@ def main():
     # network then disagrees with the sum of its stages. Said here and in the report.
     disagreements = profile_disagreements(profiles)
     for line in disagreements:
-        print(f"warning: profiles disagree by more than 15% (measured under load? delete "
-              f"them from --cache and measure again): {line}", file=sys.stderr)
+        print(f"warning: profiles disagree by more than {PROFILE_TOLERANCE:.0%} (measured "
+              f"under load? delete them from --cache and measure again): {line}",
+              file=sys.stderr)
 
     # 3. The sweep: every setting on the tune seeds.
     run_all([config(m, a, b, lr, length, seed) for m in models for a in spec["methods"]
@@ -1264,8 +1270,8 @@ def report_markdown(args, spec, models, rows, head_rows, check_rows, plots_dir, 
                      f"before CPU time was") + "; profiles and cluster checks not counted).\n")
     if disagreements:
         md.append("**Warning: the profiles disagree** (the whole network against the sum of "
-                  "its stages, by more than 15%), as when they are measured while something "
-                  "else runs, so the step times below are suspect: "
+                  f"its stages, by more than {PROFILE_TOLERANCE:.0%}), as when they are "
+                  "measured while something else runs, so the step times below are suspect: "
                   + "; ".join(disagreements) + ".\n")
     md.append(
         "**The claim** (Laskin, Metz et al.): local parallelism keeps turning compute into "
