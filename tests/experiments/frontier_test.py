@@ -1,6 +1,7 @@
-#!/usr/bin/env python3
-"""The frontier sweep (deploy/frontier.py): its logic against hand-computed values, FLOP
-counting from a real job against counts worked out by hand, and a small sweep end to end.
+#!/usr/bin/python3
+"""The frontier sweep (deploy/frontier.py, experiments/frontier/): its logic against
+hand-computed values, FLOP counting from a real job against counts worked out by hand, and a
+small sweep end to end.
 
 Usage: frontier_test.py LOCALPAR_BINARY SOURCE_DIR
 """
@@ -13,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 
 
 def check(cond, message):
@@ -124,19 +126,23 @@ def test_logic(fr):
     check(fr.stops_paying_off([(32, 10, False), (128, 4, False), (512, 1, True)]) == 128,
           "a miss past 128")
     check(fr.stops_paying_off([(32, 10, False), (128, 4, False)]) is None, "still gaining")
-    # Derived jobs: the schedule replaced, the network cut after its first stages, braces in
-    # strings left alone.
+    # Derived jobs (protobuf's text format): the schedule replaced, the network cut after its
+    # first stages, braces in strings left alone.
     job = 'name: "a{b"\nschedule {\n  lr: 0.001\n}\nstages {\n  name: "s}"\n}\nstages {\n}\nseed: 3\n'
-    check(fr.split_top_level(job) == ['name: "a{b"', "schedule {\n  lr: 0.001\n}",
-                                      'stages {\n  name: "s}"\n}', "stages {\n}", "seed: 3"],
-          f"split {fr.split_top_level(job)}")
-    cut = fr.derive_job(job, "kind: COSINE lr: 1", 1)
-    check(cut == 'name: "a{b"\nstages {\n  name: "s}"\n}\nseed: 3\nschedule { kind: COSINE lr: 1 }\n',
-          f"derived {cut!r}")
-    check(fr.schedule_text({"warmup_examples": 1000, "min_lr_fraction": 0.1}, 128, 0)
-          == "kind: COSINE lr: 1 warmup_steps: 8 min_lr: 0.1", "warm-up in steps at B = 128")
+    sched = fr.warmup_cosine("COSINE", 1000, 0.1, 128)
+    cut = fr.derive_job(fr.parse_job(job, "job"), sched, 1)
+    want = fr.parse_job('name: "a{b" stages { name: "s}" } seed: 3 schedule { kind: COSINE '
+                        'lr: 1 warmup_steps: 8 min_lr: 0.1 }', "want")
+    check(cut == want, f"derived {fr.job_text(cut)!r}")
+    check(fr.derive_job(fr.parse_job(job, "job")) == fr.parse_job(job, "job"),
+          "deriving nothing changes nothing")
+    # A job's hash is its message's: comments and layout do not change it, a setting does.
+    relaid = "# a comment\n" + job.replace("\n", "  \n")
+    check(fr.message_hash(fr.parse_job(relaid, "j")) == fr.message_hash(fr.parse_job(job, "j"))
+          and fr.message_hash(fr.parse_job(job.replace("seed: 3", "seed: 4"), "j"))
+          != fr.message_hash(fr.parse_job(job, "j")), "job hashes")
     # Learning rates: base x sqrt(B / base_batch) x factor.
-    grid = fr.lr_grid({"base": 1e-3, "base_batch": 128, "factors": [1, 2]}, 512)
+    grid = fr.lr_grid(fr.LrGrid(base=1e-3, base_batch=128, factors=[1, 2]), 512)
     check(all(close(a, b) for a, b in zip(grid, [2e-3, 4e-3])), f"lr grid {grid}")
 
 
@@ -158,12 +164,16 @@ stages {{ layers {{ linear {{ out_features: 8 }} }} layers {{ relu {{}} }}
 
 def main():
     localpar, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    sys.path.insert(0, os.path.join(source, "deploy"))
-    import frontier as fr
+    sys.path.insert(0, source)
+    from experiments import jobs, stats
+    from experiments.frontier import model, spec as fspec, summary
+    # The runner's modules, as one namespace for the checks below.
+    fr = types.SimpleNamespace(**{k: v for mod in (stats, jobs, model, fspec, summary)
+                                  for k, v in vars(mod).items() if not k.startswith("_")})
     test_logic(fr)
     # The shipped sweep file is valid (a mistake there would surface hours into a sweep).
     spec = fr.load_spec(os.path.join(source, "deploy", "experiments", "frontier.json"))
-    check(spec["models"] and spec["methods"], "deploy/experiments/frontier.json")
+    check(spec.models and spec.methods, "deploy/experiments/frontier.json")
 
     with tempfile.TemporaryDirectory(prefix="localpar_frontier_") as tmp:
         job = os.path.join(tmp, "tiny.textproto")
@@ -221,7 +231,7 @@ def main():
         os.makedirs(os.path.dirname(results))
         with open(results, "w") as f:
             f.write("# Results\n\nkept above\n")
-        cache = os.path.join(tmp, "cache")
+        cache = os.path.join(tmp, "cache.jsonl")
         cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--out", out,
                "--localpar", localpar, "--results", results, "--cache", cache]
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -282,7 +292,7 @@ def main():
             # The best learning rate over both seeds: the fewest mean steps to two evaluations
             # in a row at the target.
             best = None
-            for lr in fr.lr_grid({"base": 0.05, "base_batch": 32, "factors": [1, 2]}, b):
+            for lr in fr.lr_grid(fr.LrGrid(base=0.05, base_batch=32, factors=[1, 2]), b):
                 steps = []
                 for seed in (1, 2):
                     run = runs[f"tiny-{rule}-K{k}{first}-b{b}-lr{lr:.6g}-n4000000-s{seed}"]

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The experiment runner end to end: a small matrix on real local clusters.
 
 Checks that every run of the matrix happened with the arm's rule and stage count, that the
@@ -27,12 +27,12 @@ def main():
     localpar, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     runner = os.path.join(source, "deploy", "experiment.py")
     # Every shipped experiment file is valid (its jobs exist, its arms are well formed).
-    sys.path.insert(0, os.path.join(source, "deploy"))
-    import experiment
+    sys.path.insert(0, source)
+    from experiments.matrix.spec import load_spec
     shipped = os.path.join(source, "deploy", "experiments")
     for name in sorted(os.listdir(shipped)):
         if name.endswith(".json") and name != "frontier.json":  # frontier.py's own format
-            check(experiment.load_spec(os.path.join(shipped, name))["arms"], name)
+            check(load_spec(os.path.join(shipped, name)).arms, name)
     with tempfile.TemporaryDirectory(prefix="localpar_experiment_") as tmp:
         # The shipped best local configuration of the language-model gap is the arm it names,
         # bit for bit: the same held-out and training losses after a few steps.
@@ -200,7 +200,7 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
 
         # The reference trainer gives a cluster's figures exactly; runs go two at a time, each
         # kept in a cache by its configuration and read back from it by a fresh output dir.
-        cache = os.path.join(tmp, "cache")
+        cache = os.path.join(tmp, "cache.jsonl")
         ref_spec = {"models": [{"job": lm, "max_steps": 12, "seeds": [3]}],
                     "arms": [{"rule": "BACKPROP"}, {"rule": "GREEDY"}, {"rule": "OVERLAP"}],
                     "trainer": "reference", "parallel": 2, "name": "ref"}
@@ -217,7 +217,8 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
                   f"{row['arm']}: reference {row['metric']} != cluster {cluster[row['arm']]}")
         log = open(os.path.join(tmp, "ref1", "runs", "tiny_lm-GREEDY-seed3", "run.log")).read()
         check(" train " in log.splitlines()[0], "the reference arm ran `localpar train`")
-        check(len(os.listdir(cache)) == 3, f"cache entries: {os.listdir(cache)}")
+        entries = [json.loads(line)["key"] for line in open(cache)]
+        check(len(entries) == 3, f"cache entries: {entries}")
         r = subprocess.run(ref_cmd + ["--out", os.path.join(tmp, "ref2")], capture_output=True,
                            text=True)
         check(r.returncode == 0 and r.stderr.count("done before") == 3,

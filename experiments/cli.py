@@ -1,0 +1,49 @@
+"""The command line both runners share, and how a front end runs and reports a Failure."""
+
+import argparse
+import os
+import shlex
+import sys
+
+from experiments.common import Failure
+
+
+def parser(doc, spec_help, results_help, reuse_help):
+    p = argparse.ArgumentParser(description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help=spec_help)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--localpar", default="build/ci/localpar", help="the localpar binary")
+    p.add_argument("--results", help=results_help)
+    p.add_argument("--results_plots", help="where --results' plots are copied "
+                   "(default: results/ next to it)")
+    p.add_argument("--reuse", action="store_true", help=reuse_help)
+    p.add_argument("--command", default=None,
+                   help="the command line to print in the report (default: this one)")
+    return p
+
+
+def check_localpar(args):
+    if not os.access(args.localpar, os.X_OK):
+        raise Failure(f"{args.localpar}: not an executable; build first or pass --localpar")
+    args.localpar = os.path.abspath(args.localpar)
+
+
+def this_command():
+    """The command line, for a report's "regenerate with": the interpreter (one with
+    python3-protobuf) and the arguments as typed."""
+    return " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
+
+
+def main_of(program, body):
+    """Runs `body()`; a Failure becomes `program: message` on stderr and exit status 2, and
+    Ctrl-C exit status 130 (runs already finished are in the cache)."""
+    try:
+        return body()
+    except Failure as e:
+        print(f"{program}: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{program}: interrupted; finished runs are kept (run it again to resume)",
+              file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""The compute/time frontier: deploy/frontier.py."""

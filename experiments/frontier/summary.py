@@ -1,0 +1,181 @@
+"""The frontier's summary: which points it compares, the speed-ups with their intervals,
+and the sentences that state where local parallelism stands."""
+
+from experiments.frontier.model import stops_paying_off
+from experiments.frontier.spec import LOCAL_RULES
+from experiments.stats import bootstrap_ratio
+
+
+def fmt_flops(x):
+    return f"{x:.2e}"
+
+
+def fmt_target(t, text):
+    return f"{t:.2f} bits/byte" if text else f"{100 * t:.0f}%"
+
+
+def summary_points(trows, equal_devices=None):
+    """The points a target's summary compares, from (row, setting) pairs of one model and
+    target: the fastest backprop point and the fastest local point on ideal hardware, then
+    the fastest of each with at most `equal_devices` devices (default: the ideal backprop
+    point's). Shallow baselines are not backprop points here."""
+    def fastest_of(pairs):
+        return min(pairs, key=lambda p: (p[0]["bound"], p[0]["time_seconds"])) if pairs else None
+    backprop = [p for p in trows if p[0]["rule"] == "BACKPROP" and not p[0]["shallow"]]
+    local = [p for p in trows if p[0]["rule"] in LOCAL_RULES]
+    bp, lo = fastest_of(backprop), fastest_of(local)
+    cap = equal_devices or (bp[0]["devices"] if bp else None)
+    bp_eq = fastest_of([p for p in backprop if cap and p[0]["devices"] <= cap])
+    lo_eq = fastest_of([p for p in local if cap and p[0]["devices"] <= cap])
+    return {"backprop": bp, "local": lo, "backprop_equal": bp_eq, "local_equal": lo_eq,
+            "cap": cap}
+
+
+def fastest(rows, rules):
+    rows = [r for r in rows if r["reached"] and r["rule"] in rules]
+    return min(rows, key=lambda r: r["time_seconds"]) if rows else None
+
+
+def ratio_text(bp, lo, db=None):
+    """The speed-up of `lo` over `bp` (time of bp / time of lo) with its bootstrap interval
+    over seeds; a bound when either side missed its target in some seed."""
+    if db is not None:
+        if db not in bp["by_device_batch"] or db not in lo["by_device_batch"]:
+            return "n/a"
+        a, b = bp["by_device_batch"][db]["times"], lo["by_device_batch"][db]["times"]
+    else:
+        a, b = bp["times"], lo["times"]
+    ratio = (sum(a) / len(a)) / (sum(b) / len(b))
+    sign = ">" if bp["bound"] and not lo["bound"] else "<" if lo["bound"] and not bp[
+        "bound"] else "~" if bp["bound"] else ""
+    if db is not None:
+        return f"{sign}{ratio:.2f}x"
+    low, high = bootstrap_ratio(a, b)
+    return f"{sign}**{ratio:.2f}x** [{low:.2f}, {high:.2f}]"
+
+
+def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
+                     equal_devices=None):
+    """Per target: the fastest backprop and local points, the speed-up on ideal hardware and
+    at equal device counts with 95% bootstrap intervals over seeds, the shallow baseline, and
+    how the speed-ups move with the cost model's device batch."""
+    others = [d for d in device_batches if d != device_batch]
+    out = ["\n### Summary: where local parallelism is on the frontier\n",
+           "Speed-up = the backprop point's mean time to the target / the local point's, with a "
+           "95% bootstrap interval over seeds in brackets; > or < when one side missed the "
+           "target in some seed within its budget (its time is then a lower bound). *Equal "
+           "devices*: the fastest point of each with at most "
+           + (f"{equal_devices} devices" if equal_devices else
+              "as many devices as the fastest backprop point uses") + ".\n",
+           "| target | fastest backprop point | time (s) | fastest local point | time (s) "
+           "| speed-up, ideal hardware | equal devices: backprop point | local point "
+           "| speed-up, equal devices | shallow baseline (first block alone) |"
+           + "".join(f" speed-ups at device batch {d} (ideal / equal) |" for d in others),
+           "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(others)]
+    verdicts = []
+
+    def cell(r):
+        if r is None:
+            return "none", ""
+        devices = f"{r['devices']} device{'s' if r['devices'] != 1 else ''}"
+        return (f"{r['method']}, B = {r['batch']} ({devices})",
+                ("> " if r["bound"] else "") + f"{r['time_seconds']:.3g}")
+
+    for target in sorted(targets, reverse=text):  # loosest first
+        trows = [r for r in mrows if r["target"] == target]
+        chosen = summary_points([(r, None) for r in trows], equal_devices)
+        bp, lo, bpe, loe = (chosen[k] and chosen[k][0] for k in
+                            ("backprop", "local", "backprop_equal", "local_equal"))
+        shallow = [r for r in trows if r["shallow"]]
+        shallow_best = min(shallow, key=lambda r: (r["bound"], r["time_seconds"]), default=None)
+        shallow_text = ("not run" if shallow_best is None else
+                        ("missed, > " if shallow_best["bound"] else "")
+                        + f"{shallow_best['time_seconds']:.3g} s (B = {shallow_best['batch']})")
+        ideal = ratio_text(bp, lo) if bp and lo else "n/a"
+        equal = ratio_text(bpe, loe) if bpe and loe else "n/a"
+        sens = "".join(
+            f" {ratio_text(bp, lo, d) if bp and lo else 'n/a'} / "
+            f"{ratio_text(bpe, loe, d) if bpe and loe else 'n/a'} |" for d in others)
+        out.append(f"| {fmt_target(target, text)} | {cell(bp)[0]} | {cell(bp)[1]} | "
+                   f"{cell(lo)[0]} | {cell(lo)[1]} | {ideal} | {cell(bpe)[0]} | "
+                   f"{cell(loe)[0]} | {equal} | {shallow_text} |{sens}")
+        if bp and lo:
+            low_ideal = bootstrap_ratio(bp["times"], lo["times"])[0]
+            low_equal = bootstrap_ratio(bpe["times"], loe["times"])[0] if bpe and loe else None
+            verdicts.append((target, low_ideal, low_equal))
+    out.append("")
+    # Where data parallelism stops paying off, from its points.
+    for target in sorted(targets, reverse=text):
+        dp = sorted((r for r in mrows if r["target"] == target
+                     and r["cost_kind"] == "data_parallel" and not r["shallow"]),
+                    key=lambda r: r["batch"])
+        if dp:
+            b = stops_paying_off([(r["batch"], r["time_seconds"], r["bound"]) for r in dp])
+            out.append(f"- To {fmt_target(target, text)}: data parallelism "
+                       + (f"stops paying off past B = {b} (the next larger batch is less than "
+                          f"1.1x faster, or misses the target)" if b else
+                          "still gains at the largest batch size tried")
+                       + ".")
+    out.append("")
+    if verdicts:
+        both = [v for v in verdicts if v[1] > 1 and v[2] is not None and v[2] > 1]
+        ideal_only = [v for v in verdicts if v[1] > 1]
+        parts = []
+        for t, a, e in verdicts:
+            parts.append(f"{fmt_target(t, text)}: lower end {a:.2f}x on ideal hardware"
+                         + (f", {e:.2f}x at equal devices" if e is not None else
+                            ", no equal-device comparison"))
+        out.append(
+            "Verdict for this model: local parallelism is faster with the whole 95% interval "
+            f"above 1x at {len(ideal_only)} of {len(verdicts)} targets on ideal hardware, and "
+            f"at {len(both)} of {len(verdicts)} at equal device counts ("
+            + "; ".join(parts) + ").\n")
+    return "\n".join(out)
+
+
+def claim_text(trows, reached, front, target, text):
+    """Where local parallelism stands on this target's frontier, with the numbers."""
+    local = [r for r in reached if r["rule"] in ("GREEDY", "CHUNKED", "OVERLAP")]
+    dp = [r for r in reached if r["rule"] == "BACKPROP" and not r["shallow"]]
+    missing = sorted({r["method"] for r in trows if not r["reached"]})
+    out = []
+    if local and dp:
+        fl = min(local, key=lambda r: r["time_seconds"])
+        fd = min(dp, key=lambda r: r["time_seconds"])
+        speed = fd["time_seconds"] / fl["time_seconds"]
+        verdict = (f"**{speed:.2f}x faster**" if speed >= 1 else f"**{1 / speed:.2f}x slower**")
+        out.append(
+            f"Fastest local point: {fl['method']} at B = {fl['batch']}, "
+            f"{fl['time_seconds']:.3g} s with {fmt_flops(fl['compute_flops'])} FLOPs; fastest "
+            f"backprop point: {fd['method']} at B = {fd['batch']}, {fd['time_seconds']:.3g} s "
+            f"with {fmt_flops(fd['compute_flops'])} FLOPs. Local parallelism is {verdict}, "
+            f"for {fl['compute_flops'] / fd['compute_flops']:.2f}x the compute.")
+        cheapest = min(reached, key=lambda r: r["compute_flops"])
+        out.append(f"Least compute: {cheapest['method']} at B = {cheapest['batch']} "
+                   f"({fmt_flops(cheapest['compute_flops'])} FLOPs).")
+        on = sorted({r["method"] for r in reached if id(r) in front})
+        out.append(f"On the frontier: {', '.join(on)}.")
+    elif dp:
+        out.append("No local method reached this target within the budget.")
+    if missing:
+        out.append(f"Not reached at some batch size: {', '.join(missing)}.")
+    return " ".join(out) + "\n"
+
+
+def overlap_text(hrows, text):
+    by = {}
+    for h in hrows:
+        if h["stage"] == h["stages"]:
+            by[h["method"]] = h["metric"]
+    parts = [f"{k}: {v:.3f}" if text else f"{k}: {100 * v:.2f}%" for k, v in by.items()]
+    out = "Last head: " + "; ".join(parts) + "."
+    overlap = {k: v for k, v in by.items() if k.startswith("OVERLAP")}
+    for k, v in overlap.items():
+        greedy = by.get(k.replace("OVERLAP", "GREEDY"))
+        if greedy is not None:
+            d = v - greedy
+            out += (f" OVERLAP against GREEDY with as many stages: {d:+.3f} bits/byte"
+                    if text else
+                    f" OVERLAP against GREEDY with as many stages: {100 * d:+.2f} points")
+            out += f" ({'better' if (d < 0 if text else d > 0) else 'worse'})."
+    return out + "\n"

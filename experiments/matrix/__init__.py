@@ -1,0 +1,1 @@
+"""models x arms x seeds: deploy/experiment.py."""

@@ -1,0 +1,216 @@
+#!/usr/bin/python3
+"""Unit tests of the experiment runner's modules (experiments/): the run cache, job
+derivation and hashing through protobuf, spec files into dataclasses, and the statistics;
+then, given a localpar binary, that the committed caches still answer for every run the
+shipped sweeps ask for (a job or a default that changed would otherwise send a sweep back
+to days of training, or mix old results with new).
+
+Usage: package_test.py SOURCE_DIR [LOCALPAR_BINARY]
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.getcwd()
+LOCALPAR = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else None
+sys.path.insert(0, SOURCE)
+
+from experiments import cache, common, jobs, specfile, stats  # noqa: E402
+from experiments.frontier import spec as fspec  # noqa: E402
+from experiments.matrix import spec as mspec  # noqa: E402
+
+
+class CacheTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory(prefix="localpar_cache_test.")
+        self.path = os.path.join(self.dir.name, "sub", "sweep.jsonl")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_put_then_read_back_in_a_new_process_view(self):
+        c = cache.RunCache(self.path)
+        self.assertFalse(os.path.exists(self.path), "nothing is written before a result")
+        c.put("run", "a", {"config": {"x": 1}, "v": 1})
+        c.put("profile", "a", {"key": {}, "profile": 2})
+        again = cache.RunCache(self.path)
+        self.assertEqual(again.get("run", "a"), {"config": {"x": 1}, "v": 1})
+        self.assertEqual(again.get("profile", "a")["profile"], 2)
+        self.assertIsNone(again.get("run", "b"))
+
+    def test_a_later_line_replaces_an_earlier_one_and_compact_keeps_one(self):
+        c = cache.RunCache(self.path)
+        c.put("run", "b", {"v": 1})
+        c.put("run", "a", {"v": 1})
+        c.put("run", "b", {"v": 2})
+        self.assertEqual(cache.RunCache(self.path).get("run", "b"), {"v": 2})
+        c.compact()
+        lines = open(self.path).read().splitlines()
+        self.assertEqual([json.loads(x)["key"] for x in lines], ["a", "b"])
+        self.assertEqual(cache.RunCache(self.path).get("run", "b"), {"v": 2})
+
+    def test_a_line_cut_short_is_skipped_and_the_rest_kept(self):
+        c = cache.RunCache(self.path)
+        c.put("run", "a", {"v": 1})
+        with open(self.path, "a") as f:
+            f.write('{"kind": "run", "key": "b", "val')  # a crash mid-write
+        again = cache.RunCache(self.path)
+        self.assertEqual(again.skipped, 1)
+        self.assertEqual(again.keys("run"), ["a"])
+        again.put("run", "c", {"v": 3})  # appends after the torn line, on a line of its own
+        self.assertEqual(cache.RunCache(self.path).keys("run"), ["a", "c"])
+        self.assertNotIn("\n\n", open(self.path).read(), "no blank lines between whole ones")
+
+    def test_stale_entries_are_those_no_configuration_accepts_and_drop_removes_them(self):
+        c = cache.RunCache(self.path)
+        for key, lr in (("a", 1), ("b", 2), ("c", 3)):
+            c.put("run", key, {"config": {"lr": lr}})
+        wanted = {"a": lambda v: v["config"]["lr"] == 1, "b": lambda v: v["config"]["lr"] == 9}
+        self.assertEqual(c.stale("run", wanted), ["b", "c"])
+        c.drop("run", ["b", "c"])
+        self.assertEqual(cache.RunCache(self.path).keys("run"), ["a"])
+
+    def test_a_directory_is_refused_by_name(self):
+        with self.assertRaisesRegex(common.Failure, "one file per sweep"):
+            cache.RunCache(self.dir.name)
+
+
+JOB = '''name: "t"  # a comment
+data { synthetic { shape: [4] classes: 2 } }
+schedule { kind: COSINE lr: 0.01 min_lr: 0.001 }
+stages { name: "one" layers { linear { out_features: 4 } } }
+stages { name: "two{" layers { linear { out_features: 2 } } }
+'''
+
+
+class JobsTest(unittest.TestCase):
+    def test_hash_ignores_layout_and_comments_but_not_settings(self):
+        a = jobs.parse_job(JOB, "a")
+        b = jobs.parse_job(JOB.replace("  # a comment", "").replace(" } }", "}}"), "b")
+        self.assertEqual(jobs.message_hash(a), jobs.message_hash(b))
+        c = jobs.parse_job(JOB.replace("out_features: 2", "out_features: 3"), "c")
+        self.assertNotEqual(jobs.message_hash(a), jobs.message_hash(c))
+
+    def test_derive_replaces_the_schedule_and_cuts_the_stages(self):
+        job = jobs.parse_job(JOB, "job")
+        sched = jobs.warmup_cosine("CONSTANT", 640, 0.5, 64)
+        out = jobs.derive_job(job, sched, 1)
+        self.assertEqual([s.name for s in out.stages], ["one"])
+        self.assertEqual((out.schedule.kind, out.schedule.lr, out.schedule.warmup_steps,
+                          out.schedule.min_lr), (0, 1.0, 10, 0.0))
+        self.assertEqual(len(job.stages), 2, "the original is not changed")
+        text = jobs.job_text(jobs.derive_job(job, None, None))
+        self.assertEqual(jobs.parse_job(text, "again"), job, "text round-trips")
+
+    def test_a_bad_job_names_its_place(self):
+        with self.assertRaisesRegex(common.Failure, "where.job:1:"):
+            jobs.parse_job("stages { bogus: 1 }", "where.job")
+
+    def test_write_job_leaves_an_identical_file_alone(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "j.textproto")
+            jobs.write_job(path, jobs.parse_job(JOB, "j"))
+            before = os.stat(path).st_mtime_ns
+            os.utime(path, ns=(before - 10**9, before - 10**9))
+            jobs.write_job(path, jobs.parse_job(JOB, "j"))
+            self.assertEqual(os.stat(path).st_mtime_ns, before - 10**9)
+
+
+class SpecTest(unittest.TestCase):
+    def write(self, d, data, name="spec.json"):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump(data, f)
+        return path
+
+    def test_unknown_and_wrong_fields_are_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            job = os.path.join(d, "j.textproto")
+            open(job, "w").write(JOB)
+            bad = self.write(d, {"models": [{"job": "j.textproto", "epoch": 2}],
+                                 "arms": [{"rule": "GREEDY"}]})
+            with self.assertRaisesRegex(common.Failure, r"models\[0\]\.epoch: not a setting"):
+                mspec.load_spec(bad)
+            bad = self.write(d, {"models": [{"job": "j.textproto", "epochs": "2"}],
+                                 "arms": [{"rule": "GREEDY"}]})
+            with self.assertRaisesRegex(common.Failure, r"models\[0\]\.epochs: must be a pos"):
+                mspec.load_spec(bad)
+            ok = mspec.load_spec(self.write(d, {"models": [{"job": "j.textproto"}],
+                                                "arms": [{"rule": "CHUNKED", "stages": 2}]}))
+            self.assertEqual((ok.name, ok.trainer, ok.arms[0].name, ok.models[0].job),
+                             ("spec", "cluster", "CHUNKED/2", job))
+
+    def test_frontier_defaults_follow_each_other(self):
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "j.textproto"), "w").write(JOB)
+            s = fspec.load_spec(self.write(d, {
+                "models": [{"job": "j.textproto", "targets": [0.5], "batch_sizes": [32, 64],
+                            "device_batch": 16, "max_examples": 100, "eval_every_examples": 10,
+                            "lr": {"base": 1, "base_batch": 32, "factors": [1]},
+                            "seeds": [2], "schedule": {"lengths": [300, 200]}}],
+                "methods": [{"rule": "GREEDY", "stages": 2, "cost": "local"}]}))
+            m = s.models[0]
+            self.assertEqual((m.summary_seeds, m.tune_seeds, m.device_batches, m.lengths,
+                              m.max_examples, m.reference_batch),
+                             ([2], [2], [16], [200, 300], 300, 32))
+            self.assertEqual((s.methods[0].label, s.methods[0].train_stages), ("GREEDY K=2", 2))
+            self.assertEqual(s.hardware.link_bytes_per_s, 100e9 / 8)
+
+    def test_checks_hold_their_types(self):
+        self.assertTrue(specfile.positive_ints([1, 2]))
+        self.assertFalse(specfile.positive_ints([1, True]))
+        self.assertFalse(specfile.positive_ints([]))
+        self.assertTrue(specfile.seeds([0]))
+        self.assertFalse(specfile.learning_rate(10))
+
+
+class StatsTest(unittest.TestCase):
+    def test_paired_gap_and_t(self):
+        gap, ci, n = stats.paired_gap({1: 3.0, 2: 5.0, 3: 9.0}, {1: 1.0, 2: 2.0})
+        self.assertEqual((gap, n), (2.5, 2))
+        self.assertAlmostEqual(ci[1] - gap, 12.706 * (0.5 ** 0.5) / (2 ** 0.5))
+        self.assertEqual(stats.t95(40), 1.96)
+        self.assertEqual(stats.mean_sd([2.0]), (2.0, 0.0))
+
+
+class ShippedCacheTest(unittest.TestCase):
+    """The committed caches answer for every run the shipped sweeps ask for."""
+
+    @unittest.skipIf(LOCALPAR is None, "needs the localpar binary")
+    def test_frontier_cache_answers_every_run_and_holds_nothing_stale(self):
+        with tempfile.TemporaryDirectory() as out:
+            r = subprocess.run(
+                [sys.executable, os.path.join(SOURCE, "deploy", "frontier.py"),
+                 os.path.join(SOURCE, "deploy", "experiments", "frontier.json"), "--out", out,
+                 "--localpar", LOCALPAR, "--plan", "--cache",
+                 os.path.join(SOURCE, "experiments", "cache", "frontier.jsonl")],
+                capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("every run is done", r.stdout, r.stdout + r.stderr)
+        self.assertNotIn("match no configuration", r.stderr)
+        self.assertNotIn("profile", r.stdout, "a profile the sweep needs is not cached")
+
+    @unittest.skipIf(LOCALPAR is None, "needs the localpar binary")
+    def test_matrix_cache_answers_every_run_of_paper_and_lm_gap(self):
+        for name in ("paper", "lm_gap"):
+            with tempfile.TemporaryDirectory() as out:
+                r = subprocess.run(
+                    [sys.executable, os.path.join(SOURCE, "deploy", "experiment.py"),
+                     os.path.join(SOURCE, "deploy", "experiments", f"{name}.json"), "--out",
+                     out, "--localpar", LOCALPAR, "--done_only", "--cache",
+                     os.path.join(SOURCE, "experiments", "cache", "matrix.jsonl")],
+                    capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                md = open(os.path.join(out, "RESULTS.md")).read()
+                self.assertNotIn("Not run yet", md, f"{name}: runs missing from the cache")
+
+
+if __name__ == "__main__":
+    result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    ok = result.wasSuccessful()
+    print("package_test: ok" if ok else "package_test: FAILED")
+    sys.exit(0 if ok else 1)
