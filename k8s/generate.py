@@ -1,18 +1,19 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Writes each Kubernetes overlay from its layout.yaml, the one place that sets the overlay's
 stage count, replicas, job, image and device.
 
-  python3 k8s/generate.py                   # every overlay under k8s/overlays
-  python3 k8s/generate.py k8s/overlays/cpu  # one overlay
-  python3 k8s/generate.py --check           # exit 1 if a generated file is out of date
+  k8s/generate.py                   # every overlay under k8s/overlays
+  k8s/generate.py k8s/overlays/cpu  # one overlay
+  k8s/generate.py --check           # exit 1 if a generated file is out of date
 
-layout.yaml holds one `key: value` per line (# starts a comment):
+layout.yaml is a YAML mapping with exactly these keys, each once:
   workload: statefulset | jobset
   stages:   K, the worker stages
-  replicas: R, the replicas of every stage (K x R worker pods)
+  replicas: R, the replicas of every stage (K x R worker pods, at most 256)
   regroup:  true passes --stages=K to the coordinator (the job file has another stage count)
-  job:      the job file, relative to the repository root (copied into the overlay)
-  image:    NAME:TAG of the localpar image
+  job:      the job file, relative to the repository root and inside it (copied into the
+            overlay)
+  image:    NAME:TAG of the localpar image (a registry host and path may lead the name)
   device:   cpu (one core per worker) | cuda (one GPU per worker)
 
 It writes into the overlay kustomization.yaml, job.textproto (the job, for the job
@@ -26,94 +27,171 @@ The policies let the coordinator and the same replica of the stage before reach 
 gRPC port, a stage's replicas reach each other on any port (their mesh listens on an
 ephemeral one) and the coordinator's Rendezvous (its status port, open in the base), and
 Prometheus every metrics port. deploy/check-deploy.sh runs --check and renders every overlay.
+
+Every file is built as data and written by PyYAML (Debian's python3-yaml), so no value of
+layout.yaml can become YAML syntax in the output; values that are not plain names, paths or
+tags are refused anyway, naming the key.
 """
 import argparse
 import os
-import shutil
+import re
 import sys
+
+import yaml
 
 K8S = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(K8S)
 JOBSET = "localpar"
 GRPC, METRICS, STATUS = 50051, 9100, 50052
+MAX_PODS = 256
 KEYS = {"workload": ("statefulset", "jobset"), "stages": int, "replicas": int,
-        "regroup": ("true", "false"), "job": str, "image": str, "device": ("cpu", "cuda")}
+        "regroup": bool, "job": str, "image": str, "device": ("cpu", "cuda")}
+# An image reference NAME:TAG: an optional registry host (with a port), path components of
+# lower-case letters, digits and separators, and a tag of at most 128 word characters.
+COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE = re.compile(rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{COMPONENT}(?:/{COMPONENT})*"
+                   r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
 class LayoutError(Exception):
     pass
 
 
+class _Loader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice (PyYAML keeps the last one silently)."""
+
+
+def _mapping(loader, node):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise LayoutError(f"line {key_node.start_mark.line + 1}: {key} is given twice "
+                              f"(first on line {seen[key]})")
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
 def read_layout(path):
-    layout = {}
-    for n, line in enumerate(open(path), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        key, sep, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if not sep or key not in KEYS:
-            raise LayoutError(f"{path}:{n}: expected one of {', '.join(KEYS)} as `key: value`")
-        kind = KEYS[key]
+    try:
+        with open(path) as f:
+            layout = yaml.load(f, Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise LayoutError(f"{path}: not YAML: {e}")
+    except LayoutError as e:
+        raise LayoutError(f"{path}: {e}")
+    if not isinstance(layout, dict):
+        raise LayoutError(f"{path}: a mapping of {', '.join(KEYS)} is required")
+    for key, value in layout.items():
+        kind = KEYS.get(key)
+        if kind is None:
+            raise LayoutError(f"{path}: {key}: not a key (one of {', '.join(KEYS)})")
         if kind is int:
-            if not value.isdigit() or not 1 <= int(value) <= 1024:
-                raise LayoutError(f"{path}:{n}: {key} must be a whole number from 1 to 1024, "
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1024:
+                raise LayoutError(f"{path}: {key} must be a whole number from 1 to 1024, "
                                   f"not {value!r}")
-            value = int(value)
-        elif isinstance(kind, tuple) and value not in kind:
-            raise LayoutError(f"{path}:{n}: {key} must be one of {', '.join(kind)}, not {value!r}")
-        layout[key] = value
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise LayoutError(f"{path}: {key} must be true or false, not {value!r}")
+        elif kind is str:
+            if not isinstance(value, str):
+                raise LayoutError(f"{path}: {key} must be a string, not {value!r}")
+        elif value not in kind:
+            raise LayoutError(f"{path}: {key} must be one of {', '.join(kind)}, not {value!r}")
     missing = [k for k in KEYS if k not in layout]
     if missing:
         raise LayoutError(f"{path}: missing {', '.join(missing)}")
-    name, _, tag = layout["image"].rpartition(":")
-    if not name or not tag or "/" in tag:
-        raise LayoutError(f"{path}: image must be NAME:TAG, not {layout['image']!r}")
-    job = os.path.normpath(os.path.join(ROOT, layout["job"]))
-    if not os.path.isfile(job):
-        raise LayoutError(f"{path}: job {layout['job']} is no file under {ROOT}")
-    layout["job_path"] = job
-    layout["regroup"] = layout["regroup"] == "true"
+    if layout["stages"] * layout["replicas"] > MAX_PODS:
+        raise LayoutError(f"{path}: stages x replicas is {layout['stages'] * layout['replicas']} "
+                          f"worker pods; at most {MAX_PODS}")
+    if not IMAGE.match(layout["image"]):
+        raise LayoutError(f"{path}: image must be NAME:TAG (a registry host and path may lead "
+                          f"the name; letters, digits, . _ - only), not {layout['image']!r}")
+    layout["job_path"] = job_path(path, layout["job"])
     return layout
 
 
-def header(overlay):
-    return f"# Generated by k8s/generate.py from {overlay}/layout.yaml: edit that, not this.\n"
+def job_path(path, job):
+    """The job file: relative to the repository root, and inside it after every link."""
+    if os.path.isabs(job) or not re.fullmatch(r"[A-Za-z0-9_./-]+", job):
+        raise LayoutError(f"{path}: job must be a path relative to the repository root "
+                          f"(letters, digits, _ . / -), not {job!r}")
+    real = os.path.realpath(os.path.join(ROOT, job))
+    if os.path.commonpath([real, os.path.realpath(ROOT)]) != os.path.realpath(ROOT):
+        raise LayoutError(f"{path}: job {job} is outside the repository ({ROOT})")
+    if not os.path.isfile(real):
+        raise LayoutError(f"{path}: job {job} is no file under {ROOT}")
+    return real
 
 
-def worker_args(layout, checkpoint_dir, indent):
+# ---- Writing: dicts and lists through PyYAML, block style, keys in the order given.
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _text(dumper, value):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def dump(overlay, *documents):
+    header = f"# Generated by k8s/generate.py from {overlay}/layout.yaml: edit that, not this.\n"
+    return header + yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=4096,
+                                  default_flow_style=False, explicit_start=len(documents) > 1)
+
+
+def worker_args(layout, checkpoint_dir):
     device = "--device=cuda" if layout["device"] == "cuda" else "--threads=1"
-    return (f"[--listen=0.0.0.0:{GRPC}, --metrics_listen=0.0.0.0:{METRICS}, {device},\n"
-            f"{' ' * indent}\"--checkpoint_dir={checkpoint_dir}\"]")
+    return [f"--listen=0.0.0.0:{GRPC}", f"--metrics_listen=0.0.0.0:{METRICS}", device,
+            f"--checkpoint_dir={checkpoint_dir}"]
 
 
-def coordinator_args(layout, workers, indent):
-    pad = " " * indent
+def coordinator_args(layout, workers):
     args = ["--job=/etc/localpar/job/job.textproto"]
     if layout["regroup"]:
         args.append(f"--stages={layout['stages']}")
     if layout["replicas"] > 1:
         args.append(f"--replicas={layout['replicas']}")
-    args += [f"--workers={','.join(workers)}", "--out=/checkpoints/run",
-             f"--metrics_listen=0.0.0.0:{METRICS}", f"--status_listen=0.0.0.0:{STATUS}",
-             f"--advertise=localpar-coordinator:{STATUS}", "--checkpoint_dir=/checkpoints/ckpt",
-             "--checkpoint_every_seconds=300", "--resume_if_present"]
-    return "".join(f"\n{pad}- {a}" for a in args)
+    return args + [f"--workers={','.join(workers)}", "--out=/checkpoints/run",
+                   f"--metrics_listen=0.0.0.0:{METRICS}", f"--status_listen=0.0.0.0:{STATUS}",
+                   f"--advertise=localpar-coordinator:{STATUS}",
+                   "--checkpoint_dir=/checkpoints/ckpt", "--checkpoint_every_seconds=300",
+                   "--resume_if_present"]
 
 
-GPU_TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def kustomization(overlay, layout, resources, extra=""):
+def kustomization(layout, resources, extra):
     name, _, tag = layout["image"].rpartition(":")
-    return header(overlay) + f"""apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources: [{', '.join(resources)}]
-images:
-  - {{name: localpar, newName: {name}, newTag: {tag}}}
-configMapGenerator:
-  - {{name: localpar-job, behavior: replace, files: [job.textproto]}}
-""" + extra
+    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": resources,
+            "images": [{"name": "localpar", "newName": name, "newTag": tag}],
+            "configMapGenerator": [{"name": "localpar-job", "behavior": "replace",
+                                    "files": ["job.textproto"]}], **extra}
+
+
+def ingress_policy(name, pod_labels, sources, peers):
+    """A worker's NetworkPolicy: `sources` (pod selectors) to its gRPC port, `peers` to any
+    port, anyone to its metrics port."""
+    ingress = [{"from": [{"podSelector": {"matchLabels": s}} for s in sources],
+                "ports": [{"port": GRPC, "protocol": "TCP"}]}]
+    ingress += [{"from": [{"podSelector": {"matchLabels": p}}]} for p in peers]
+    ingress.append({"ports": [{"port": METRICS, "protocol": "TCP"}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name},
+            "spec": {"podSelector": {"matchLabels": pod_labels}, "policyTypes": ["Ingress"],
+                     "ingress": ingress}}
+
+
+COORDINATOR_LABELS = {"app.kubernetes.io/name": "localpar-coordinator"}
 
 
 # ---- StatefulSet: pod localpar-worker-I holds replica I % R of stage I / R.
@@ -122,263 +200,167 @@ def sts_pod(layout, stage, replica):
     return f"localpar-worker-{stage * layout['replicas'] + replica}"
 
 
-def sts_patch(overlay, layout):
+def sts_patch(layout):
     k, r = layout["stages"], layout["replicas"]
     workers = [f"{sts_pod(layout, s, q)}.localpar-worker:{GRPC}"
                for s in range(k) for q in range(r)]
-    gpu = layout["device"] == "cuda"
-    tolerations = f"\n      tolerations: {GPU_TOLERATION}" if gpu else ""
-    limits = ("\n          resources:\n            limits: {nvidia.com/gpu: 1, memory: 4Gi}"
-              if gpu else "")
-    return header(overlay) + f"""# {k} stage(s) x {r} replica(s): {k * r} worker pods.
-apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: localpar-worker
-spec:
-  replicas: {k * r}
-  template:
-    spec:{tolerations}
-      containers:
-        - name: worker
-          args: {worker_args(layout, '/checkpoints/stage', 17)}{limits}
----
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: localpar-coordinator
-spec:
-  template:
-    spec:
-      containers:
-        - name: coordinator
-          args:{coordinator_args(layout, workers, 12)}
-"""
+    worker = {"name": "worker", "args": worker_args(layout, "/checkpoints/stage")}
+    pod = {"containers": [worker]}
+    if layout["device"] == "cuda":
+        pod = {"tolerations": GPU_TOLERATIONS, **pod}
+        worker["resources"] = {"limits": {"nvidia.com/gpu": 1, "memory": "4Gi"}}
+    workers_set = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "metadata": {"name": "localpar-worker"},
+                   "spec": {"replicas": k * r, "template": {"spec": pod}}}
+    coordinator = {"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {"name": "localpar-coordinator"},
+                   "spec": {"template": {"spec": {"containers": [
+                       {"name": "coordinator", "args": coordinator_args(layout, workers)}]}}}}
+    return workers_set, coordinator
 
 
-def sts_policies(overlay, layout):
+def sts_policies(layout):
     k, r = layout["stages"], layout["replicas"]
 
-    def pod_selector(name):
-        return f"podSelector: {{matchLabels: {{statefulset.kubernetes.io/pod-name: {name}}}}}"
+    def pod(name):
+        return {"statefulset.kubernetes.io/pod-name": name}
 
-    out = [header(overlay).rstrip("\n")]
+    out = []
     for s in range(k):
         for q in range(r):
-            pod = sts_pod(layout, s, q)
-            sources = ["        - podSelector: {matchLabels: {app.kubernetes.io/name: "
-                       "localpar-coordinator}}"]
-            if s > 0:
-                sources.append(f"        - {pod_selector(sts_pod(layout, s - 1, q))}")
-            peers = "".join(f"    - from: [{{{pod_selector(sts_pod(layout, s, o))}}}]\n"
-                            for o in range(r) if o != q)
-            out.append(f"""apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata:
-  name: localpar-stage-{s}-replica-{q}
-spec:
-  podSelector:
-    matchLabels: {{statefulset.kubernetes.io/pod-name: {pod}}}
-  policyTypes: [Ingress]
-  ingress:
-    - from:
-{chr(10).join(sources)}
-      ports: [{{port: {GRPC}, protocol: TCP}}]
-{peers}    - ports: [{{port: {METRICS}, protocol: TCP}}]""")
-    return "\n---\n".join(out) + "\n"
+            sources = [COORDINATOR_LABELS] + ([pod(sts_pod(layout, s - 1, q))] if s else [])
+            peers = [pod(sts_pod(layout, s, o)) for o in range(r) if o != q]
+            out.append(ingress_policy(f"localpar-stage-{s}-replica-{q}",
+                                      pod(sts_pod(layout, s, q)), sources, peers))
+    return out
 
 
 def statefulset_files(overlay, layout):
+    k, r = layout["stages"], layout["replicas"]
+    patch = dump(overlay, *sts_patch(layout))
     return {
-        "kustomization.yaml": kustomization(
-            overlay, layout, ["../../base", "networkpolicy.yaml"],
-            "patches:\n  - path: layout-patch.yaml\n"),
-        "layout-patch.yaml": sts_patch(overlay, layout),
-        "networkpolicy.yaml": sts_policies(overlay, layout),
+        "kustomization.yaml": dump(overlay, kustomization(
+            layout, ["../../base", "networkpolicy.yaml"],
+            {"patches": [{"path": "layout-patch.yaml"}]})),
+        "layout-patch.yaml": patch.replace(
+            "\n", f"\n# {k} stage(s) x {r} replica(s): {k * r} worker pods.\n", 1),
+        "networkpolicy.yaml": dump(overlay, *sts_policies(layout)),
     }
 
 
-# ---- JobSet: one replicated job per stage, its R pods Indexed (pod index = replica).
+# ---- JobSet: one replicated job per stage, its R Indexed pods (pod index = replica).
+
+SECURITY = {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
+
+
+def replicated_job(name, completions, labels, pod, indexed):
+    spec = {"completionMode": "Indexed", "completions": completions,
+            "parallelism": completions} if indexed else {}
+    spec["backoffLimit"] = 6
+    spec["template"] = {"metadata": {"labels": labels}, "spec": pod}
+    return {"name": name, "replicas": 1, "template": {"spec": spec}}
+
 
 def worker_job(layout, stage):
-    r = layout["replicas"]
     gpu = layout["device"] == "cuda"
-    tolerations = f"\n            tolerations: {GPU_TOLERATION}" if gpu else ""
-    gpu_limit = "nvidia.com/gpu: 1, " if gpu else ""
-    return f"""  - name: stage-{stage}
-    replicas: 1
-    template:
-      spec:
-        completionMode: Indexed
-        completions: {r}
-        parallelism: {r}
-        backoffLimit: 6
-        template:
-          metadata:
-            labels: {{app.kubernetes.io/name: localpar-worker, app.kubernetes.io/component: worker}}
-          spec:
-            restartPolicy: OnFailure
-            terminationGracePeriodSeconds: 30
-            securityContext: {{runAsNonRoot: true, runAsUser: 10001, fsGroup: 10001}}{tolerations}
-            containers:
-              - name: worker
-                image: localpar:cpu
-                env:
-                  - name: REPLICA
-                    valueFrom:
-                      fieldRef: {{fieldPath: "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
-                args: {worker_args(layout, f'/snapshots/stage-{stage}-replica-$(REPLICA)', 23)}
-                ports:
-                  - {{name: grpc, containerPort: {GRPC}}}
-                  - {{name: metrics, containerPort: {METRICS}}}
-                startupProbe:
-                  grpc: {{port: {GRPC}}}
-                  periodSeconds: 2
-                  failureThreshold: 30
-                readinessProbe:
-                  grpc: {{port: {GRPC}}}
-                  periodSeconds: 5
-                livenessProbe:
-                  grpc: {{port: {GRPC}}}
-                  periodSeconds: 10
-                  failureThreshold: 3
-                resources:
-                  requests: {{cpu: "1", memory: 1Gi}}
-                  limits: {{{gpu_limit}memory: 4Gi}}
-                volumeMounts:
-                  - {{name: snapshots, mountPath: /snapshots}}
-"""
+    grpc_probe = {"grpc": {"port": GRPC}}
+    container = {
+        "name": "worker", "image": "localpar:cpu",
+        "env": [{"name": "REPLICA", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}],
+        "args": worker_args(layout, f"/snapshots/stage-{stage}-replica-$(REPLICA)"),
+        "ports": [{"name": "grpc", "containerPort": GRPC},
+                  {"name": "metrics", "containerPort": METRICS}],
+        "startupProbe": {**grpc_probe, "periodSeconds": 2, "failureThreshold": 30},
+        "readinessProbe": {**grpc_probe, "periodSeconds": 5},
+        "livenessProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                      "limits": {**({"nvidia.com/gpu": 1} if gpu else {}), "memory": "4Gi"}},
+        "volumeMounts": [{"name": "snapshots", "mountPath": "/snapshots"}]}
+    pod = {"restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 30,
+           "securityContext": SECURITY, **({"tolerations": GPU_TOLERATIONS} if gpu else {}),
+           "containers": [container]}
+    labels = {"app.kubernetes.io/name": "localpar-worker",
+              "app.kubernetes.io/component": "worker"}
+    return replicated_job(f"stage-{stage}", layout["replicas"], labels, pod, indexed=True)
 
 
 def coordinator_job(layout):
     workers = [f"{JOBSET}-stage-{s}-0-{q}.{JOBSET}:{GRPC}"
                for s in range(layout["stages"]) for q in range(layout["replicas"])]
-    return f"""  - name: coordinator
-    replicas: 1
-    template:
-      spec:
-        backoffLimit: 6
-        template:
-          metadata:
-            labels: {{app.kubernetes.io/name: localpar-coordinator, app.kubernetes.io/component: coordinator}}
-          spec:
-            restartPolicy: OnFailure
-            securityContext: {{runAsNonRoot: true, runAsUser: 10001, fsGroup: 10001}}
-            containers:
-              - name: coordinator
-                image: localpar:cpu
-                command: [localpar_coordinator]
-                args:{coordinator_args(layout, workers, 18)}
-                ports:
-                  - {{name: metrics, containerPort: {METRICS}}}
-                  - {{name: status, containerPort: {STATUS}}}
-                livenessProbe:
-                  tcpSocket: {{port: metrics}}
-                  periodSeconds: 10
-                resources:
-                  requests: {{cpu: "1", memory: 2Gi}}
-                  limits: {{memory: 4Gi}}
-                volumeMounts:
-                  - {{name: job, mountPath: /etc/localpar/job, readOnly: true}}
-                  - {{name: checkpoints, mountPath: /checkpoints}}
-                  - {{name: data, mountPath: /usr/share/datasets/fashion-mnist, readOnly: true}}
-            volumes:
-              - name: job
-                configMap: {{name: localpar-job}}
-              - name: checkpoints
-                persistentVolumeClaim: {{claimName: localpar-checkpoints}}
-              - name: data
-                persistentVolumeClaim: {{claimName: localpar-data, readOnly: true}}
-"""
+    container = {
+        "name": "coordinator", "image": "localpar:cpu", "command": ["localpar_coordinator"],
+        "args": coordinator_args(layout, workers),
+        "ports": [{"name": "metrics", "containerPort": METRICS},
+                  {"name": "status", "containerPort": STATUS}],
+        "livenessProbe": {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "volumeMounts": [
+            {"name": "job", "mountPath": "/etc/localpar/job", "readOnly": True},
+            {"name": "checkpoints", "mountPath": "/checkpoints"},
+            {"name": "data", "mountPath": "/usr/share/datasets/fashion-mnist", "readOnly": True}]}
+    pod = {"restartPolicy": "OnFailure", "securityContext": SECURITY, "containers": [container],
+           "volumes": [
+               {"name": "job", "configMap": {"name": "localpar-job"}},
+               {"name": "checkpoints",
+                "persistentVolumeClaim": {"claimName": "localpar-checkpoints"}},
+               {"name": "data", "persistentVolumeClaim": {"claimName": "localpar-data",
+                                                          "readOnly": True}}]}
+    labels = {"app.kubernetes.io/name": "localpar-coordinator",
+              "app.kubernetes.io/component": "coordinator"}
+    return replicated_job("coordinator", 1, labels, pod, indexed=False)
 
 
-def jobset(overlay, layout):
-    return header(overlay) + f"""apiVersion: jobset.x-k8s.io/v1alpha2
-kind: JobSet
-metadata:
-  name: {JOBSET}
-spec:
-  network:
-    enableDNSHostnames: true
-    subdomain: {JOBSET}
-  startupPolicy:
-    startupPolicyOrder: InOrder
-  successPolicy:
-    operator: All
-    targetReplicatedJobs: [coordinator]
-  failurePolicy:
-    maxRestarts: 3
-    rules:
-      - name: restart-only-the-failed-job
-        action: RestartJob
-  volumeClaimPolicies:
-    - templates:
-        - metadata:
-            name: snapshots
-          spec:
-            accessModes: [ReadWriteMany]
-            resources:
-              requests: {{storage: 20Gi}}
-      retentionPolicy:
-        whenDeleted: Retain
-  replicatedJobs:
-""" + "".join(worker_job(layout, s) for s in range(layout["stages"])) + coordinator_job(layout)
+def jobset(layout):
+    snapshots = {"metadata": {"name": "snapshots"},
+                 "spec": {"accessModes": ["ReadWriteMany"],
+                          "resources": {"requests": {"storage": "20Gi"}}}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": JOBSET},
+        "spec": {
+            "network": {"enableDNSHostnames": True, "subdomain": JOBSET},
+            "startupPolicy": {"startupPolicyOrder": "InOrder"},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["coordinator"]},
+            "failurePolicy": {"maxRestarts": 3, "rules": [
+                {"name": "restart-only-the-failed-job", "action": "RestartJob"}]},
+            "volumeClaimPolicies": [{"templates": [snapshots],
+                                     "retentionPolicy": {"whenDeleted": "Retain"}}],
+            "replicatedJobs": [worker_job(layout, s) for s in range(layout["stages"])]
+            + [coordinator_job(layout)]}}
 
 
-def jobset_policies(overlay, layout):
-    def selector(job):
-        return f"podSelector: {{matchLabels: {{jobset.sigs.k8s.io/replicatedjob-name: {job}}}}}"
+def jobset_policies(layout):
+    def job(name):
+        return {"jobset.sigs.k8s.io/replicatedjob-name": name}
 
-    out = [header(overlay).rstrip("\n")]
+    out = []
     for s in range(layout["stages"]):
-        sources = [f"        - {selector('coordinator')}"]
-        if s > 0:
-            sources.append(f"        - {selector(f'stage-{s - 1}')}")
-        same_stage = (f"    - from: [{{{selector(f'stage-{s}')}}}]\n"
-                      if layout["replicas"] > 1 else "")
-        out.append(f"""apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata:
-  name: localpar-stage-{s}
-spec:
-  podSelector:
-    matchLabels: {{jobset.sigs.k8s.io/jobset-name: {JOBSET}, jobset.sigs.k8s.io/replicatedjob-name: stage-{s}}}
-  policyTypes: [Ingress]
-  ingress:
-    - from:
-{chr(10).join(sources)}
-      ports: [{{port: {GRPC}, protocol: TCP}}]
-{same_stage}    - ports: [{{port: {METRICS}, protocol: TCP}}]""")
-    return "\n---\n".join(out) + "\n"
+        sources = [job("coordinator")] + ([job(f"stage-{s - 1}")] if s else [])
+        peers = [job(f"stage-{s}")] if layout["replicas"] > 1 else []
+        out.append(ingress_policy(
+            f"localpar-stage-{s}",
+            {"jobset.sigs.k8s.io/jobset-name": JOBSET, **job(f"stage-{s}")}, sources, peers))
+    return out
 
 
-# The base's worker StatefulSet and coordinator Job, which the JobSet replaces.
-DELETE_BASE_WORKLOADS = """configurations: [kustomizeconfig.yaml]
-patches:
-  - target: {kind: StatefulSet, name: localpar-worker}
-    patch: |-
-      $patch: delete
-      apiVersion: apps/v1
-      kind: StatefulSet
-      metadata:
-        name: any
-  - target: {kind: Job, name: localpar-coordinator}
-    patch: |-
-      $patch: delete
-      apiVersion: batch/v1
-      kind: Job
-      metadata:
-        name: any
-"""
+def delete_patch(kind, api_version):
+    """A kustomize patch that deletes the base's workload of `kind` (the JobSet replaces it)."""
+    return yaml.dump({"$patch": "delete", "apiVersion": api_version, "kind": kind,
+                      "metadata": {"name": "any"}}, Dumper=_Dumper, sort_keys=False).rstrip()
 
 
 def jobset_files(overlay, layout):
+    extra = {"configurations": ["kustomizeconfig.yaml"], "patches": [
+        {"target": {"kind": "StatefulSet", "name": "localpar-worker"},
+         "patch": delete_patch("StatefulSet", "apps/v1")},
+        {"target": {"kind": "Job", "name": "localpar-coordinator"},
+         "patch": delete_patch("Job", "batch/v1")}]}
     return {
-        "kustomization.yaml": kustomization(
-            overlay, layout, ["../../base", "jobset.yaml", "networkpolicy-jobset.yaml"],
-            DELETE_BASE_WORKLOADS),
-        "jobset.yaml": jobset(overlay, layout),
-        "networkpolicy-jobset.yaml": jobset_policies(overlay, layout),
+        "kustomization.yaml": dump(overlay, kustomization(
+            layout, ["../../base", "jobset.yaml", "networkpolicy-jobset.yaml"], extra)),
+        "jobset.yaml": dump(overlay, jobset(layout)),
+        "networkpolicy-jobset.yaml": dump(overlay, *jobset_policies(layout)),
     }
 
 
@@ -388,7 +370,8 @@ def generate(directory, check):
     layout = read_layout(os.path.join(directory, "layout.yaml"))
     files = (statefulset_files if layout["workload"] == "statefulset" else jobset_files)(
         overlay, layout)
-    files["job.textproto"] = open(layout["job_path"]).read()
+    with open(layout["job_path"]) as f:
+        files["job.textproto"] = f.read()
     stale = []
     for name, text in files.items():
         path = os.path.join(directory, name)
@@ -424,9 +407,10 @@ def main():
             print(f"generate.py: {e}", file=sys.stderr)
             return 2
     for path in stale:
-        print(f"{os.path.relpath(path, ROOT)} is out of date: run python3 k8s/generate.py")
+        print(f"{os.path.relpath(path, ROOT)} is out of date: run k8s/generate.py")
     if not a.check:
-        print(f"wrote {len(overlays)} overlay(s): {', '.join(os.path.relpath(d, ROOT) for d in overlays)}")
+        print(f"wrote {len(overlays)} overlay(s): "
+              f"{', '.join(os.path.relpath(d, ROOT) for d in overlays)}")
     return 1 if stale else 0
 
 
