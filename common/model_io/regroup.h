@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
 #include "common/nn/model.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/job.pb.h"

@@ -43,4 +43,13 @@ absl::Status FailureError(absl::string_view m) {
   return WithExitCode(absl::UnknownError(m), kExitFailure);
 }
 
+absl::Status CodedError(ExitCode code, absl::string_view m) {
+  return WithExitCode(absl::UnknownError(m), code);
+}
+absl::Status JobLoadError(const absl::Status& s) {
+  return WithExitCode(s, IsDataError(s) ? kExitBadData : kExitBadJob);
+}
+
+absl::Status ReportedError(ExitCode code) { return WithExitCode(absl::UnknownError(""), code); }
+
 }  // namespace localpar

@@ -33,5 +33,12 @@ absl::Status WorkerLostError(absl::string_view message);
 absl::Status TrainingFailedError(absl::string_view message);
 // Failures the program does not attribute to any of those (1).
 absl::Status FailureError(absl::string_view message);
+// An error with the exit code `code` (any of the above).
+absl::Status CodedError(ExitCode code, absl::string_view message);
+// A job file that did not load: 4 when its data could not be read, 3 otherwise.
+absl::Status JobLoadError(const absl::Status& s);
+// The exit code of a failure already said on the console by the process that failed (a
+// child's own message): its message is empty, and a main prints nothing more for it.
+absl::Status ReportedError(ExitCode code);
 
 }  // namespace localpar

@@ -1,8 +1,9 @@
 // Program configuration defaults and flag handling.
 #include "services/common/program_config.h"
 
-#include <iostream>
+#include <ostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/io/atomic_file.h"
 #include "common/model_io/checkpoint.h"
 #include "services/common/exit_codes.h"
@@ -100,35 +101,30 @@ absl::Status CheckHostPort(const std::string& address, const std::string& flag, 
   return absl::OkStatus();
 }
 
-bool ParseProgramFlags(const std::string& program, const std::string& usage,
-                       const std::vector<std::string>& args, google::protobuf::Message* message,
-                       const FlagOptions& options, std::vector<std::string>* positional,
-                       int* exit_code, bool* check_flags) {
+absl::StatusOr<bool> ParseProgramFlags(const std::string& program, const std::string& usage,
+                                       const std::vector<std::string>& args,
+                                       google::protobuf::Message* message,
+                                       const FlagOptions& options,
+                                       std::vector<std::string>* positional, std::ostream& out,
+                                       bool* check_flags) {
   const std::unique_ptr<google::protobuf::Message> defaults(message->New());
   defaults->CopyFrom(*message);
   absl::StatusOr<ParsedFlags> parsed = ParseFlags(args, message, options);
   if (!parsed.ok()) {
-    std::cerr << program << ": " << parsed.status().message() << " (see " << program
-              << " --help)\n";
-    *exit_code = kExitUsage;
-    return false;
+    return UsageError(absl::StrCat(parsed.status().message(), " (see ", program, " --help)"));
   }
   if (parsed->help) {
-    std::cout << usage << "\n\nFlags:\n" << FlagHelp(*defaults, options);
-    *exit_code = kExitOk;
+    out << usage << "\n\nFlags:\n" << FlagHelp(*defaults, options);
     return false;
   }
   if (parsed->version) {
-    std::cout << VersionString() << "\n";
-    *exit_code = kExitOk;
+    out << VersionString() << "\n";
     return false;
   }
   if (parsed->check_flags) {
     if (!check_flags) {
-      std::cerr << program << ": --check_flags is not a flag of this command (see " << program
-                << " --help)\n";
-      *exit_code = kExitUsage;
-      return false;
+      return UsageError(
+          absl::StrCat("--check_flags is not a flag of this command (see ", program, " --help)"));
     }
     *check_flags = true;
   }

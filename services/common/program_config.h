@@ -2,10 +2,12 @@
 // the common steps of turning flags into one: parse, --help, --version, usage errors.
 #pragma once
 
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/config.pb.h"
 #include "services/common/grpc_util.h"
 #include "services/common/proto_flags.h"
@@ -36,15 +38,17 @@ std::string BuildRevision();
 // `port_zero_ok`: any free port), or INVALID_ARGUMENT naming `flag` and the address.
 absl::Status CheckHostPort(const std::string& address, const std::string& flag, bool port_zero_ok);
 
-// Parses `args` into `message` (holding its defaults). On --help prints `usage` and the
-// flags to stdout and returns 0 in *exit_code; on --version prints the version; on a usage
-// error prints it (naming `program`) and sets 2. Returns false when the program should
-// exit with *exit_code. --check_flags sets *check_flags (a program that takes it checks its
-// flags as it would to run, without reading files or opening ports, says so and exits 0);
-// with check_flags null it is a usage error.
-bool ParseProgramFlags(const std::string& program, const std::string& usage,
-                       const std::vector<std::string>& args, google::protobuf::Message* message,
-                       const FlagOptions& options, std::vector<std::string>* positional,
-                       int* exit_code, bool* check_flags = nullptr);
+// Parses `args` into `message` (holding its defaults). On --help writes `usage` and the
+// flags to `out`, on --version the version, and returns false: the program is done (exit
+// 0). A usage error is returned as a UsageError naming the flag and `program`'s --help.
+// --check_flags sets *check_flags (a program that takes it checks its flags as it would to
+// run, without reading files or opening ports, says so and exits 0); with check_flags null
+// it is a usage error. True: go on, with the arguments that are not flags in *positional.
+absl::StatusOr<bool> ParseProgramFlags(const std::string& program, const std::string& usage,
+                                       const std::vector<std::string>& args,
+                                       google::protobuf::Message* message,
+                                       const FlagOptions& options,
+                                       std::vector<std::string>* positional, std::ostream& out,
+                                       bool* check_flags = nullptr);
 
 }  // namespace localpar

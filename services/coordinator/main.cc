@@ -21,12 +21,15 @@ int main(int argc, char** argv) {
   localpar::FlagOptions options;
   options.config_flag = true;
   std::vector<std::string> positional;
-  int rc = 0;
   bool check_only = false;
-  if (!localpar::ParseProgramFlags("localpar_coordinator", usage, {argv + 1, argv + argc}, &config,
-                                   options, &positional, &rc, &check_only)) {
-    return rc;
+  absl::StatusOr<bool> go =
+      localpar::ParseProgramFlags("localpar_coordinator", usage, {argv + 1, argv + argc}, &config,
+                                  options, &positional, std::cout, &check_only);
+  if (!go.ok()) {
+    std::cerr << "localpar_coordinator: " << go.status().message() << "\n";
+    return localpar::ExitCodeOf(go.status());
   }
+  if (!*go) return localpar::kExitOk;
   if (!positional.empty()) {
     std::cerr << "localpar_coordinator: unexpected argument '" << positional[0] << "'\n";
     return localpar::kExitUsage;

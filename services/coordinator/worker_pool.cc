@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
 #include "services/common/exit_codes.h"
 #include "services/common/peer_text.h"
 #include "services/coordinator/replica_stats.h"

@@ -5,7 +5,7 @@
 #include <sys/wait.h>
 
 #include <fstream>
-#include <iostream>
+#include <ostream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -63,14 +63,14 @@ void StopAll(std::vector<Child>& children, std::chrono::milliseconds grace) {
   }
 }
 
-void PrintLogTail(const std::string& path) {
+void PrintLogTail(const std::string& path, std::ostream& out) {
   std::ifstream in(path);
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) {
     lines.push_back(line);
     if (lines.size() > 5) lines.erase(lines.begin());
   }
-  for (const std::string& l : lines) std::cerr << "    " << l << "\n";
+  for (const std::string& l : lines) out << "    " << l << "\n";
 }
 
 }  // namespace localpar

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,6 @@ void Reap(std::vector<Child>& children);
 // SIGTERM (workers drain), then SIGKILL whatever is still running after `grace`.
 void StopAll(std::vector<Child>& children, std::chrono::milliseconds grace);
 // The last lines of a log, indented, to stderr.
-void PrintLogTail(const std::string& path);
+void PrintLogTail(const std::string& path, std::ostream& out);
 
 }  // namespace localpar

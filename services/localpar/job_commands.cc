@@ -1,6 +1,6 @@
 // `localpar train`, `localpar validate` and `localpar data`.
 #include <filesystem>
-#include <iostream>
+#include <ostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,66 +22,59 @@ namespace localpar {
 namespace {
 
 // Every stage's program for one training step of `job`.
-void Explain(const v1::Job& job) {
+void Explain(const v1::Job& job, std::ostream& out) {
   StepSettings t = ToStepSettings(job, 1);
   const RuleSpec& rule = Rule(t.rule);
-  std::cout << "\n# " << rule.name << ": " << rule.summary << "\n";
+  out << "\n# " << rule.name << ": " << rule.summary << "\n";
   for (int k = 0; k < job.stages_size(); ++k) {
     ProgramSpec spec = StageProgramSpec(t, k, job.stages_size());
-    std::cout << "# stage " << k << ": " << ProgramString(TrainProgram(spec)) << "\n";
+    out << "# stage " << k << ": " << ProgramString(TrainProgram(spec)) << "\n";
   }
-  std::cout << "# evaluation, every stage: " << ProgramString(EvalProgram()) << "\n";
+  out << "# evaluation, every stage: " << ProgramString(EvalProgram()) << "\n";
 }
 
-// Parses a job command's flags and loads its job with the overrides; -1 to go on, else the
-// exit code.
-int LoadJobCommand(const char* command, const char* usage, const Args& args,
-                   const FlagOptions& flags, v1::JobCommand* c, v1::Job* job, std::string* path) {
-  int rc = 0;
-  if (!ParseCommand(command, usage, args, c, flags, path, &rc)) return rc;
+// Parses a job command's flags and loads its job with the overrides: true to go on, false
+// after --help.
+absl::StatusOr<bool> LoadJobCommand(const char* command, const char* usage, const Args& args,
+                                    const FlagOptions& flags, v1::JobCommand* c, v1::Job* job,
+                                    std::string* path, std::ostream& out) {
+  absl::StatusOr<bool> go = ParseCommand(command, usage, args, c, flags, path, out);
+  if (!go.ok() || !*go) return go;
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(*path, c->overrides());
-  if (!loaded.ok()) {
-    return Fail(IsDataError(loaded.status()) ? kExitBadData : kExitBadJob,
-                std::string(loaded.status().message()));
-  }
+  if (!loaded.ok()) return JobLoadError(loaded.status());
   *job = *std::move(loaded);
-  return -1;
+  return true;
 }
 
 }  // namespace
 
-int TrainCommandMain(const Args& args) {
+absl::Status TrainCommand(const Args& args, const Io& io) {
   v1::TrainCommand t = TrainDefaults();
   std::string path;
-  int rc = 0;
-  if (!ParseCommand("train",
-                    "localpar train JOB_FILE [flags]\n"
-                    "Trains JOB_FILE with the in-process reference trainer (every stage in this "
-                    "process).",
-                    args, &t, {}, &path, &rc)) {
-    return rc;
-  }
-  if (t.threads() < 1) return Fail(kExitUsage, "--threads must be >= 1");
+  absl::StatusOr<bool> go = ParseCommand("train",
+                                         "localpar train JOB_FILE [flags]\n"
+                                         "Trains JOB_FILE with the in-process reference trainer "
+                                         "(every stage in this process).",
+                                         args, &t, {}, &path, io.out);
+  if (!go.ok() || !*go) return go.status();
+  if (t.threads() < 1) return CodedError(kExitUsage, "--threads must be >= 1");
   if (!t.out().empty()) {
     if (absl::Status s = CheckWritableDirectory(t.out(), "--out"); !s.ok()) {
-      return Fail(kExitUsage, std::string(s.message()));
+      return CodedError(kExitUsage, std::string(s.message()));
     }
   }
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(path, t.overrides());
-  if (!job.ok()) {
-    return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
-                std::string(job.status().message()));
-  }
+  if (!job.ok()) return JobLoadError(job.status());
   // Every stage runs in this process: the whole job must fit, not only its largest stage.
   if (absl::Status s = CheckJobFits(*job, MemoryLimitBytes(t.overrides().memory_limit_mib()), true);
       !s.ok()) {
-    return Fail(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
+    return CodedError(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
   }
   absl::StatusOr<DataSplit> data = LoadJobData(*job);
-  if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
-  for (const std::string& w : data->warnings) std::cerr << "localpar: warning: " << w << "\n";
+  if (!data.ok()) return CodedError(kExitBadData, std::string(data.status().message()));
+  for (const std::string& w : data->warnings) io.err << "localpar: warning: " << w << "\n";
   if (absl::Status s = CheckReplicasFitData(*job, data->train.size()); !s.ok()) {
-    return Fail(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
+    return CodedError(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
   }
   RunOptions options;
   options.device = t.device();
@@ -92,33 +85,33 @@ int TrainCommandMain(const Args& args) {
   options.init_from = t.init_from();
   options.resume = t.resume();
   if (t.has_weights_pb_limit_mib() && t.weights_pb_limit_mib() < 1) {
-    return Fail(kExitUsage, "--weights_pb_limit_mib must be >= 1");
+    return CodedError(kExitUsage, "--weights_pb_limit_mib must be >= 1");
   }
   options.weights_pb_limit_mib = t.weights_pb_limit_mib();
   InstallInterruptHandler();  // Ctrl-C: stop after the step, write what there is
   options.stop = &InterruptRequested();
-  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, std::cerr);
+  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, io.err);
   if (!report.ok()) {
     if (!t.resume().empty() &&
         (absl::IsNotFound(report.status()) || absl::IsInvalidArgument(report.status()) ||
          absl::IsFailedPrecondition(report.status()))) {
       // No checkpoint there (2), or one this job cannot continue (2).
-      return Fail(kExitUsage, absl::StrCat("--resume: ", report.status().message()));
+      return CodedError(kExitUsage, absl::StrCat("--resume: ", report.status().message()));
     }
     if (!t.init_from().empty() && report.status().message().rfind(t.init_from(), 0) == 0) {
       // The weights do not fit the job (3), or there are none to read (2).
       const bool missing = report.status().code() == absl::StatusCode::kNotFound;
-      return Fail(missing ? kExitUsage : kExitBadJob,
-                  absl::StrCat("--init_from: ", report.status().message()));
+      return CodedError(missing ? kExitUsage : kExitBadJob,
+                        absl::StrCat("--init_from: ", report.status().message()));
     }
     const bool usage = report.status().code() == absl::StatusCode::kInvalidArgument &&
                        report.status().message().rfind("--device", 0) == 0;
-    return Fail(usage ? kExitUsage : kExitFailure, std::string(report.status().message()));
+    return CodedError(usage ? kExitUsage : kExitFailure, std::string(report.status().message()));
   }
-  std::cout << ReportTable(*report);
-  if (!options.out_dir.empty()) std::cout << "report: " << options.out_dir << "/report.json\n";
+  io.out << ReportTable(*report);
+  if (!options.out_dir.empty()) io.out << "report: " << options.out_dir << "/report.json\n";
   if (report->interrupted()) {
-    return Fail(
+    return CodedError(
         kExitInterrupted,
         absl::StrCat("interrupted after step ", report->steps(), "; ",
                      options.out_dir.empty()
@@ -135,44 +128,46 @@ int TrainCommandMain(const Args& args) {
                                         "/weights.pb starts a new run from these weights)")));
   }
   if (absl::Status trained = CheckRunTrained(*report); !trained.ok()) {
-    return Fail(kExitTrainingFailed, std::string(trained.message()));
+    return CodedError(kExitTrainingFailed, std::string(trained.message()));
   }
-  return kExitOk;
+  return absl::OkStatus();
 }
 
 namespace {
 
 // validate --resume=DIR: what a resume of `job` from DIR's newest checkpoint would do.
-int ExplainResume(const std::string& dir, const v1::Job& job) {
+absl::Status ExplainResume(const std::string& dir, const v1::Job& job, std::ostream& out) {
   absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir);
-  if (!found.ok()) return Fail(kExitUsage, absl::StrCat("--resume: ", found.status().message()));
+  if (!found.ok())
+    return CodedError(kExitUsage, absl::StrCat("--resume: ", found.status().message()));
   const v1::CheckpointManifest& m = found->manifest;
   absl::StatusOr<RegroupPlan> plan = PlanRegroup(m, found->dir, job);
-  if (!plan.ok()) return Fail(kExitUsage, absl::StrCat("--resume: ", plan.status().message()));
-  std::cout << "# resume from " << found->dir << " (job " << m.job() << ", step " << m.step()
-            << ", epoch " << m.epoch() + 1 << "), written as "
-            << LayoutName(plan->from_stages, plan->from_replicas) << "; this job is "
-            << LayoutName(plan->to_stages, plan->to_replicas) << ":\n";
+  if (!plan.ok())
+    return CodedError(kExitUsage, absl::StrCat("--resume: ", plan.status().message()));
+  out << "# resume from " << found->dir << " (job " << m.job() << ", step " << m.step()
+      << ", epoch " << m.epoch() + 1 << "), written as "
+      << LayoutName(plan->from_stages, plan->from_replicas) << "; this job is "
+      << LayoutName(plan->to_stages, plan->to_replicas) << ":\n";
   if (plan->from_rule != plan->to_rule) {
-    std::cout << "#   the rule changes from " << plan->from_rule << " to " << plan->to_rule << "\n";
+    out << "#   the rule changes from " << plan->from_rule << " to " << plan->to_rule << "\n";
   }
-  std::cout << "#   carries over: every layer's parameters and optimizer state, the optimizer's "
-               "step count, the report so far, and the data order from step "
-            << m.step() << "\n";
+  out << "#   carries over: every layer's parameters and optimizer state, the optimizer's "
+         "step count, the report so far, and the data order from step "
+      << m.step() << "\n";
   if (!plan->kept_heads.empty()) {
-    std::cout << "#   heads kept: " << absl::StrJoin(plan->kept_heads, ", ") << "\n";
+    out << "#   heads kept: " << absl::StrJoin(plan->kept_heads, ", ") << "\n";
   }
   if (!plan->fresh_heads.empty()) {
-    std::cout << "#   heads starting fresh (seeded, zero optimizer state): "
-              << absl::StrJoin(plan->fresh_heads, ", ") << "\n";
+    out << "#   heads starting fresh (seeded, zero optimizer state): "
+        << absl::StrJoin(plan->fresh_heads, ", ") << "\n";
   }
-  for (const std::string& n : plan->head_notes) std::cout << "#     " << n << "\n";
+  for (const std::string& n : plan->head_notes) out << "#     " << n << "\n";
   if (!plan->unused_heads.empty()) {
-    std::cout << "#   the checkpoint's heads left out: " << absl::StrJoin(plan->unused_heads, ", ")
-              << "\n";
+    out << "#   the checkpoint's heads left out: " << absl::StrJoin(plan->unused_heads, ", ")
+        << "\n";
   }
   if (plan->to_replicas > plan->from_replicas) {
-    std::cout << "#   new replicas start from the same state (replicas hold identical weights)\n";
+    out << "#   new replicas start from the same state (replicas hold identical weights)\n";
   }
   // Where `localpar run` keeps them: found here, or on the workers' own storage elsewhere.
   int listed = 0, here = 0;
@@ -189,29 +184,26 @@ int ExplainResume(const std::string& dir, const v1::Job& job) {
       }
     }
   }
-  std::cout << "#   snapshots: " << here << " of " << listed << " under " << dir
-            << (here == listed ? "" : " (the others must be on their workers' own storage)")
-            << "\n";
-  std::cout << "#   cannot change on resume (refused, naming the field): the layers, the data, "
-               "the optimizer, the schedule, the batch size, the epochs, the seed\n";
-  return kExitOk;
+  out << "#   snapshots: " << here << " of " << listed << " under " << dir
+      << (here == listed ? "" : " (the others must be on their workers' own storage)") << "\n";
+  out << "#   cannot change on resume (refused, naming the field): the layers, the data, "
+         "the optimizer, the schedule, the batch size, the epochs, the seed\n";
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-int ValidateCommandMain(const Args& args) {
+absl::Status ValidateCommand(const Args& args, const Io& io) {
   v1::JobCommand c;
   v1::Job job;
   std::string path;
-  if (int rc = LoadJobCommand("validate",
-                              "localpar validate JOB_FILE [flags]\n"
-                              "Checks JOB_FILE (with any overrides) and prints it with every "
-                              "default filled in.",
-                              args, {}, &c, &job, &path);
-      rc >= 0) {
-    return rc;
-  }
-  std::cout << path << ": ok\n" << job.DebugString();
+  absl::StatusOr<bool> go = LoadJobCommand("validate",
+                                           "localpar validate JOB_FILE [flags]\n"
+                                           "Checks JOB_FILE (with any overrides) and prints it "
+                                           "with every default filled in.",
+                                           args, {}, &c, &job, &path, io.out);
+  if (!go.ok() || !*go) return go.status();
+  io.out << path << ": ok\n" << job.DebugString();
   // The text format leaves zero values out; name the defaults it cannot show.
   std::vector<std::string> unseen;
   if (job.seed() == 0) unseen.push_back("seed: 0");
@@ -225,43 +217,41 @@ int ValidateCommandMain(const Args& args) {
     }
   }
   if (!unseen.empty()) {
-    std::cout << "# defaults the text above leaves out (zero values):\n";
-    for (const std::string& u : unseen) std::cout << "#   " << u << "\n";
+    io.out << "# defaults the text above leaves out (zero values):\n";
+    for (const std::string& u : unseen) io.out << "#   " << u << "\n";
   }
   const JobNeeds needs = EstimateJobNeeds(job, true);
-  std::cout << "# memory, estimated from the shapes (limit "
-            << ByteString(MemoryLimitBytes(c.overrides().memory_limit_mib())) << "):\n";
+  io.out << "# memory, estimated from the shapes (limit "
+         << ByteString(MemoryLimitBytes(c.overrides().memory_limit_mib())) << "):\n";
   for (const StageNeeds& s : needs.stages) {
-    std::cout << absl::StrFormat(
+    io.out << absl::StrFormat(
         "#   %s: %s (%.4g parameters: %s with gradients and optimizer state; %s of "
         "activations for %s)\n",
         s.label, ByteString(s.total()), s.parameters, ByteString(s.state_bytes),
         ByteString(s.activation_bytes), s.RowsString());
   }
   if (needs.data_bytes > 0) {
-    std::cout << "#   synthetic data: " << ByteString(needs.data_bytes) << "\n";
+    io.out << "#   synthetic data: " << ByteString(needs.data_bytes) << "\n";
   }
-  if (c.explain()) Explain(job);
-  if (!c.resume().empty()) return ExplainResume(c.resume(), job);
-  return kExitOk;
+  if (c.explain()) Explain(job, io.out);
+  if (!c.resume().empty()) return ExplainResume(c.resume(), job, io.out);
+  return absl::OkStatus();
 }
 
-int DataCommandMain(const Args& args) {
+absl::Status DataCommand(const Args& args, const Io& io) {
   v1::JobCommand c;
   v1::Job job;
   std::string path;
-  if (int rc = LoadJobCommand("data",
-                              "localpar data JOB_FILE [flags]\n"
-                              "Loads the job's data and prints its figures as JSON (examples, "
-                              "classes, the unigram baseline in bits).",
-                              args, KeepOverrides({"data_path"}, {"explain", "resume"}), &c, &job,
-                              &path);
-      rc >= 0) {
-    return rc;
-  }
+  absl::StatusOr<bool> go = LoadJobCommand(
+      "data",
+      "localpar data JOB_FILE [flags]\n"
+      "Loads the job's data and prints its figures as JSON "
+      "(examples, classes, the unigram baseline in bits).",
+      args, KeepOverrides({"data_path"}, {"explain", "resume"}), &c, &job, &path, io.out);
+  if (!go.ok() || !*go) return go.status();
   absl::StatusOr<DataSplit> data = LoadJobData(job);
-  if (!data.ok()) return Fail(kExitBadData, std::string(data.status().message()));
-  for (const std::string& w : data->warnings) std::cerr << "localpar: warning: " << w << "\n";
+  if (!data.ok()) return CodedError(kExitBadData, std::string(data.status().message()));
+  for (const std::string& w : data->warnings) io.err << "localpar: warning: " << w << "\n";
   google::protobuf::Struct figures;
   auto set = [&](const char* key, double v) {
     (*figures.mutable_fields())[key].set_number_value(v);
@@ -273,8 +263,8 @@ int DataCommandMain(const Args& args) {
   set("classes", data->train.classes);
   set("labels_per_example", static_cast<double>(data->train.label_size));
   set("unigram_bits_per_label", UnigramBitsPerLabel(*data));
-  std::cout << ToJson(figures, false);
-  return kExitOk;
+  io.out << ToJson(figures, false);
+  return absl::OkStatus();
 }
 
 }  // namespace localpar

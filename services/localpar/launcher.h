@@ -4,8 +4,10 @@
 // cleanly on Ctrl-C or at the end.
 #pragma once
 
+#include <ostream>
 #include <string>
 
+#include "absl/status/status.h"
 #include "proto/config.pb.h"
 
 namespace localpar {
@@ -16,7 +18,10 @@ struct LaunchOptions {
   std::string bin_dir;  // where localpar_worker and localpar_coordinator are
 };
 
-// Returns the coordinator's exit code (ExitCode), or kExitInterrupted after Ctrl-C.
-int Launch(const LaunchOptions& options);
+// Runs the job; the launcher's own messages (processes up, restarts, the metrics ports) go to
+// `log`, each process's to the terminal or its log file. A job, a setting or a machine that
+// cannot run it is refused before anything starts. A run that ends otherwise than OK is an
+// error with the coordinator's exit code (ExitCode), or kExitInterrupted after Ctrl-C.
+absl::Status Launch(const LaunchOptions& options, std::ostream& log);
 
 }  // namespace localpar

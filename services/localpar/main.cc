@@ -13,41 +13,40 @@ struct Command {
   const char* name;
   const char* args;
   const char* summary;
-  int (*main)(const localpar::Args& args);
+  absl::Status (*main)(const localpar::Args& args, const localpar::Io& io);
 };
 
 constexpr Command kCommands[] = {
     {"run", "JOB_FILE",
      "train on a local cluster: one worker process per stage and a coordinator, over "
      "gRPC on loopback",
-     localpar::RunCommandMain},
-    {"train", "JOB_FILE", "train with the in-process reference trainer",
-     localpar::TrainCommandMain},
+     localpar::RunCommand},
+    {"train", "JOB_FILE", "train with the in-process reference trainer", localpar::TrainCommand},
     {"validate", "JOB_FILE",
      "check a job file and print its effective settings (--explain: each stage's "
      "program)",
-     localpar::ValidateCommandMain},
+     localpar::ValidateCommand},
     {"plan", "JOB_FILE",
      "profile every layer and print the job cut into --stages=K balanced stages",
-     localpar::PlanCommandMain},
+     localpar::PlanCommand},
     {"project", "JOB_FILE",
      "predict pipeline throughput for several stage counts from measured layer times",
-     localpar::ProjectCommandMain},
+     localpar::ProjectCommand},
     {"data", "JOB_FILE", "load the job's data and print its figures as JSON",
-     localpar::DataCommandMain},
+     localpar::DataCommand},
     {"probe", "HOST:PORT", "gRPC health check of a worker or coordinator (exit 0 when serving)",
-     localpar::ProbeCommandMain},
+     localpar::ProbeCommand},
     {"status", "HOST:PORT",
      "a running job's stages: throughput, loss, queues (`localpar run` prints the "
      "address)",
-     localpar::StatusCommandMain},
+     localpar::StatusCommand},
     {"checkpoint", "HOST:PORT", "checkpoint a running job after its next step",
-     localpar::CheckpointCommandMain},
+     localpar::CheckpointCommand},
     {"export", "JOB_FILE WEIGHTS", "write trained weights as safetensors, or the network as ONNX",
-     localpar::ExportCommandMain},
+     localpar::ExportCommand},
     {"predict", "JOB_FILE WEIGHTS",
      "class probabilities (and accuracy) of a trained model on your examples",
-     localpar::PredictCommandMain},
+     localpar::PredictCommand},
 };
 
 void Usage(std::ostream& out) {
@@ -79,7 +78,11 @@ int main(int argc, char** argv) {
     return localpar::kExitOk;
   }
   for (const Command& c : kCommands) {
-    if (args[0] == c.name) return c.main({args.begin() + 1, args.end()});
+    if (args[0] != c.name) continue;
+    // The one place the commands' errors are printed and mapped to exit codes.
+    const absl::Status s = c.main({args.begin() + 1, args.end()}, {std::cout, std::cerr});
+    if (!s.message().empty()) std::cerr << "localpar: " << s.message() << "\n";
+    return localpar::ExitCodeOf(s);
   }
   std::cerr << "localpar: unknown command '" << args[0] << "'; see localpar --help\n";
   return localpar::kExitUsage;

@@ -1,7 +1,7 @@
 // `localpar export` and `localpar predict`: using a trained model.
 #include <filesystem>
 #include <fstream>
-#include <iostream>
+#include <ostream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -21,27 +21,24 @@
 namespace localpar {
 namespace {
 
-// Loads the job and its weights on `device`; -1 to go on, else the exit code.
-int OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
-              const std::string& weights_path, const std::string& device,
-              std::unique_ptr<Backend>* backend, TrainedModel* model) {
+// Loads the job and its weights on `device`.
+absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
+                       const std::string& weights_path, const std::string& device,
+                       std::unique_ptr<Backend>* backend, TrainedModel* model) {
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(job_path, overrides);
-  if (!job.ok()) {
-    return Fail(IsDataError(job.status()) ? kExitBadData : kExitBadJob,
-                std::string(job.status().message()));
-  }
+  if (!job.ok()) return JobLoadError(job.status());
   DeviceChoice o;
   o.device = device;
   absl::StatusOr<std::unique_ptr<Backend>> be = PickBackend(o);
-  if (!be.ok()) return Fail(kExitUsage, std::string(be.status().message()));
+  if (!be.ok()) return CodedError(kExitUsage, std::string(be.status().message()));
   *backend = *std::move(be);
   absl::StatusOr<TrainedModel> m = OpenTrainedModel(*job, weights_path, **backend);
   if (!m.ok()) {
     const bool missing = m.status().code() == absl::StatusCode::kNotFound;
-    return Fail(missing ? kExitUsage : kExitBadJob, std::string(m.status().message()));
+    return CodedError(missing ? kExitUsage : kExitBadJob, std::string(m.status().message()));
   }
   *model = *std::move(m);
-  return -1;
+  return absl::OkStatus();
 }
 
 int LastStage(const TrainedModel& m) { return static_cast<int>(m.config.stages.size()) - 1; }
@@ -70,22 +67,20 @@ std::string Figures(const v1::ModelWeights& weights, double read_seconds, absl::
 
 }  // namespace
 
-int ExportCommandMain(const Args& args) {
+absl::Status ExportCommand(const Args& args, const Io& io) {
   v1::ExportCommand c;
   std::vector<std::string> pos;
-  int rc = 0;
-  if (!ParseCommandArgs("export",
-                        "localpar export JOB_FILE WEIGHTS --out=PATH [flags]\n"
-                        "Writes the weights that JOB_FILE trained (weights.pb from --out of run or "
-                        "train) as a safetensors file or a directory of safetensors shards with "
-                        "Hugging Face's index, or the network with its input normalisation as an "
-                        "ONNX model (opset 17) that ONNX Runtime runs.",
-                        args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"},
-                        &pos, &rc)) {
-    return rc;
-  }
-  if (c.out().empty()) return Fail(kExitUsage, "--out: name the file to write");
-  if (c.shard_mib() < 0) return Fail(kExitUsage, "--shard_mib must be >= 0");
+  absl::StatusOr<bool> go = ParseCommandArgs(
+      "export",
+      "localpar export JOB_FILE WEIGHTS --out=PATH [flags]\n"
+      "Writes the weights that JOB_FILE trained (weights.pb from --out of run or "
+      "train) as a safetensors file or a directory of safetensors shards with "
+      "Hugging Face's index, or the network with its input normalisation as an "
+      "ONNX model (opset 17) that ONNX Runtime runs.",
+      args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"}, &pos, io.out);
+  if (!go.ok() || !*go) return go.status();
+  if (c.out().empty()) return CodedError(kExitUsage, "--out: name the file to write");
+  if (c.shard_mib() < 0) return CodedError(kExitUsage, "--shard_mib must be >= 0");
   std::string format = c.format();
   std::string named;  // the format --out's file name says
   if (absl::EndsWith(c.out(), ".onnx")) named = "onnx";
@@ -96,36 +91,38 @@ int ExportCommandMain(const Args& args) {
                                          std::filesystem::is_directory(c.out(), ec));
   if (sharded && format.empty()) format = "safetensors";
   if (c.has_shard_mib() && !sharded) {
-    return Fail(kExitUsage, absl::StrCat("--shard_mib: --out=", c.out(),
-                                         " names one file; name a directory for shards"));
+    return CodedError(kExitUsage, absl::StrCat("--shard_mib: --out=", c.out(),
+                                               " names one file; name a directory for shards"));
   }
   if (format.empty()) format = named;
   if (!named.empty() && format != named) {
-    return Fail(kExitUsage, absl::StrCat("--out=", c.out(), " names a .", named,
-                                         " file, but --format=", c.format(),
-                                         "; make them agree (or leave --format out)"));
+    return CodedError(kExitUsage, absl::StrCat("--out=", c.out(), " names a .", named,
+                                               " file, but --format=", c.format(),
+                                               "; make them agree (or leave --format out)"));
   }
   if (format != "onnx" && format != "safetensors") {
-    return Fail(kExitUsage,
-                c.format().empty()
-                    ? absl::StrCat("--out=", c.out(),
-                                   ": name a .safetensors or .onnx file, or set --format")
-                    : absl::StrCat("--format=", c.format(), ": expected safetensors or onnx"));
+    return CodedError(
+        kExitUsage, c.format().empty()
+                        ? absl::StrCat("--out=", c.out(),
+                                       ": name a .safetensors or .onnx file, or set --format")
+                        : absl::StrCat("--format=", c.format(), ": expected safetensors or onnx"));
   }
   if (c.has_external_data() && format != "onnx") {
-    return Fail(kExitUsage, "--external_data applies to --format=onnx only");
+    return CodedError(kExitUsage, "--external_data applies to --format=onnx only");
   }
-  if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
+  if (c.has_stage() && c.stage() < 0) return CodedError(kExitUsage, "--stage must be >= 0");
   std::unique_ptr<Backend> backend;
   TrainedModel model;
   const absl::Time start = absl::Now();
-  if (int r = OpenModel(pos[0], c.overrides(), pos[1], "cpu", &backend, &model); r >= 0) return r;
+  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], "cpu", &backend, &model); !s.ok()) {
+    return s;
+  }
   const double read_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const absl::Time write_start = absl::Now();
   const int stage = c.has_stage() ? c.stage() : LastStage(model);
   if (stage > LastStage(model)) {
-    return Fail(kExitUsage,
-                absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
+    return CodedError(
+        kExitUsage, absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
   }
   absl::Status written;
   bool external = false;
@@ -139,74 +136,75 @@ int ExportCommandMain(const Args& args) {
     data.location = std::filesystem::path(data.path).filename().string();
     absl::StatusOr<std::string> bytes = ExportOnnx(
         model, stage, model.config.stages.empty() ? "" : pos[0], external ? &data : nullptr);
-    if (!bytes.ok()) return Fail(kExitFailure, std::string(bytes.status().message()));
+    if (!bytes.ok()) return CodedError(kExitFailure, std::string(bytes.status().message()));
     written = WriteFileAtomically(c.out(), *bytes);
   } else if (sharded) {
     absl::StatusOr<std::vector<std::string>> shards =
         WriteShardedSafetensors(DescribeParams(model.config, *model.model, stage), model.weights,
                                 c.out(), int64_t{c.shard_mib()} << 20);
-    if (!shards.ok()) return Fail(kExitFailure, std::string(shards.status().message()));
-    std::cout << c.out() << ": safetensors in " << shards->size() << " shard(s) with "
-              << kSafetensorsIndex << ", stages 0.." << stage << "\n"
-              << Figures(model.weights, read_seconds, write_start) << "\n";
-    return kExitOk;
+    if (!shards.ok()) return CodedError(kExitFailure, std::string(shards.status().message()));
+    io.out << c.out() << ": safetensors in " << shards->size() << " shard(s) with "
+           << kSafetensorsIndex << ", stages 0.." << stage << "\n"
+           << Figures(model.weights, read_seconds, write_start) << "\n";
+    return absl::OkStatus();
   } else {
     written =
         WriteSafetensors(DescribeParams(model.config, *model.model, stage), model.weights, c.out());
   }
-  if (!written.ok()) return Fail(kExitFailure, std::string(written.message()));
-  std::cout << c.out() << ": " << format << ", stages 0.." << stage;
-  if (external) std::cout << ", weights in " << c.out() << ".data";
-  std::cout << "\n" << Figures(model.weights, read_seconds, write_start) << "\n";
-  return kExitOk;
+  if (!written.ok()) return CodedError(kExitFailure, std::string(written.message()));
+  io.out << c.out() << ": " << format << ", stages 0.." << stage;
+  if (external) io.out << ", weights in " << c.out() << ".data";
+  io.out << "\n" << Figures(model.weights, read_seconds, write_start) << "\n";
+  return absl::OkStatus();
 }
 
-int PredictCommandMain(const Args& args) {
+absl::Status PredictCommand(const Args& args, const Io& io) {
   v1::PredictCommand c;
   c.set_batch_size(256);
   c.set_device("cpu");
   std::vector<std::string> pos;
-  int rc = 0;
-  if (!ParseCommandArgs("predict",
-                        "localpar predict JOB_FILE WEIGHTS --input=PATH [flags]\n"
-                        "Runs the trained network on your examples, with the input normalisation "
-                        "of training, and prints accuracy when labels are known.\n"
-                        "Images go in as the training files held them: raw pixels 0..255 (bytes "
-                        "or floats); with\n--input_scaled, floats already in [0, 1]. Values that "
-                        "contradict that are refused.",
-                        args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"},
-                        &pos, &rc)) {
-    return rc;
-  }
+  absl::StatusOr<bool> go = ParseCommandArgs(
+      "predict",
+      "localpar predict JOB_FILE WEIGHTS --input=PATH [flags]\n"
+      "Runs the trained network on your examples, with the input normalisation "
+      "of training, and prints accuracy when labels are known.\n"
+      "Images go in as the training files held them: raw pixels 0..255 (bytes "
+      "or floats); with\n--input_scaled, floats already in [0, 1]. Values that "
+      "contradict that are refused.",
+      args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"}, &pos, io.out);
+  if (!go.ok() || !*go) return go.status();
   if (c.input().empty())
-    return Fail(kExitUsage, "--input: name an .npy file, an IDX file or an image folder");
-  if (c.batch_size() < 1) return Fail(kExitUsage, "--batch_size must be >= 1");
-  if (c.has_stage() && c.stage() < 0) return Fail(kExitUsage, "--stage must be >= 0");
+    return CodedError(kExitUsage, "--input: name an .npy file, an IDX file or an image folder");
+  if (c.batch_size() < 1) return CodedError(kExitUsage, "--batch_size must be >= 1");
+  if (c.has_stage() && c.stage() < 0) return CodedError(kExitUsage, "--stage must be >= 0");
   if (!c.out().empty() && !absl::EndsWith(c.out(), ".csv") && !absl::EndsWith(c.out(), ".npy")) {
-    return Fail(kExitUsage, absl::StrCat("--out=", c.out(), ": expected a .csv or .npy file name"));
+    return CodedError(kExitUsage,
+                      absl::StrCat("--out=", c.out(), ": expected a .csv or .npy file name"));
   }
   std::unique_ptr<Backend> backend;
   TrainedModel model;
-  if (int r = OpenModel(pos[0], c.overrides(), pos[1], c.device(), &backend, &model); r >= 0)
-    return r;
+  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], c.device(), &backend, &model);
+      !s.ok()) {
+    return s;
+  }
   const int stage = c.has_stage() ? c.stage() : LastStage(model);
   if (stage > LastStage(model)) {
-    return Fail(kExitUsage,
-                absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
+    return CodedError(
+        kExitUsage, absl::StrCat("--stage=", stage, ": the job has stages 0..", LastStage(model)));
   }
   absl::StatusOr<Examples> ex = ReadExamples(c.input(), c.labels(), model.config.input_shape);
-  if (!ex.ok()) return Fail(kExitBadData, std::string(ex.status().message()));
+  if (!ex.ok()) return CodedError(kExitBadData, std::string(ex.status().message()));
   if (absl::Status s = MatchClassNames(model, &*ex); !s.ok()) {
-    return Fail(kExitBadData, absl::StrCat(c.input(), ": ", s.message()));
+    return CodedError(kExitBadData, absl::StrCat(c.input(), ": ", s.message()));
   }
   // Labels come from --labels, or from an image folder's class folders.
   if (absl::Status s = CheckLabels(model, *ex); !s.ok()) {
-    return Fail(kExitBadData,
-                absl::StrCat(c.labels().empty() ? c.input() : c.labels(), ": ", s.message()));
+    return CodedError(kExitBadData,
+                      absl::StrCat(c.labels().empty() ? c.input() : c.labels(), ": ", s.message()));
   }
   absl::StatusOr<std::vector<float>> inputs = PrepareInputs(model, *ex, c.input_scaled());
   if (!inputs.ok()) {
-    return Fail(kExitBadData, absl::StrCat(c.input(), ": ", inputs.status().message()));
+    return CodedError(kExitBadData, absl::StrCat(c.input(), ": ", inputs.status().message()));
   }
   Shape shape;
   std::vector<float> probs =
@@ -222,10 +220,10 @@ int PredictCommandMain(const Args& args) {
       int64_t best = std::max_element(p, p + classes) - p;
       correct += best == ex->labels[r];
     }
-    std::cout << absl::StrFormat("accuracy: %.2f%% (%d of %d, stage %d's head)\n",
-                                 100.0 * correct / rows, correct, rows, stage);
+    io.out << absl::StrFormat("accuracy: %.2f%% (%d of %d, stage %d's head)\n",
+                              100.0 * correct / rows, correct, rows, stage);
   } else {
-    std::cout << absl::StrFormat("%d examples, stage %d's head\n", ex->count, stage);
+    io.out << absl::StrFormat("%d examples, stage %d's head\n", ex->count, stage);
   }
   // A classifier's first predictions by class name, each example by its file where known.
   const bool per_example = shape.size() == 2;
@@ -239,12 +237,12 @@ int PredictCommandMain(const Args& args) {
   constexpr int64_t kShown = 10;
   if (per_example) {
     for (int64_t r = 0; r < std::min(rows, kShown); ++r) {
-      std::cout << absl::StrFormat("  %s: %s (%.1f%%)\n", example_name(r),
-                                   ClassName(model, best(r)), 100.0 * probs[r * classes + best(r)]);
+      io.out << absl::StrFormat("  %s: %s (%.1f%%)\n", example_name(r), ClassName(model, best(r)),
+                                100.0 * probs[r * classes + best(r)]);
     }
     if (rows > kShown) {
-      std::cout << absl::StrFormat("  ... %d more%s\n", rows - kShown,
-                                   c.out().empty() ? " (--out=FILE.csv writes every one)" : "");
+      io.out << absl::StrFormat("  ... %d more%s\n", rows - kShown,
+                                c.out().empty() ? " (--out=FILE.csv writes every one)" : "");
     }
   }
   if (!c.out().empty()) {
@@ -274,10 +272,10 @@ int PredictCommandMain(const Args& args) {
       }
       s = WriteFileAtomically(c.out(), csv);
     }
-    if (!s.ok()) return Fail(kExitFailure, std::string(s.message()));
-    std::cout << (c.logits() ? "logits: " : "probabilities: ") << c.out() << "\n";
+    if (!s.ok()) return CodedError(kExitFailure, std::string(s.message()));
+    io.out << (c.logits() ? "logits: " : "probabilities: ") << c.out() << "\n";
   }
-  return kExitOk;
+  return absl::OkStatus();
 }
 
 }  // namespace localpar

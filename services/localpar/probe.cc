@@ -3,7 +3,7 @@
 
 #include <chrono>
 #include <functional>
-#include <iostream>
+#include <ostream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,21 +18,20 @@
 
 namespace localpar {
 
-int Probe(const std::string& address, int timeout_ms, const SecurityOptions& security) {
+absl::Status Probe(const std::string& address, int timeout_ms, const SecurityOptions& security,
+                   std::ostream& out) {
   auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address, security));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status st = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
   if (!st.ok()) {
-    std::cerr << "localpar probe: " << address << ": " << SanitizePeerText(st.error_message())
-              << "\n";
-    return 1;
+    return FailureError(absl::StrCat(address, ": ", SanitizePeerText(st.error_message())));
   }
-  bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-  std::cout << address << ": "
-            << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
-  return serving ? 0 : 1;
+  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  out << address << ": " << name << "\n";
+  if (resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) return absl::OkStatus();
+  return FailureError(absl::StrCat(address, " is not serving (", name, ")"));
 }
 
 namespace {
@@ -54,31 +53,31 @@ std::string StatusError(const std::string& address, const grpc::Status& st) {
   return absl::StrCat(address, ": ", m);
 }
 
-void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
+void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b, std::ostream& out) {
   const double dt = b.uptime_seconds() - a.uptime_seconds();
   const int64_t step = b.stages_size() > 0 ? b.stages(b.stages_size() - 1).steps() : 0;
-  std::cout << absl::StrFormat(
+  out << absl::StrFormat(
       "%s (%s): epoch %d/%d, %s, step %d/%d (the last stage; %d fed), up %.0f s\n",
       SanitizePeerText(b.job()), SanitizePeerText(b.rule()), b.epoch(), b.epochs(),
       b.phase().empty() ? "running" : SanitizePeerText(b.phase()), step, b.total_steps(),
       b.fed_steps(), b.uptime_seconds());
   if (!b.checkpoints()) {
-    std::cout << "checkpoints: off (no --checkpoint_dir)\n";
+    out << "checkpoints: off (no --checkpoint_dir)\n";
   } else if (b.last_checkpoint().empty()) {
-    std::cout << "checkpoints: none committed yet\n";
+    out << "checkpoints: none committed yet\n";
   } else {
-    std::cout << absl::StrFormat("last checkpoint: %s (%.0f s ago)\n",
-                                 SanitizePeerText(b.last_checkpoint()), b.checkpoint_age_seconds());
+    out << absl::StrFormat("last checkpoint: %s (%.0f s ago)\n",
+                           SanitizePeerText(b.last_checkpoint()), b.checkpoint_age_seconds());
   }
   const bool bytes = b.byte_tokens();  // losses in nats, and in bits per byte beside them
-  std::cout << "stage  address                 examples/s   loss   " << (bytes ? " bits/byte" : "")
-            << "  queue   refused\n";
+  out << "stage  address                 examples/s   loss   " << (bytes ? " bits/byte" : "")
+      << "  queue   refused\n";
   for (int k = 0; k < b.stages_size(); ++k) {
     const v1::StageStatus& s = b.stages(k);
     int64_t before = k < a.stages_size() ? a.stages(k).examples() : s.examples();
     double rate = dt > 0 ? (s.examples() - before) / dt : 0;
     const std::string bits = bytes ? absl::StrFormat("  %8.3f", BitsPerByte(s.loss())) : "";
-    std::cout << absl::StrFormat(
+    out << absl::StrFormat(
         "%5d  %-22s  %10.0f  %7.4f%s  %3d/%-3d  %7d%s\n", s.stage(),
         s.replicas() > 1 ? absl::StrCat(s.replicas(), " replicas") : SanitizePeerText(s.address()),
         rate, s.loss(), bits, s.queue_depth(), s.queue_capacity(), s.rejected(),
@@ -89,7 +88,7 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
       const double was = same ? a.stages(k).replica_examples(r) : s.replica_examples(r);
       const double ar_was = same ? a.stages(k).replica_allreduce_seconds(r) : 0;
       const bool up = r < s.replica_reachable_size() && s.replica_reachable(r);
-      std::cout << absl::StrFormat(
+      out << absl::StrFormat(
           "    r%-2d %-22s  %10.0f  all-reduce %.0f%% of the time%s\n", r,
           SanitizePeerText(s.replica_addresses(r)), dt > 0 ? (s.replica_examples(r) - was) / dt : 0,
           dt > 0 && same ? 100 * (s.replica_allreduce_seconds(r) - ar_was) / dt : 0,
@@ -100,7 +99,8 @@ void PrintStatus(const v1::JobStatus& a, const v1::JobStatus& b) {
 
 }  // namespace
 
-int Status(const std::string& address, const StatusOptions& o, const SecurityOptions& security) {
+absl::Status Status(const std::string& address, const StatusOptions& o,
+                    const SecurityOptions& security, std::ostream& out, std::ostream& err) {
   auto stub = v1::Coordinator::NewStub(MakeChannel(address, security));
   auto fetch = [&](v1::JobStatus* out) -> grpc::Status {
     grpc::ClientContext ctx;
@@ -122,26 +122,26 @@ int Status(const std::string& address, const StatusOptions& o, const SecurityOpt
       // own exit code says which). A server shutting down mid-call cancels it.
       if (round > 0 && (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                         st.error_code() == grpc::StatusCode::CANCELLED)) {
-        std::cerr << "localpar status: " << address
-                  << " stopped answering (the job ended, or its coordinator stopped)\n";
-        return 0;
+        err << "localpar status: " << address
+            << " stopped answering (the job ended, or its coordinator stopped)\n";
+        return absl::OkStatus();
       }
-      std::cerr << "localpar status: " << StatusError(address, st) << "\n";
-      return 1;
+      return FailureError(StatusError(address, st));
     }
     if (o.json) {
-      std::cout << ToJson(b, true);
+      out << ToJson(b, true);
     } else {
-      if (round > 0) std::cout << "\n";
-      PrintStatus(a, b);
+      if (round > 0) out << "\n";
+      PrintStatus(a, b, out);
     }
-    std::cout.flush();
-    if (o.watch_s <= 0) return 0;
+    out.flush();
+    if (o.watch_s <= 0) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::duration<double>(o.watch_s));
   }
 }
 
-int RequestCheckpoint(const std::string& address, const SecurityOptions& security) {
+absl::Status RequestCheckpoint(const std::string& address, const SecurityOptions& security,
+                               std::ostream& out) {
   auto stub = v1::Coordinator::NewStub(MakeChannel(address, security));
   grpc::ClientContext ctx;
   AddToken(ctx, security);
@@ -149,77 +149,74 @@ int RequestCheckpoint(const std::string& address, const SecurityOptions& securit
   v1::CheckpointResponse resp;
   grpc::Status st = stub->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);
   if (!st.ok()) {
-    std::cerr << "localpar checkpoint: " << address << ": " << SanitizePeerText(st.error_message())
-              << "\n";
-    return 1;
+    return FailureError(absl::StrCat(address, ": ", SanitizePeerText(st.error_message())));
   }
-  std::cout << SanitizePeerText(resp.message()) << "\n";
-  return 0;
+  out << SanitizePeerText(resp.message()) << "\n";
+  return absl::OkStatus();
 }
 
 namespace {
 
 // A client command: its flags, the security files they name, then `call` on the address.
-int ClientMain(const char* command, const char* usage, const Args& args,
-               const std::function<int(const std::string&, const v1::ClientCommand&,
-                                       const SecurityOptions&)>& call) {
+absl::Status ClientCommand(
+    const char* command, const char* usage, const Args& args, const Io& io,
+    const std::function<absl::Status(const std::string&, const v1::ClientCommand&,
+                                     const SecurityOptions&)>& call) {
   v1::ClientCommand c = ClientDefaults();
   std::string address;
-  int rc = 0;
-  if (!ParseCommand(command, usage, args, &c, {}, &address, &rc)) return rc;
+  absl::StatusOr<bool> go = ParseCommand(command, usage, args, &c, {}, &address, io.out);
+  if (!go.ok() || !*go) return go.status();
   SecurityOptions security;
   if (absl::Status s = LoadSecurity(c.security(), &security); !s.ok()) {
-    return Fail(kExitUsage, std::string(s.message()));
+    return UsageError(s.message());
   }
   return call(address, c, security);
 }
 
 }  // namespace
 
-int ProbeCommandMain(const Args& args) {
-  return ClientMain("probe",
-                    "localpar probe HOST:PORT [flags]\n"
-                    "The standard gRPC health check of a worker or coordinator: exit 0 when it "
-                    "reports SERVING.",
-                    args,
-                    [](const std::string& a, const v1::ClientCommand& c, const SecurityOptions& s) {
-                      return Probe(a, c.timeout_ms(), s);
-                    });
+absl::Status ProbeCommand(const Args& args, const Io& io) {
+  return ClientCommand(
+      "probe",
+      "localpar probe HOST:PORT [flags]\n"
+      "The standard gRPC health check of a worker or coordinator: exit 0 when it "
+      "reports SERVING.",
+      args, io, [&](const std::string& a, const v1::ClientCommand& c, const SecurityOptions& s) {
+        return Probe(a, c.timeout_ms(), s, io.out);
+      });
 }
 
-int StatusCommandMain(const Args& args) {
+absl::Status StatusCommand(const Args& args, const Io& io) {
   v1::StatusCommand c;
   *c.mutable_client() = ClientDefaults();
   std::string address;
-  int rc = 0;
-  if (!ParseCommand("status",
-                    "localpar status HOST:PORT [flags]\n"
-                    "A running job, from its coordinator: the phase, the step, the last "
-                    "checkpoint, and each stage's\nthroughput (sampled over a second), loss, "
-                    "queue and refusals.",
-                    args, &c, {}, &address, &rc)) {
-    return rc;
-  }
-  if (c.watch_s() < 0) return Fail(kExitUsage, "--watch_s must be >= 0");
+  absl::StatusOr<bool> go =
+      ParseCommand("status",
+                   "localpar status HOST:PORT [flags]\n"
+                   "A running job, from its coordinator: the phase, the step, the last "
+                   "checkpoint, and each stage's\nthroughput (sampled over a second), loss, "
+                   "queue and refusals.",
+                   args, &c, {}, &address, io.out);
+  if (!go.ok() || !*go) return go.status();
+  if (c.watch_s() < 0) return UsageError("--watch_s must be >= 0");
   SecurityOptions security;
   if (absl::Status s = LoadSecurity(c.client().security(), &security); !s.ok()) {
-    return Fail(kExitUsage, std::string(s.message()));
+    return UsageError(s.message());
   }
   StatusOptions o;
   o.timeout_ms = c.client().timeout_ms();
   o.json = c.json();
   o.watch_s = c.watch_s();
-  return Status(address, o, security);
+  return Status(address, o, security, io.out, io.err);
 }
 
-int CheckpointCommandMain(const Args& args) {
-  return ClientMain("checkpoint",
-                    "localpar checkpoint HOST:PORT [flags]\n"
-                    "Asks the job's coordinator for a checkpoint after the next training step.",
-                    args,
-                    [](const std::string& a, const v1::ClientCommand&, const SecurityOptions& s) {
-                      return RequestCheckpoint(a, s);
-                    });
+absl::Status CheckpointCommand(const Args& args, const Io& io) {
+  return ClientCommand("checkpoint",
+                       "localpar checkpoint HOST:PORT [flags]\n"
+                       "Asks the job's coordinator for a checkpoint after the next training step.",
+                       args, io,
+                       [&](const std::string& a, const v1::ClientCommand&,
+                           const SecurityOptions& s) { return RequestCheckpoint(a, s, io.out); });
 }
 
 }  // namespace localpar

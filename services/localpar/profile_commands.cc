@@ -1,6 +1,6 @@
 // `localpar plan` and `localpar project`: both time every layer of the job first.
 #include <algorithm>
-#include <iostream>
+#include <ostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -29,43 +29,43 @@ constexpr char kProjectUsage[] =
 
 // Parses the command, loads the job (without the stage regrouping: for plan --stages is
 // the target) and times every layer on the backend --device and --threads pick.
-int Profile(const char* command, const char* usage, const Args& args, const FlagOptions& flags,
-            v1::ProfileCommand* c, v1::Job* job, std::vector<UnitProfile>* units,
-            std::string* device, bool per_replica = false) {
+// True to go on; false after --help.
+absl::StatusOr<bool> Profile(const char* command, const char* usage, const Args& args,
+                             const FlagOptions& flags, const Io& io, v1::ProfileCommand* c,
+                             v1::Job* job, std::vector<UnitProfile>* units, std::string* device,
+                             bool per_replica = false) {
   *c = ProfileDefaults();
   std::string path;
-  int rc = 0;
-  if (!ParseCommand(command, usage, args, c, flags, &path, &rc)) return rc;
+  absl::StatusOr<bool> go = ParseCommand(command, usage, args, c, flags, &path, io.out);
+  if (!go.ok() || !*go) return go;
   v1::JobOverrides overrides = c->overrides();
   if (!c->json()) overrides.clear_stages();  // --json describes the job's stages as regrouped
   absl::StatusOr<v1::Job> loaded = LoadJobWithOverrides(path, overrides);
-  if (!loaded.ok()) {
-    return Fail(IsDataError(loaded.status()) ? kExitBadData : kExitBadJob,
-                std::string(loaded.status().message()));
-  }
+  if (!loaded.ok()) return JobLoadError(loaded.status());
   *job = *std::move(loaded);
   DeviceChoice ro;
   ro.device = c->device();
   ro.threads = std::max(1, c->threads());
   absl::StatusOr<std::unique_ptr<Backend>> backend = PickBackend(ro);
-  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  if (!backend.ok()) return CodedError(kExitUsage, std::string(backend.status().message()));
   ApplyJobToBackend(*job, **backend);
   *device = (*backend)->Describe();
   // With replicas, what one replica computes: its share of the batch (the largest).
   const int64_t rows =
       per_replica ? ReplicaRows(job->batch_size(), job->replicas(), 0) : job->batch_size();
-  std::cerr << "timing each layer of " << job->name() << " on " << *device << ", batch " << rows
-            << (rows != job->batch_size()
-                    ? absl::StrCat(" (1/", job->replicas(), " of ", job->batch_size(), ")")
-                    : "")
-            << "\n";
+  io.err << "timing each layer of " << job->name() << " on " << *device << ", batch " << rows
+         << (rows != job->batch_size()
+                 ? absl::StrCat(" (1/", job->replicas(), " of ", job->batch_size(), ")")
+                 : "")
+         << "\n";
   absl::StatusOr<std::vector<UnitProfile>> profiled = ProfileUnits(*job, **backend, rows);
-  if (!profiled.ok()) return Fail(kExitBadJob, std::string(profiled.status().message()));
+  if (!profiled.ok()) return CodedError(kExitBadJob, std::string(profiled.status().message()));
   *units = *std::move(profiled);
-  return -1;  // go on
+  return true;
 }
 
-void Describe(const char* what, const Partition& p, const std::vector<UnitProfile>& units) {
+void Describe(const char* what, const Partition& p, const std::vector<UnitProfile>& units,
+              std::ostream& err) {
   std::string s;
   size_t u = 0;
   for (size_t k = 0; k < p.sizes.size(); ++k) {
@@ -74,7 +74,7 @@ void Describe(const char* what, const Partition& p, const std::vector<UnitProfil
     absl::StrAppendFormat(&s, "%s%d layers %.3f ms", k ? ", " : "", layers,
                           1e3 * p.stage_seconds[k]);
   }
-  std::cerr << absl::StrFormat("  %-9s slowest stage %.3f ms: %s\n", what, 1e3 * p.bottleneck(), s);
+  err << absl::StrFormat("  %-9s slowest stage %.3f ms: %s\n", what, 1e3 * p.bottleneck(), s);
 }
 
 // The job's own stages (consecutive units that come from one job stage) with their
@@ -110,7 +110,7 @@ void AddJobStages(const v1::Job& job, const std::vector<UnitProfile>& profile, i
 }  // namespace
 
 // The proposed job on stdout, the reasoning on stderr.
-int PlanCommandMain(const Args& args) {
+absl::Status PlanCommand(const Args& args, const Io& io) {
   v1::ProfileCommand c;
   v1::Job job;
   std::vector<UnitProfile> profile;
@@ -118,47 +118,45 @@ int PlanCommandMain(const Args& args) {
   const FlagOptions flags =
       KeepOverrides({"stages", "rule", "batch_size", "data_path"},
                     {"project_stages", "link_gbps", "latency_us", "cores", "json"});
-  if (int rc = Profile("plan", kPlanUsage, args, flags, &c, &job, &profile, &device); rc >= 0) {
-    return rc;
-  }
+  absl::StatusOr<bool> go =
+      Profile("plan", kPlanUsage, args, flags, io, &c, &job, &profile, &device);
+  if (!go.ok() || !*go) return go.status();
   const int stages = c.overrides().stages();
-  if (stages < 1) return Fail(kExitUsage, "plan needs --stages=K (K >= 1)");
+  if (stages < 1) return CodedError(kExitUsage, "plan needs --stages=K (K >= 1)");
   absl::StatusOr<Partition> best = BestPartition(profile, stages);
   absl::StatusOr<Partition> equal = EqualPartition(profile, stages);
-  if (!best.ok()) return Fail(kExitBadJob, std::string(best.status().message()));
-  if (!equal.ok()) return Fail(kExitBadJob, std::string(equal.status().message()));
+  if (!best.ok()) return CodedError(kExitBadJob, std::string(best.status().message()));
+  if (!equal.ok()) return CodedError(kExitBadJob, std::string(equal.status().message()));
   for (const UnitProfile& u : profile) {
-    std::cerr << absl::StrFormat("  %-40s %8.3f ms  head %s\n", u.label, 1e3 * u.seconds,
-                                 u.head_seconds < 0
-                                     ? std::string("does not fit")
-                                     : absl::StrFormat("%.3f ms", 1e3 * u.head_seconds));
+    io.err << absl::StrFormat("  %-40s %8.3f ms  head %s\n", u.label, 1e3 * u.seconds,
+                              u.head_seconds < 0
+                                  ? std::string("does not fit")
+                                  : absl::StrFormat("%.3f ms", 1e3 * u.head_seconds));
   }
-  Describe("balanced", *best, profile);
-  Describe("equal", *equal, profile);
-  std::cerr << absl::StrFormat(
-      "plan: predicted pipeline throughput, balanced / equal split: %.2f\n",
-      equal->bottleneck() / best->bottleneck());
+  Describe("balanced", *best, profile, io.err);
+  Describe("equal", *equal, profile, io.err);
+  io.err << absl::StrFormat("plan: predicted pipeline throughput, balanced / equal split: %.2f\n",
+                            equal->bottleneck() / best->bottleneck());
   std::string text;
   google::protobuf::TextFormat::PrintToString(ApplyPartition(job, c.naive() ? *equal : *best),
                                               &text);
-  std::cout << "# localpar plan --stages=" << stages << (c.naive() ? " --naive" : "") << " of job "
-            << job.name() << "\n"
-            << text;
-  return kExitOk;
+  io.out << "# localpar plan --stages=" << stages << (c.naive() ? " --naive" : "") << " of job "
+         << job.name() << "\n"
+         << text;
+  return absl::OkStatus();
 }
 
 // Predicted examples/s for each stage count, from measured layer times.
-int ProjectCommandMain(const Args& args) {
+absl::Status ProjectCommand(const Args& args, const Io& io) {
   v1::ProfileCommand c;
   v1::Job job;
   std::vector<UnitProfile> profile;
   std::string device;
   const FlagOptions flags =
       KeepOverrides({"stages", "replicas", "rule", "batch_size", "data_path"}, {"naive"});
-  if (int rc = Profile("project", kProjectUsage, args, flags, &c, &job, &profile, &device, true);
-      rc >= 0) {
-    return rc;
-  }
+  absl::StatusOr<bool> go =
+      Profile("project", kProjectUsage, args, flags, io, &c, &job, &profile, &device, true);
+  if (!go.ok() || !*go) return go.status();
   LinkModel link;
   link.bytes_per_second = c.link_gbps() * 1e9 / 8;
   link.latency_seconds = c.latency_us() * 1e-6;
@@ -172,23 +170,23 @@ int ProjectCommandMain(const Args& args) {
   if (c.json()) {
     AddJobStages(job, profile, share, &out);
   } else {
-    std::cout << absl::StrFormat(
+    io.out << absl::StrFormat(
         "project: %s on %s, batch %d%s, link %s, latency %.0f us, cores %s\n", job.name(), device,
         job.batch_size(),
         link.replicas > 1 ? absl::StrFormat(" in %d replicas of %d", link.replicas, share) : "",
         link.bytes_per_second > 0 ? absl::StrFormat("%.1f Gbit/s", c.link_gbps())
                                   : std::string("unlimited"),
         1e6 * link.latency_seconds, link.cores > 0 ? std::to_string(link.cores) : "one per worker");
-    std::cout << "stages  slowest stage ms  largest hop MiB"
-              << (link.replicas > 1 ? "  exchange ms" : "") << "  predicted examples/s\n";
+    io.out << "stages  slowest stage ms  largest hop MiB"
+           << (link.replicas > 1 ? "  exchange ms" : "") << "  predicted examples/s\n";
   }
   for (absl::string_view part : absl::StrSplit(c.project_stages(), ',')) {
     int k = 0;
     if (!absl::SimpleAtoi(part, &k) || k < 1) {
-      return Fail(kExitUsage, absl::StrCat("--project_stages: '", part, "' is not a count"));
+      return CodedError(kExitUsage, absl::StrCat("--project_stages: '", part, "' is not a count"));
     }
     absl::StatusOr<Partition> p = BestPartition(profile, k);
-    if (!p.ok()) return Fail(kExitBadJob, std::string(p.status().message()));
+    if (!p.ok()) return CodedError(kExitBadJob, std::string(p.status().message()));
     std::vector<double> hops = HopBytes(job, *p, share);
     double largest = hops.empty() ? 0 : *std::max_element(hops.begin(), hops.end());
     link.exchange_bytes = ExchangeBytes(job, *p);
@@ -204,12 +202,12 @@ int ProjectCommandMain(const Args& args) {
       pr->set_examples_per_second(rate);
       continue;
     }
-    std::cout << absl::StrFormat(
+    io.out << absl::StrFormat(
         "%6d  %16.3f  %15.2f%s  %20.0f\n", k, 1e3 * p->bottleneck(), largest / (1 << 20),
         link.replicas > 1 ? absl::StrFormat("  %11.3f", 1e3 * slowest_exchange) : "", rate);
   }
-  if (c.json()) std::cout << ToJson(out) << "\n";
-  return kExitOk;
+  if (c.json()) io.out << ToJson(out) << "\n";
+  return absl::OkStatus();
 }
 
 }  // namespace localpar

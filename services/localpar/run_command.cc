@@ -16,7 +16,7 @@ std::string BinDir() {
 
 }  // namespace
 
-int RunCommandMain(const Args& args) {
+absl::Status RunCommand(const Args& args, const Io& io) {
   LaunchOptions o;
   o.run = RunDefaults();
   FlagOptions flags;
@@ -24,19 +24,18 @@ int RunCommandMain(const Args& args) {
   flags.exclude = {"coordinator.job",    "coordinator.workers",
                    "coordinator.resume", "coordinator.local_snapshots",
                    "metrics_port_file",  "status_port_file"};
-  int rc = 0;
-  if (!ParseCommand("run",
-                    "localpar run JOB_FILE [flags]\n"
-                    "Trains JOB_FILE on a local cluster: one localpar_worker process per stage and "
-                    "a\nlocalpar_coordinator, over gRPC on loopback. Ctrl-C stops them all.",
-                    args, &o.run, flags, &o.job_path, &rc)) {
-    return rc;
-  }
+  absl::StatusOr<bool> go =
+      ParseCommand("run",
+                   "localpar run JOB_FILE [flags]\n"
+                   "Trains JOB_FILE on a local cluster: one localpar_worker process per stage and "
+                   "a\nlocalpar_coordinator, over gRPC on loopback. Ctrl-C stops them all.",
+                   args, &o.run, flags, &o.job_path, io.out);
+  if (!go.ok() || !*go) return go.status();
   const v1::RunCommand& r = o.run;
-  if (r.threads() < 1) return Fail(kExitUsage, "--threads must be >= 1");
-  if (r.queue_capacity() < 1) return Fail(kExitUsage, "--queue_capacity must be >= 1");
+  if (r.threads() < 1) return UsageError("--threads must be >= 1");
+  if (r.queue_capacity() < 1) return UsageError("--queue_capacity must be >= 1");
   o.bin_dir = BinDir();
-  return Launch(o);
+  return Launch(o, io.err);
 }
 
 }  // namespace localpar

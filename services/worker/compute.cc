@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/rule.h"
 #include "services/common/grpc_util.h"

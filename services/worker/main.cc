@@ -14,12 +14,15 @@ int main(int argc, char** argv) {
       "and exits 0, or 2 naming the flag.";
   localpar::v1::WorkerConfig config = localpar::WorkerDefaults();
   std::vector<std::string> positional;
-  int rc = 0;
   bool check_only = false;
-  if (!localpar::ParseProgramFlags("localpar_worker", usage, {argv + 1, argv + argc}, &config, {},
-                                   &positional, &rc, &check_only)) {
-    return rc;
+  absl::StatusOr<bool> go =
+      localpar::ParseProgramFlags("localpar_worker", usage, {argv + 1, argv + argc}, &config, {},
+                                  &positional, std::cout, &check_only);
+  if (!go.ok()) {
+    std::cerr << "localpar_worker: " << go.status().message() << "\n";
+    return localpar::ExitCodeOf(go.status());
   }
+  if (!*go) return localpar::kExitOk;
   if (!positional.empty()) {
     std::cerr << "localpar_worker: unexpected argument '" << positional[0] << "'\n";
     return localpar::kExitUsage;

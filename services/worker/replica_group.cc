@@ -3,7 +3,7 @@
 
 #include <cstring>
 #include <exception>
-#include <iostream>
+#include <ostream>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -158,11 +158,11 @@ absl::Status ReplicaGroup::Connect() {
   if (absl::Status s = (*mesh)->Connect(published, options_.timeout); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("replicas of ", stage, ": ", s.message()));
   }
-  if ((*mesh)->refused() > 0) {
-    std::cerr << "worker " << options_.stage << ": replica " << options_.replica << " closed "
-              << (*mesh)->refused()
-              << " connection(s) to its collective port that did not prove to be a replica of "
-                 "this configuration\n";
+  if ((*mesh)->refused() > 0 && options_.log != nullptr) {
+    *options_.log << "worker " << options_.stage << ": replica " << options_.replica << " closed "
+                  << (*mesh)->refused()
+                  << " connection(s) to its collective port that did not prove to be a replica of "
+                     "this configuration\n";
   }
   impl_ = std::make_unique<Impl>();
   impl_->mesh = *std::move(mesh);

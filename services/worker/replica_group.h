@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "absl/status/status.h"
@@ -29,6 +30,7 @@ struct ReplicaGroupOptions {
   // buckets differ) fail with a clear error instead of inside the transport.
   std::string fingerprint;
   std::chrono::milliseconds timeout{60000};
+  std::ostream* log = nullptr;  // what the group says of strangers (none: nothing)
 };
 
 class ReplicaGroup {

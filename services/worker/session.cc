@@ -1,7 +1,7 @@
 // A worker's upstream stream: reactor, queues and threads.
 #include "services/worker/session.h"
 
-#include <iostream>
+#include <ostream>
 
 #include "absl/strings/str_cat.h"
 #include "common/nn/rule.h"
@@ -153,8 +153,7 @@ void StreamSession::Write(grpc::ByteBuffer item, bool wait_for_room) {
     upstream_gone_ = true;
     write_room_.notify_all();
     lock.unlock();
-    std::cerr << "worker " << stage_ << ": upstream read nothing for " << stall_s
-              << " s; ending its stream\n";
+    Say(absl::StrCat("upstream read nothing for ", stall_s, " s; ending its stream"));
     context_->TryCancel();
     return;
   }
@@ -264,13 +263,17 @@ void StreamSession::SenderLoop() {
   down_->WritesDone();
 }
 
+void StreamSession::Say(const std::string& line) const {
+  if (options_.log != nullptr) *options_.log << absl::StrCat("worker ", stage_, ": ", line, "\n");
+}
+
 void StreamSession::DownReaderLoop() {
   const bool gradients = Rule(setup_->steps.rule).returns_gradients;
   grpc::ByteBuffer bytes;
   while (down_->Read(&bytes)) {
     v1::UpItem up;
     if (!ParseUpItem(&bytes, &up)) {
-      std::cerr << "worker " << stage_ << ": downstream sent a message that is not an UpItem\n";
+      Say("downstream sent a message that is not an UpItem");
       continue;
     }
     if (up.has_gradient()) {
@@ -306,7 +309,7 @@ void StreamSession::DownReaderLoop() {
   grpc::Status st = down_->Finish();
   if (!st.ok()) {
     downstream_failed_ = true;
-    std::cerr << "worker " << stage_ << ": downstream stream ended: " << st.error_message() << "\n";
+    Say(absl::StrCat("downstream stream ended: ", SanitizePeerText(st.error_message())));
     inbound_.Close();  // stop taking work; the stream ends with UNAVAILABLE
     outbound_.Close();
   }

@@ -59,6 +59,8 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void HandleItem();  // the item just read
   void Write(grpc::ByteBuffer item, bool wait_for_room);
+  // One line about the stream's peers on the worker's log (WorkerOptions::log).
+  void Say(const std::string& line) const;
   bool ReadWantedLocked();  // also moves a parked item into the inbound queue
   void ResumeReading();
   void FinishWhenWritten(const grpc::Status& status);

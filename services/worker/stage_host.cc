@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job/job.h"
 #include "common/job/resources.h"
-#include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
 #include "common/run/device.h"
 #include "services/common/peer_text.h"
 #include "services/common/wire_codec.h"
@@ -79,10 +79,8 @@ static absl::Status CheckReplicaRequest(const v1::Job& job, const v1::ConfigureR
   return absl::OkStatus();
 }
 
-absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* s,
-                              const std::function<void()>& release) {
-  v1::Job job = req.job();
-  ApplyJobDefaults(job);
+// The request's own fields, checked against its job before anything is built.
+static absl::Status CheckConfigureRequest(const v1::Job& job, const v1::ConfigureRequest& req) {
   if (absl::Status v = ValidateJob(job); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("job: ", v.message()));
   }
@@ -99,71 +97,21 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
     return absl::InvalidArgumentError("overlap_max_delay: must be >= 0");
   }
   if (req.total_steps() < 1) return absl::InvalidArgumentError("total_steps: must be >= 1");
-  if (absl::Status r = CheckReplicaRequest(job, req); !r.ok()) return r;
-  if (absl::Status b = EnsureBackend(); !b.ok()) return b;
-  ApplyJobToBackend(job, *backend_);
-  ModelConfig mc = ToModelConfig(job);
-  const Shape in = StageInputShape(mc, req.stage());
-  if (absl::Status fits = CheckStageFits(job, req.stage()); !fits.ok()) {
-    return fits;
+  if (req.initial_follows() && (req.has_restore() || req.has_initial())) {
+    return absl::InvalidArgumentError(
+        "ConfigureRequest.initial_follows: the request also restores a snapshot or carries "
+        "the initial parameters");
   }
-  if (req.has_restore()) {
-    const std::string& root = options_.config.checkpoint_dir();
-    if (root.empty()) {
-      return absl::DataLossError(absl::StrCat("stage ", req.stage(),
-                                              ": this worker has no --checkpoint_dir to restore "
-                                              "checkpoint ",
-                                              req.restore().checkpoint_id(), " from"));
-    }
-    // The snapshot is checked whole (size, checksum, run) before the live stage is let go,
-    // so a refused restore leaves it serving; a good one replaces it anyway, and letting it
-    // go first keeps one stage in memory, not two, while every stage rolls back.
-    EpochProgress probe;
-    if (absl::Status r = RestoreStageSnapshot(nullptr, req.stage(), root, req.restore(),
-                                              req.fingerprint(), &probe, req.replica());
-        !r.ok()) {
-      return r;
-    }
-    if (release) release();
+  if (req.has_initial() && req.initial().stage() != req.stage()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConfigureRequest.initial.stage: ", req.initial().stage(),
+                     ", but this is stage ", req.stage()));
   }
-  std::string error;
-  s->stage_model =
-      Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
-                    mc.optimizer, StageSeed(mc.seed, req.stage()), &error);
-  if (!s->stage_model) return absl::InvalidArgumentError(error);
-  if (req.has_restore()) {
-    const std::string& root = options_.config.checkpoint_dir();
-    if (absl::Status r =
-            RestoreStageSnapshot(s->stage_model.get(), req.stage(), root, req.restore(),
-                                 req.fingerprint(), &s->restored, req.replica());
-        !r.ok()) {
-      return r;
-    }
-  } else if (req.has_initial()) {
-    // --init_from: parameters only; the optimizer starts fresh, as at step 0.
-    v1::StageCheckpoint init;
-    init.set_stage(req.stage());
-    *init.mutable_params() = req.initial().params();
-    if (req.initial().stage() != req.stage()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ConfigureRequest.initial.stage: ", req.initial().stage(),
-                       ", but this is stage ", req.stage()));
-    }
-    if (absl::Status r =
-            RestoreStageState(*s->stage_model, init,
-                              absl::StrCat("ConfigureRequest.initial (stage ", req.stage(), ")"));
-        !r.ok()) {
-      return r;
-    }
-  }
-  if (req.initial_follows()) {
-    if (req.has_restore() || req.has_initial()) {
-      return absl::InvalidArgumentError(
-          "ConfigureRequest.initial_follows: the request also restores a snapshot or carries "
-          "the initial parameters");
-    }
-    s->initial_pending.store(true);
-  }
+  return CheckReplicaRequest(job, req);
+}
+
+// What the compute thread and the item checks read: the settings of a built stage.
+static void DescribeStage(const v1::Job& job, const v1::ConfigureRequest& req, ConfiguredStage* s) {
   s->request = req;
   *s->request.mutable_job() = job;
   s->stage = req.stage();
@@ -190,7 +138,62 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
   l.non_finite = req.non_finite();
   const int64_t rows = std::max<int64_t>(job.batch_size(), job.eval_batch_size());
   l.max_item_bytes = rows * (NumElements(l.input_shape) + l.labels_per_example) * 4 + (64 << 10);
-  if (!last) s->downstream = MakeChannel(req.downstream(), options_.security);
+}
+
+absl::Status StageHost::CreateStage(const v1::ConfigureRequest& req, const ModelConfig& mc,
+                                    ConfiguredStage* s, const std::function<void()>& release) {
+  const std::string& root = options_.config.checkpoint_dir();
+  if (req.has_restore()) {
+    if (root.empty()) {
+      return absl::DataLossError(absl::StrCat("stage ", req.stage(),
+                                              ": this worker has no --checkpoint_dir to restore "
+                                              "checkpoint ",
+                                              req.restore().checkpoint_id(), " from"));
+    }
+    // The snapshot is checked whole (size, checksum, run) before the live stage is let go,
+    // so a refused restore leaves it serving; a good one replaces it anyway, and letting it
+    // go first keeps one stage in memory, not two, while every stage rolls back.
+    EpochProgress probe;
+    if (absl::Status r = RestoreStageSnapshot(nullptr, req.stage(), root, req.restore(),
+                                              req.fingerprint(), &probe, req.replica());
+        !r.ok()) {
+      return r;
+    }
+    if (release) release();
+  }
+  std::string error;
+  s->stage_model =
+      Stage::Create(*backend_, mc.stages[req.stage()], StageInputShape(mc, req.stage()), mc.classes,
+                    mc.optimizer, StageSeed(mc.seed, req.stage()), &error);
+  if (!s->stage_model) return absl::InvalidArgumentError(error);
+  if (req.has_restore()) {
+    return RestoreStageSnapshot(s->stage_model.get(), req.stage(), root, req.restore(),
+                                req.fingerprint(), &s->restored, req.replica());
+  }
+  if (req.has_initial()) {
+    // --init_from: parameters only; the optimizer starts fresh, as at step 0.
+    v1::StageCheckpoint init;
+    init.set_stage(req.stage());
+    *init.mutable_params() = req.initial().params();
+    return RestoreStageState(*s->stage_model, init,
+                             absl::StrCat("ConfigureRequest.initial (stage ", req.stage(), ")"));
+  }
+  if (req.initial_follows()) s->initial_pending.store(true);
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* s,
+                              const std::function<void()>& release) {
+  v1::Job job = req.job();
+  ApplyJobDefaults(job);
+  if (absl::Status v = CheckConfigureRequest(job, req); !v.ok()) return v;
+  if (absl::Status b = EnsureBackend(); !b.ok()) return b;
+  ApplyJobToBackend(job, *backend_);
+  if (absl::Status fits = CheckStageFits(job, req.stage()); !fits.ok()) return fits;
+  if (absl::Status c = CreateStage(req, ToModelConfig(job), s, release); !c.ok()) return c;
+  DescribeStage(job, req, s);
+  if (s->stage + 1 < s->num_stages)
+    s->downstream = MakeChannel(req.downstream(), options_.security);
   if (s->replicas > 1) {
     ReplicaGroupOptions g;
     g.rendezvous = req.rendezvous();
@@ -199,6 +202,7 @@ absl::Status StageHost::Build(const v1::ConfigureRequest& req, ConfiguredStage* 
     g.replica = s->replica;
     g.replicas = s->replicas;
     g.host = req.collective_host();
+    g.log = options_.log;
     g.fingerprint = JobFingerprint(
         job,
         absl::StrCat("stage ", s->stage, ", ", s->stage_model->num_parameters(), " parameters"));

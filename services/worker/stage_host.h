@@ -9,11 +9,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/core/dtype.h"
-#include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
+#include "common/nn/model.h"
 #include "common/nn/step.h"
 #include "proto/config.pb.h"
 #include "proto/localpar.grpc.pb.h"
@@ -27,6 +29,7 @@ namespace localpar {
 struct WorkerOptions {
   v1::WorkerConfig config;
   SecurityOptions security;
+  std::ostream* log = nullptr;  // what the worker says of its peers (none: nothing)
 };
 
 // What one Configure decided, and the stage it built. The settings never change once built;
@@ -93,6 +96,10 @@ class StageHost {
   absl::StatusOr<std::shared_ptr<const ConfiguredStage>> HoldStage(
       std::chrono::milliseconds wait, std::unique_lock<std::timed_mutex>* compute);
   absl::Status EnsureBackend();
+  // The stage itself: fresh, restored from its snapshot (checked whole before `release` lets
+  // the live one go), or with the initial parameters of --init_from.
+  absl::Status CreateStage(const v1::ConfigureRequest& request, const ModelConfig& config,
+                           ConfiguredStage* setup, const std::function<void()>& release);
   absl::Status CheckStageFits(const v1::Job& job, int index) const;
   // `release` runs once the request has passed every check, just before the new stage is
   // allocated (see Configure).

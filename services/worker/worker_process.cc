@@ -30,7 +30,9 @@ void OnTerminate(int sig) {
 
 }  // namespace
 
-absl::StatusOr<int> RunWorker(const WorkerOptions& options, std::ostream& log) {
+absl::StatusOr<int> RunWorker(const WorkerOptions& given, std::ostream& log) {
+  WorkerOptions options = given;
+  options.log = &log;
   ConfigureAllocatorForMessages();
   if (pipe(g_signal_pipe) != 0) return FailureError("cannot make the signal pipe");
   InstallSignalHandler(OnTerminate);

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
 #include "common/nn/executor.h"
 #include "proto/localpar.pb.h"
 #include "services/common/metrics.h"

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/model_io/checkpoint.h"
+#include "common/model_io/stage_snapshot.h"
 #include "tests/fuzz/fuzz_file.h"
 
 namespace {

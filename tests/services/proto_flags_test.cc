@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
+#include "services/common/exit_codes.h"
 #include "services/common/program_config.h"
 
 namespace localpar {
@@ -103,15 +105,19 @@ TEST(ProtoFlags, CheckFlagsIsOnlyForProgramsThatTakeIt) {
   EXPECT_TRUE(p->check_flags);
   EXPECT_EQ(w.threads(), 3);
   std::vector<std::string> positional;
-  int rc = -1;
+  std::ostringstream out;
   bool check = false;
   w = WorkerDefaults();
-  EXPECT_TRUE(
-      ParseProgramFlags("worker", "usage", {"--check_flags"}, &w, {}, &positional, &rc, &check));
+  absl::StatusOr<bool> go =
+      ParseProgramFlags("worker", "usage", {"--check_flags"}, &w, {}, &positional, out, &check);
+  ASSERT_TRUE(go.ok()) << go.status();
+  EXPECT_TRUE(*go);
   EXPECT_TRUE(check);
   // A command without the mode refuses it as a usage error instead of running.
-  EXPECT_FALSE(ParseProgramFlags("cmd", "usage", {"--check_flags"}, &w, {}, &positional, &rc));
-  EXPECT_EQ(rc, 2);
+  go = ParseProgramFlags("cmd", "usage", {"--check_flags"}, &w, {}, &positional, out);
+  ASSERT_FALSE(go.ok());
+  EXPECT_EQ(ExitCodeOf(go.status()), 2);
+  EXPECT_NE(go.status().message().find("(see cmd --help)"), std::string::npos) << go.status();
 }
 
 TEST(ProtoFlags, HostPortsAreCheckedNamingTheFlag) {

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/model_io/checkpoint_file.h"
+#include "common/model_io/stage_snapshot.h"
 #include "common/model_io/tensor_proto.h"
 #include "tests/common/test_util.h"
 
