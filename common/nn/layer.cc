@@ -10,12 +10,16 @@
 
 namespace localpar {
 
+std::set<std::pair<std::string, std::string>>* LayerConfig::trace = nullptr;
+
 double LayerConfig::Number(const std::string& name, double fallback) const {
+  Trace(name);
   auto it = settings.find(name);
   return it == settings.end() ? fallback : it->second;
 }
 
 int64_t LayerConfig::Int(const std::string& name, int64_t fallback) const {
+  Trace(name);
   auto it = settings.find(name);
   if (it == settings.end()) return fallback;
   // Out-of-range settings saturate (and are then refused by the kind's checks).

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/core/tensor.h"
@@ -50,12 +52,25 @@ struct LayerConfig {
   LayerConfig() = default;
   explicit LayerConfig(std::string k, std::map<std::string, double> s = {})
       : kind(std::move(k)), settings(std::move(s)) {}
-  bool has(const std::string& name) const { return settings.count(name) > 0; }
+  bool has(const std::string& name) const {
+    Trace(name);
+    return settings.count(name) > 0;
+  }
   double Number(const std::string& name, double fallback = 0) const;
   int64_t Int(const std::string& name, int64_t fallback = 0) const;
   void Set(const std::string& name, double value) { settings[name] = value; }
   // Sets `name` to `value` when it is missing or 0 (a job file's "use the default").
   void Default(const std::string& name, double value);
+
+  // For tests: while set, every setting any LayerConfig reads is recorded here as (kind,
+  // name), so that a test can hold the names a family reads against job.proto's fields (a
+  // misspelt name would silently read the default). Not for concurrent use.
+  static std::set<std::pair<std::string, std::string>>* trace;
+
+ private:
+  void Trace(const std::string& name) const {
+    if (trace != nullptr) trace->emplace(kind, name);
+  }
 };
 
 // A parameter's layout as PyTorch stores it: its shape, and where each element comes from

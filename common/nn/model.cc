@@ -119,4 +119,20 @@ int64_t Model::num_parameters() {
   return n;
 }
 
+void Model::CopyStateFrom(Model& from) {
+  for (int k = 0; k < num_stages(); ++k) {
+    std::vector<Param*> src = from.stage(k).params(), dst = stage(k).params();
+    for (size_t i = 0; i < src.size(); ++i) {
+      for (Tensor Param::*t : {&Param::value, &Param::state1, &Param::state2}) {
+        const Tensor& a = (*src[i]).*t;
+        Tensor& b = (*dst[i]).*t;
+        if (!a.defined()) continue;
+        if (!b.defined()) b = Tensor::Zeros(src[i]->value.backend(), src[i]->value.shape());
+        b.CopyFrom(a);
+      }
+    }
+    stage(k).optimizer().set_steps(from.stage(k).optimizer().steps());
+  }
+}
+
 }  // namespace localpar

@@ -1,24 +1,19 @@
 // The reference training loop.
 #include "common/run/reference_run.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <optional>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "common/core/device.h"
 #include "common/job/job.h"
 #include "common/model_io/model_file.h"
 #include "common/model_io/regroup.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/trainer.h"
-#include "common/run/device.h"
 #include "common/run/ledger.h"
-#include "common/run/report.h"
+#include "common/run/run_io.h"
 
 namespace localpar {
 namespace {
@@ -37,190 +32,249 @@ void Upload(const BatchAssembler& a, Backend& be, Tensor* x, Tensor* y) {
   be.CopyFromHost(y->raw(), a.y(), a.y_bytes());
 }
 
+// The run's models: one per replica (Job.replicas), the first read from --init_from; the
+// trainer starts the others from it.
+struct Replicas {
+  std::vector<std::unique_ptr<Model>> models;
+  InitNotes notes;
+  std::vector<Model*> pointers() const {
+    std::vector<Model*> out;
+    for (const auto& m : models) out.push_back(m.get());
+    return out;
+  }
+};
+
+absl::StatusOr<Replicas> BuildReplicas(Backend& be, const v1::Job& job, const RunOptions& o,
+                                       std::ostream& log) {
+  const ModelConfig config = ToModelConfig(job);
+  Replicas out;
+  for (int r = 0; r < job.replicas(); ++r) {
+    std::string error;
+    out.models.push_back(Model::Create(be, config, &error));
+    if (!out.models.back()) return absl::InvalidArgumentError(error);
+  }
+  if (!o.init_from.empty()) {
+    absl::StatusOr<InitNotes> notes = LoadInitialWeights(o.init_from, config, *out.models[0], log);
+    if (!notes.ok()) return notes.status();
+    out.notes = *std::move(notes);
+  }
+  return out;
+}
+
+// --resume: the checkpoint, what regrouping it for this layout changed, and each stage's
+// training figures since its last epoch.
+struct Resumed {
+  FoundCheckpoint found;
+  std::optional<RegroupPlan> regroup;
+  std::vector<EpochProgress> progress;
+};
+
+absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Replicas& replicas,
+                               std::ostream& log) {
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(root);
+  if (!found.ok()) return found.status();
+  absl::StatusOr<RegroupPlan> plan = PlanRegroup(found->manifest, found->dir, job);
+  if (!plan.ok()) return plan.status();
+  Resumed out;
+  const int from_replicas = plan->from_replicas;
+  if (absl::Status s = LoadCheckpointInto(
+          found->manifest, found->dir,
+          [&](int k, int r) { return LocalSnapshotDir(root, k, r, from_replicas); }, job,
+          *replicas.models[0], &out.progress);
+      !s.ok()) {
+    return s;
+  }
+  // The checkpoint is read once: the other replicas copy the first's state.
+  for (size_t r = 1; r < replicas.models.size(); ++r) {
+    replicas.models[r]->CopyStateFrom(*replicas.models[0]);
+  }
+  log << "resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
+  if (plan->from_stages != plan->to_stages || plan->from_replicas != plan->to_replicas ||
+      plan->from_rule != plan->to_rule || !plan->fresh_heads.empty() ||
+      !plan->unused_heads.empty()) {
+    log << DescribeRegroup(*plan) << "\n";
+    out.regroup = *plan;
+  }
+  out.found = *std::move(found);
+  return out;
+}
+
+// The books and the trainer at the checkpoint's step; the data cursor there.
+DataCursor StartAt(const Resumed& resumed, RunLedger& ledger, ReferenceTrainer& trainer) {
+  const v1::CheckpointManifest& m = resumed.found.manifest;
+  v1::RunReport history;
+  if (!history.ParseFromString(m.report())) history.Clear();
+  if (resumed.regroup) *history.add_regroups() = RegroupRecord(*resumed.regroup);
+  const DataCursor cursor{m.step(), m.epoch(), m.batch_in_epoch()};
+  ledger.Restore(history, cursor);
+  trainer.ResumeAt(m.step());
+  return cursor;
+}
+
+// The batch plan's items, one at a time, through the trainer into the ledger.
+class Loop {
+ public:
+  Loop(const v1::Job& job, const DataSplit& data, Backend& be, ReferenceTrainer& trainer,
+       RunLedger& ledger, int stages)
+      : job_(job),
+        be_(be),
+        trainer_(trainer),
+        ledger_(ledger),
+        stages_(stages),
+        train_(data.train, job.batch_size()),
+        test_(data.test, job.eval_batch_size()),
+        train_stats_(stages),
+        test_stats_(stages) {}
+
+  void StartFigures(const std::vector<EpochProgress>& restored) {
+    for (size_t k = 0; k < restored.size() && k < train_stats_.size(); ++k) {
+      train_stats_[k] = restored[k].head;
+    }
+  }
+
+  // Every item of `plan`; true when `stop` ended it before the last step.
+  bool Run(BatchPlan& plan, const std::atomic<bool>* stop) {
+    start_ = epoch_start_ = Clock::now();
+    for (PlanItem item; plan.Next(&item);) {
+      ledger_.Fed(item);
+      if (item.kind == PlanItem::kTrain) {
+        const int64_t step = Train(plan, item);
+        if (stop && stop->load() && step < ledger_.total_steps()) return true;
+      } else if (item.kind == PlanItem::kEndOfEpoch) {
+        ledger_.AddTrainSeconds(Seconds(epoch_start_, Clock::now()));
+      } else if (item.kind == PlanItem::kEval) {
+        Evaluate(plan, item);
+      } else {
+        Score(item);
+      }
+    }
+    return false;
+  }
+
+ private:
+  ProgressLine Line(const PlanItem& item) const {
+    const double elapsed = Seconds(start_, Clock::now());
+    return ProgressLine{item.epoch,
+                        job_.epochs(),
+                        trainer_.step(),
+                        ledger_.total_steps(),
+                        examples_ / std::max(elapsed, 1e-9),
+                        train_stats_,
+                        elapsed};
+  }
+
+  // A training step; returns the steps done.
+  int64_t Train(const BatchPlan& plan, const PlanItem& item) {
+    train_.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
+    Upload(train_, be_, &x_, &y_);
+    std::vector<HeadStats> s = trainer_.TrainStep(x_, y_);
+    for (int k = 0; k < stages_; ++k) train_stats_[k].Add(s[k]);
+    examples_ += item.rows;
+    ProgressLine line = Line(item);
+    line.step = item.step + 1;
+    ledger_.Progress(line);
+    ledger_.TrainFigures(line.step, item.epoch, train_stats_, line.examples_per_second);
+    return line.step;
+  }
+
+  // One batch of an evaluation; its first says so while it is scored.
+  void Evaluate(const BatchPlan& plan, const PlanItem& item) {
+    if (item.begin == 0) {
+      ProgressLine line = Line(item);
+      line.evaluating = true;
+      ledger_.Progress(line, /*force=*/true);
+    }
+    test_.Gather(plan.test_order(), item.begin, item.rows);
+    Upload(test_, be_, &x_, &y_);
+    std::vector<HeadStats> s = trainer_.EvalBatch(x_, y_);
+    for (int k = 0; k < stages_; ++k) test_stats_[k].Add(s[k]);
+  }
+
+  // The end of an evaluation: within the epoch (interim), or the epoch's own.
+  void Score(const PlanItem& item) {
+    Scores scores;
+    scores.step = trainer_.step();
+    scores.epoch = item.epoch;
+    scores.interim = item.interim;
+    scores.eval = test_stats_;
+    if (!item.interim) {
+      scores.train = train_stats_;
+      scores.seconds = Seconds(epoch_start_, Clock::now());
+      train_stats_.assign(stages_, HeadStats());
+      epoch_start_ = Clock::now();
+    }
+    ledger_.Scored(scores);
+    test_stats_.assign(stages_, HeadStats());
+  }
+
+  const v1::Job& job_;
+  Backend& be_;
+  ReferenceTrainer& trainer_;
+  RunLedger& ledger_;
+  const int stages_;
+  BatchAssembler train_, test_;
+  Tensor x_, y_;
+  std::vector<HeadStats> train_stats_, test_stats_;
+  Clock::time_point start_, epoch_start_;
+  int64_t examples_ = 0;
+};
+
 }  // namespace
 
 absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& data,
-                                           const RunOptions& options, std::ostream& log) {
-  absl::StatusOr<std::unique_ptr<Backend>> be_or = PickBackend({options.device, options.threads});
-  if (!be_or.ok()) return be_or.status();
-  Backend& be = **be_or;
+                                           const RunOptions& options, std::ostream& log,
+                                           std::ostream& out) {
+  PickedBackend picked = PickBackend({options.device, options.threads});
+  if (!picked.backend) {
+    return picked.bad_name ? absl::InvalidArgumentError(picked.error)
+                           : absl::FailedPreconditionError(picked.error);
+  }
+  Backend& be = *picked.backend;
   ApplyJobToBackend(job, be);
-  std::string error;
-  const ModelConfig config = ToModelConfig(job);
-  std::unique_ptr<Model> model = Model::Create(be, config, &error);
-  if (!model) return absl::InvalidArgumentError(error);
-  InitNotes notes;
-  if (!options.init_from.empty()) {
-    const absl::Time read_start = absl::Now();
-    absl::StatusOr<v1::ModelWeights> init =
-        ReadAnyWeightsFile(options.init_from, config, *model, &notes);
-    if (!init.ok()) return init.status();
-    if (absl::Status s = LoadWeights(*init, options.init_from, config, *model); !s.ok()) return s;
-    log << "--init_from: " << options.init_from << ": "
-        << TransferFigures(WeightsBytes(*init), absl::ToDoubleSeconds(absl::Now() - read_start))
-        << "\n";
-    if (std::string said = DescribeInitNotes(notes, model->num_stages()); !said.empty()) {
-      log << "--init_from: " << said << "\n";
-    }
-  }
+  absl::StatusOr<Replicas> replicas = BuildReplicas(be, job, options, log);
+  if (!replicas.ok()) return replicas.status();
   if (absl::Status s = CheckReplicasFitData(job, data.train.size()); !s.ok()) return s;
-  // Replicas (Job.replicas): one model each; the trainer starts them from the first.
-  std::vector<std::unique_ptr<Model>> others;
-  std::vector<Model*> replicas{model.get()};
-  for (int r = 1; r < job.replicas(); ++r) {
-    others.push_back(Model::Create(be, config, &error));
-    if (!others.back()) return absl::InvalidArgumentError(error);
-    replicas.push_back(others.back().get());
-  }
-  // --resume: every replica's model gets the checkpoint's state, regrouped for this layout.
-  std::optional<FoundCheckpoint> resume;
-  std::optional<RegroupPlan> regroup;
-  std::vector<EpochProgress> restored;
+  std::optional<Resumed> resumed;
   if (!options.resume.empty()) {
-    absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(options.resume);
-    if (!found.ok()) return found.status();
-    absl::StatusOr<RegroupPlan> plan = PlanRegroup(found->manifest, found->dir, job);
-    if (!plan.ok()) return plan.status();
-    const int from_replicas = plan->from_replicas;
-    const std::string root = options.resume;
-    if (absl::Status s = LoadCheckpointInto(
-            found->manifest, found->dir,
-            [&](int k, int r) { return LocalSnapshotDir(root, k, r, from_replicas); }, job, *model,
-            &restored);
-        !s.ok()) {
-      return s;
-    }
-    // The checkpoint is read once: the other replicas copy the first's state.
-    for (size_t r = 1; r < replicas.size(); ++r) {
-      Model* m = replicas[r];
-      for (int k = 0; k < m->num_stages(); ++k) {
-        std::vector<Param*> from = model->stage(k).params(), to = m->stage(k).params();
-        for (size_t i = 0; i < from.size(); ++i) {
-          for (Tensor Param::*t : {&Param::value, &Param::state1, &Param::state2}) {
-            if (!((*from[i]).*t).defined()) continue;
-            if (!((*to[i]).*t).defined()) (*to[i]).*t = Tensor::Zeros(be, from[i]->value.shape());
-            ((*to[i]).*t).CopyFrom((*from[i]).*t);
-          }
-        }
-        m->stage(k).optimizer().set_steps(model->stage(k).optimizer().steps());
-      }
-    }
-    log << "resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
-    if (plan->from_stages != plan->to_stages || plan->from_replicas != plan->to_replicas ||
-        plan->from_rule != plan->to_rule || !plan->fresh_heads.empty() ||
-        !plan->unused_heads.empty()) {
-      log << DescribeRegroup(*plan) << "\n";
-      regroup = *plan;
-    }
-    resume = *std::move(found);
+    absl::StatusOr<Resumed> r = Resume(options.resume, job, *replicas, log);
+    if (!r.ok()) return r.status();
+    resumed = *std::move(r);
   }
-  LedgerOptions lo;
-  lo.out_dir = options.out_dir;
-  lo.progress = options.progress;
-  lo.live = isatty(STDERR_FILENO);
-  lo.log = &log;
-  lo.init_fresh_heads = notes.fresh_heads;
-  lo.init_unused_heads = notes.unused_heads;
   absl::StatusOr<std::unique_ptr<RunLedger>> opened =
-      RunLedger::Open(job, data.train.size(), data.test.size(), lo);
+      RunLedger::Open(job, data.train.size(), data.test.size(),
+                      RunLedgerOptions(options.out_dir, options.progress, log, replicas->notes));
   if (!opened.ok()) return opened.status();
   RunLedger& ledger = **opened;
-  ReferenceTrainer trainer(replicas, ToStepSettings(job, ledger.total_steps()));
-  DataCursor cursor;
-  if (resume) {
-    const v1::CheckpointManifest& m = resume->manifest;
-    v1::RunReport history;
-    if (!history.ParseFromString(m.report())) history.Clear();
-    if (regroup) *history.add_regroups() = RegroupRecord(*regroup);
-    cursor = {m.step(), m.epoch(), m.batch_in_epoch()};
-    ledger.Restore(history, cursor);
-    trainer.ResumeAt(m.step());
-  }
-  const int stages = model->num_stages();
-  RunFacts facts{options.version, be.Describe(), model->num_parameters(), stages, job.replicas()};
+  ReferenceTrainer trainer(replicas->pointers(), ToStepSettings(job, ledger.total_steps()));
+  const DataCursor cursor = resumed ? StartAt(*resumed, ledger, trainer) : DataCursor{};
+  Model& model = *replicas->models[0];
+  const int stages = model.num_stages();
+  RunFacts facts{options.version, be.Describe(), model.num_parameters(), stages, job.replicas()};
   log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d %s examples, %s\n",
                          job.name(), v1::UpdateRule_Name(job.rule()), stages,
                          job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "",
                          facts.parameters, data.train.size(), data.test.size(), EvalSplitName(job),
                          facts.backend);
 
-  BatchAssembler train(data.train, job.batch_size()), test(data.test, job.eval_batch_size());
-  Tensor x, y;
-  std::vector<HeadStats> train_stats(stages), test_stats(stages);
-  for (size_t k = 0; k < restored.size() && k < train_stats.size(); ++k) {
-    train_stats[k] = restored[k].head;
-  }
-  const auto start = Clock::now();
-  auto epoch_start = start;
-  int64_t examples = 0;
+  Loop loop(job, data, be, trainer, ledger, stages);
+  if (resumed) loop.StartFigures(resumed->progress);
   BatchPlan plan = ledger.Plan(cursor);
-  bool interrupted = false;
-  for (PlanItem item; !interrupted && plan.Next(&item);) {
-    ledger.Fed(item);
-    const double elapsed = Seconds(start, Clock::now());
-    ProgressLine line{item.epoch,
-                      job.epochs(),
-                      trainer.step(),
-                      ledger.total_steps(),
-                      examples / std::max(elapsed, 1e-9),
-                      train_stats,
-                      elapsed};
-    if (item.kind == PlanItem::kTrain) {
-      train.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
-      Upload(train, be, &x, &y);
-      std::vector<HeadStats> s = trainer.TrainStep(x, y);
-      for (int k = 0; k < stages; ++k) train_stats[k].Add(s[k]);
-      examples += item.rows;
-      line.recent = train_stats;
-      line.step = item.step + 1;
-      line.examples_per_second = examples / std::max(Seconds(start, Clock::now()), 1e-9);
-      ledger.Progress(line);
-      ledger.TrainFigures(line.step, item.epoch, train_stats, line.examples_per_second);
-      interrupted = options.stop && options.stop->load() && line.step < ledger.total_steps();
-    } else if (item.kind == PlanItem::kEndOfEpoch) {
-      ledger.AddTrainSeconds(Seconds(epoch_start, Clock::now()));
-    } else if (item.kind == PlanItem::kEval) {
-      if (item.begin == 0) {  // an evaluation's first batch: say so while it is scored
-        line.evaluating = true;
-        ledger.Progress(line, /*force=*/true);
-      }
-      test.Gather(plan.test_order(), item.begin, item.rows);
-      Upload(test, be, &x, &y);
-      std::vector<HeadStats> s = trainer.EvalBatch(x, y);
-      for (int k = 0; k < stages; ++k) test_stats[k].Add(s[k]);
-    } else {  // the end of an evaluation: within the epoch (interim), or the epoch's own
-      Scores scores;
-      scores.step = trainer.step();
-      scores.epoch = item.epoch;
-      scores.interim = item.interim;
-      scores.eval = test_stats;
-      if (!item.interim) {
-        scores.train = train_stats;
-        scores.seconds = Seconds(epoch_start, Clock::now());
-        train_stats.assign(stages, HeadStats());
-        epoch_start = Clock::now();
-      }
-      ledger.Scored(scores);
-      test_stats.assign(stages, HeadStats());
-    }
-  }
+  const bool interrupted = loop.Run(plan, options.stop);
   ledger.Done();
+
   v1::RunReport report = ledger.Report(facts);
   report.set_interrupted(interrupted);
-  if (!options.out_dir.empty()) {
-    v1::ModelWeights weights = SnapshotModel(*model);
-    DescribeWeights(job, data.normalization, data.class_names, &weights);
-    absl::Status st = WriteReport(report, options.out_dir);
-    if (!st.ok()) return st;
-    const absl::Time write_start = absl::Now();
-    absl::StatusOr<std::string> written = WriteRunWeights(
-        weights, config, model.get(), options.out_dir,
-        options.weights_pb_limit_mib > 0 ? int64_t{options.weights_pb_limit_mib} << 20
-                                         : kWeightsPbLimitBytes);
-    if (!written.ok()) return written.status();
-    log << "weights: " << *written << " ("
-        << TransferFigures(WeightsBytes(weights), absl::ToDoubleSeconds(absl::Now() - write_start))
-        << ")\n";
+  RunOutputs outputs;
+  outputs.out_dir = options.out_dir;
+  if (options.weights_pb_limit_mib > 0) {
+    outputs.weights_pb_limit = int64_t{options.weights_pb_limit_mib} << 20;
+  }
+  outputs.data = &data;
+  outputs.model = &model;
+  v1::ModelWeights weights;
+  if (!options.out_dir.empty()) weights = SnapshotModel(model);
+  if (absl::Status s = WriteRunOutputs(job, report, std::move(weights), outputs, out); !s.ok()) {
+    return s;
   }
   return report;
 }

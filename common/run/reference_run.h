@@ -33,8 +33,10 @@ struct RunOptions {
   const std::atomic<bool>* stop = nullptr;
 };
 
-// Trains `job`; reports progress to `log`. `data` comes from LoadJobData.
+// Trains `job` (`data` comes from LoadJobData): progress and what it reads to `log`, the
+// report's table and the files it writes to `out` (run_io.h, as a cluster's coordinator).
 absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& data,
-                                           const RunOptions& options, std::ostream& log);
+                                           const RunOptions& options, std::ostream& log,
+                                           std::ostream& out);
 
 }  // namespace localpar

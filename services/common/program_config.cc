@@ -28,11 +28,17 @@ v1::CoordinatorConfig CoordinatorDefaults() {
   return c;
 }
 
+v1::DeviceConfig DeviceDefaults() {
+  v1::DeviceConfig d;
+  d.set_device("cpu");
+  d.set_threads(1);
+  return d;
+}
+
 v1::WorkerConfig WorkerDefaults() {
   v1::WorkerConfig w;
   w.set_listen("127.0.0.1:0");
-  w.set_device("cpu");
-  w.set_threads(1);
+  *w.mutable_compute() = DeviceDefaults();
   w.set_queue_capacity(4);
   w.set_metrics_listen("127.0.0.1:0");
   w.set_upstream_stall_s(60);
@@ -44,8 +50,7 @@ v1::WorkerConfig WorkerDefaults() {
 v1::RunCommand RunDefaults() {
   v1::RunCommand r;
   *r.mutable_coordinator() = CoordinatorDefaults();
-  r.set_device("cpu");
-  r.set_threads(1);
+  *r.mutable_compute() = DeviceDefaults();
   r.set_queue_capacity(4);
   r.set_slow_stage(-1);
   return r;
@@ -53,16 +58,21 @@ v1::RunCommand RunDefaults() {
 
 v1::TrainCommand TrainDefaults() {
   v1::TrainCommand t;
-  t.set_device("cpu");
-  t.set_threads(1);
+  *t.mutable_compute() = DeviceDefaults();
   return t;
 }
 
 v1::ProfileCommand ProfileDefaults() {
   v1::ProfileCommand p;
-  p.set_device("cpu");
-  p.set_threads(1);
+  *p.mutable_compute() = DeviceDefaults();
   p.set_project_stages("1,2,4");
+  return p;
+}
+
+v1::PredictCommand PredictDefaults() {
+  v1::PredictCommand p;
+  *p.mutable_compute() = DeviceDefaults();
+  p.set_batch_size(256);
   return p;
 }
 
@@ -133,23 +143,31 @@ absl::StatusOr<bool> ParseProgramFlags(const std::string& program, const std::st
 }
 
 absl::Status CheckRunSettings(const v1::CoordinatorConfig& c) {
-  if (c.resume() && c.checkpoint_dir().empty()) {
-    return absl::InvalidArgumentError("--resume needs --checkpoint_dir");
+  // --resume=DIR checkpoints into DIR unless --checkpoint_dir names it too.
+  const std::string& dir = c.checkpoint_dir().empty() ? c.resume() : c.checkpoint_dir();
+  if (!c.resume().empty() && !c.checkpoint_dir().empty() && c.resume() != c.checkpoint_dir()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume=", c.resume(),
+                     " continues the checkpoints in that directory, but "
+                     "--checkpoint_dir=",
+                     c.checkpoint_dir(), " names another; leave --checkpoint_dir out"));
   }
-  if (c.stop_after_steps() > 0 && c.checkpoint_dir().empty()) {
+  if (c.stop_after_steps() > 0 && dir.empty()) {
     return absl::InvalidArgumentError(
         "--stop_after_steps needs --checkpoint_dir (the run stops at a checkpoint to resume from)");
   }
   if (!c.out().empty()) {
     if (absl::Status s = CheckWritableDirectory(c.out(), "--out"); !s.ok()) return s;
   }
-  if (!c.checkpoint_dir().empty()) {
-    if (absl::Status s = CheckWritableDirectory(c.checkpoint_dir(), "--checkpoint_dir"); !s.ok()) {
+  if (!dir.empty()) {
+    if (absl::Status s = CheckWritableDirectory(
+            dir, c.checkpoint_dir().empty() ? "--resume" : "--checkpoint_dir");
+        !s.ok()) {
       return s;
     }
     // A fresh run into a folder of another run's checkpoints: refused before anything starts.
-    if (!c.resume() && !c.resume_if_present()) {
-      if (absl::Status s = CheckNoCheckpoints(c.checkpoint_dir()); !s.ok()) {
+    if (c.resume().empty() && !c.resume_if_present()) {
+      if (absl::Status s = CheckNoCheckpoints(dir); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir=", s.message()));
       }
     }

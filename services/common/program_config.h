@@ -19,10 +19,13 @@ v1::CoordinatorConfig CoordinatorDefaults();
 // and output or checkpoint directories that cannot be written. The coordinator and the
 // launcher (before it starts anything) both check it.
 absl::Status CheckRunSettings(const v1::CoordinatorConfig& config);
+// Where programs compute, by default: the CPU, one GEMM thread.
+v1::DeviceConfig DeviceDefaults();
 v1::WorkerConfig WorkerDefaults();
 v1::RunCommand RunDefaults();
 v1::TrainCommand TrainDefaults();
 v1::ProfileCommand ProfileDefaults();
+v1::PredictCommand PredictDefaults();
 v1::ClientCommand ClientDefaults();
 
 // Reads the files a SecurityConfig names (certificates, key, CA, token).

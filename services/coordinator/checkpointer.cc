@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_io/regroup.h"
 #include "services/common/peer_text.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace localpar {
 

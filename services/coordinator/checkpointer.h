@@ -24,6 +24,7 @@
 #include "proto/localpar.pb.h"
 #include "proto/report.pb.h"
 #include "services/common/metrics.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace localpar {
 

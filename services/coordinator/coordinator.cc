@@ -18,10 +18,12 @@
 #include "common/nn/rule.h"
 #include "common/run/job_data.h"
 #include "common/run/ledger.h"
+#include "common/run/run_io.h"
 #include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
 #include "services/common/program_config.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/job_runner.h"
 #include "services/coordinator/rendezvous_service.h"
 #include "services/coordinator/worker_pool.h"
@@ -79,7 +81,7 @@ std::string RendezvousAddress(const v1::CoordinatorConfig& c, int port) {
 // --checkpoint_dir, or --resume).
 absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std::ostream& log) {
   Checkpointer& checkpointer = runner.checkpointer();
-  bool resume = c.resume();
+  bool resume = !c.resume().empty();
   if (c.resume_if_present() && !c.checkpoint_dir().empty()) {
     // This run's checkpoints, or the same network's in another layout: a coordinator
     // restarted while it regrouped one must not start afresh.
@@ -143,18 +145,18 @@ std::string RunSettings(const v1::CoordinatorConfig& c, const v1::ModelWeights* 
 }
 
 // The parameters --init_from names, checked against the job's network (on the CPU: only
-// the values travel to the workers).
+// the values travel to the workers), and what was said of them on `log`.
 absl::StatusOr<v1::ModelWeights> ReadInitialWeights(const std::string& path, const v1::Job& job,
-                                                    InitNotes* notes) {
+                                                    InitNotes* notes, std::ostream& log) {
   CpuBackend cpu{CpuOptions{}};
   const ModelConfig config = ToModelConfig(job);
   std::string error;
   std::unique_ptr<Model> model = Model::Create(cpu, config, &error);
   if (!model) return absl::InvalidArgumentError(error);
   DropGradients(*model);  // it only checks the file: the parameters are all it needs
-  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, config, *model, notes);
-  if (!w.ok()) return w.status();
-  if (absl::Status s = LoadWeights(*w, path, config, *model); !s.ok()) return s;
+  absl::StatusOr<InitNotes> read = LoadInitialWeights(path, config, *model, log);
+  if (!read.ok()) return read.status();
+  *notes = *std::move(read);
   return SnapshotModel(*model);  // the names workers expect, whatever the file's format
 }
 
@@ -213,9 +215,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const v1::Coordinato
 
 }  // namespace
 
-absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOptions& security,
-                            std::ostream& log) {
+absl::Status RunCoordinator(const v1::CoordinatorConfig& given, const SecurityOptions& security,
+                            std::ostream& log, std::ostream& out) {
   ConfigureAllocatorForMessages();
+  // --resume=DIR continues the checkpoints there: DIR is the checkpoint directory.
+  v1::CoordinatorConfig c = given;
+  if (!c.resume().empty() && c.checkpoint_dir().empty()) c.set_checkpoint_dir(c.resume());
   if (absl::Status s = CheckRunSettings(c); !s.ok()) return UsageError(s.message());
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(c.job(), c.overrides());
   if (!job.ok()) {
@@ -237,28 +242,15 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
   std::optional<v1::ModelWeights> initial;
   InitNotes notes;
   if (!c.init_from().empty()) {
-    const absl::Time read_start = absl::Now();
-    absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job, &notes);
+    absl::StatusOr<v1::ModelWeights> w = ReadInitialWeights(c.init_from(), *job, &notes, log);
     if (!w.ok()) {
       return WithExitCode(
           absl::Status(w.status().code(), absl::StrCat("--init_from: ", w.status().message())),
           w.status().code() == absl::StatusCode::kNotFound ? kExitUsage : kExitBadJob);
     }
     initial = *std::move(w);
-    log << "--init_from: " << c.init_from() << ": "
-        << TransferFigures(WeightsBytes(*initial), absl::ToDoubleSeconds(absl::Now() - read_start))
-        << "\n";
-    if (std::string said = DescribeInitNotes(notes, job->stages_size()); !said.empty()) {
-      log << "--init_from: " << said << "\n";
-    }
   }
-  LedgerOptions lo;
-  lo.init_fresh_heads = notes.fresh_heads;
-  lo.init_unused_heads = notes.unused_heads;
-  lo.out_dir = c.out();
-  lo.progress = !c.quiet();
-  lo.live = isatty(STDERR_FILENO);
-  lo.log = &log;
+  LedgerOptions lo = RunLedgerOptions(c.out(), !c.quiet(), log, notes);
   lo.train_line_every_steps = 0;  // the monitor sees the last stage's step four times a second
   lo.train_line_every_seconds = 1.0;
   lo.checkpoint_every_steps = c.checkpoint_every_steps();
@@ -271,7 +263,7 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& c, const SecurityOption
   std::string fingerprint = JobFingerprint(*job, settings);
   std::string network = NetworkFingerprint(*job, settings);
   JobRunner runner(c, security, *std::move(job), *std::move(data), std::move(fingerprint), **ledger,
-                   metrics.get(), log);
+                   metrics.get(), log, out);
   StatusService status(runner.status_board(), runner.checkpointer(), security);
   std::unique_ptr<RendezvousService> rendezvous;
   if (replicas > 1) rendezvous = std::make_unique<RendezvousService>(security);

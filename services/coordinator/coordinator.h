@@ -10,9 +10,10 @@
 
 namespace localpar {
 
-// The whole program after its flags; messages go to `log`. An error carries its exit code
+// The whole program after its flags; messages go to `log`, the report's table and the files
+// written to `out`. An error carries its exit code
 // (exit_codes.h), and main prints it.
 absl::Status RunCoordinator(const v1::CoordinatorConfig& config, const SecurityOptions& security,
-                            std::ostream& log);
+                            std::ostream& log, std::ostream& out);
 
 }  // namespace localpar

@@ -6,6 +6,7 @@
 #include "common/nn/rule.h"
 #include "common/nn/step.h"
 #include "services/common/interrupt.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace localpar {
 

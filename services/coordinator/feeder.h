@@ -13,6 +13,7 @@
 #include "proto/config.pb.h"
 #include "services/common/metrics.h"
 #include "services/coordinator/checkpointer.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/pipeline_link.h"
 #include "services/coordinator/run_monitor.h"
 

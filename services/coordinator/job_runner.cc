@@ -9,10 +9,12 @@
 #include "common/model_io/model_file.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/run/report.h"
+#include "common/run/run_io.h"
 #include "services/common/exit_codes.h"
 #include "services/common/interrupt.h"
 #include "services/common/program_config.h"
 #include "services/coordinator/cluster_report.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace localpar {
 namespace {
@@ -29,13 +31,14 @@ v1::RunReport HistoryOf(const FoundCheckpoint& found) {
 
 JobRunner::JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security,
                      v1::Job job, DataSplit data, std::string fingerprint, RunLedger& ledger,
-                     CoordinatorMetrics* metrics, std::ostream& log)
+                     CoordinatorMetrics* metrics, std::ostream& log, std::ostream& out)
     : config_(config),
       security_(security),
       job_(std::move(job)),
       data_(std::move(data)),
       ledger_(ledger),
       log_(log),
+      out_(out),
       pool_({config.workers().begin(), config.workers().end()}, job_.replicas(), security,
             int64_t{config.has_transfer_chunk_kib() ? config.transfer_chunk_kib() : 4096} << 10),
       checkpointer_(config, job_, std::move(fingerprint), metrics, ledger, log),
@@ -114,8 +117,8 @@ absl::Status JobRunner::Run() {
   if (feeder_.interrupted()) return Interrupted(result);
   if (feeder_.stopped_early()) {
     log_ << "localpar: stopped after step " << ledger_.fed_steps() << " at checkpoint "
-         << checkpointer_.last_committed() << "; continue with --resume (localpar run: "
-         << "--resume=" << checkpointer_.dir() << ")\n";
+         << checkpointer_.last_committed() << "; continue with --resume=" << checkpointer_.dir()
+         << "\n";
   }
   return result;
 }
@@ -131,9 +134,9 @@ absl::Status JobRunner::Interrupted(const absl::Status& collected) const {
     absl::StrAppend(&m, "the weights after that step and the report so far are in ", config_.out());
   }
   if (checkpointer_.enabled() && !checkpointer_.last_committed().empty()) {
-    absl::StrAppend(&m, "; checkpoint ", checkpointer_.last_committed(),
-                    " holds the run: to continue, run the same command with --resume=",
-                    checkpointer_.dir(), " (localpar run) or --resume (localpar_coordinator)");
+    absl::StrAppend(
+        &m, "; checkpoint ", checkpointer_.last_committed(),
+        " holds the run: to continue, run the same command with --resume=", checkpointer_.dir());
   } else {
     absl::StrAppend(&m,
                     "; with no --checkpoint_dir this run cannot be resumed (give one to be able "
@@ -287,42 +290,35 @@ absl::Status JobRunner::Collect() {
   }
   if (absl::Status agree = CheckReplicasAgree(weights); !agree.ok()) return agree;
   const double collect_seconds = absl::ToDoubleSeconds(absl::Now() - collect_start);
-  DescribeWeights(job_, data_.normalization, data_.class_names, &weights);
   // Nothing is lost from here on: end the progress line before the table.
   monitor_.Stop();
   v1::RunReport report = ledger_.Report(
       RunFacts{VersionString(), backend_, parameters_, pool_.size(), pool_.replicas()});
   report.set_interrupted(feeder_.interrupted());
   AddStageReports(stats, &report);
-  std::cout << ReportTable(report);
   absl::Status result = CheckRunTrained(report);
   if (!result.ok()) result = WithExitCode(result, kExitTrainingFailed);
   if (result.ok() && checkpointer_.started() > 0 && checkpointer_.committed() == 0) {
     result = FailureError(absl::StrCat("every checkpoint of this run failed (",
                                        checkpointer_.started(), " tried); see the messages above"));
   }
-  if (config_.out().empty()) return result;
-  absl::Status st = WriteReport(report, config_.out());
-  if (st.ok()) {
-    const absl::Time write_start = absl::Now();
-    absl::StatusOr<std::string> written = WriteRunWeights(
-        weights, ToModelConfig(job_), nullptr, config_.out(),
-        config_.has_weights_pb_limit_mib() ? int64_t{config_.weights_pb_limit_mib()} << 20
-                                           : kWeightsPbLimitBytes);
-    if (written.ok()) {
-      std::cout << "weights: " << *written << " ("
-                << TransferFigures(WeightsBytes(weights),
-                                   absl::ToDoubleSeconds(absl::Now() - write_start))
-                << ", after " << TransferFigures(WeightsBytes(weights), collect_seconds)
-                << " from the workers)\n";
+  if (!config_.out().empty() && config_.trace()) {
+    if (absl::Status st = WriteJsonFile(ClusterTrace(stats), config_.out() + "/trace.json");
+        !st.ok()) {
+      return FailureError(st.message());
     }
-    st = written.status();
   }
-  if (st.ok() && config_.trace()) {
-    st = WriteJsonFile(ClusterTrace(stats), config_.out() + "/trace.json");
+  RunOutputs outputs;
+  outputs.out_dir = config_.out();
+  if (config_.has_weights_pb_limit_mib()) {
+    outputs.weights_pb_limit = int64_t{config_.weights_pb_limit_mib()} << 20;
   }
-  if (!st.ok()) return FailureError(st.message());
-  std::cout << "report: " << config_.out() << "/report.json\n";
+  outputs.data = &data_;
+  outputs.collect_seconds = collect_seconds;
+  if (absl::Status st = WriteRunOutputs(job_, report, std::move(weights), outputs, out_);
+      !st.ok()) {
+    return FailureError(st.message());
+  }
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include "common/run/ledger.h"
 #include "proto/config.pb.h"
 #include "services/coordinator/checkpointer.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/feeder.h"
 #include "services/coordinator/pipeline_link.h"
 #include "services/coordinator/rendezvous_service.h"
@@ -25,10 +26,10 @@ namespace localpar {
 class JobRunner {
  public:
   // `fingerprint` identifies the run in its checkpoints (JobFingerprint); messages go to
-  // `log`.
+  // `log`, the report's table and the files written to `out`.
   JobRunner(const v1::CoordinatorConfig& config, const SecurityOptions& security, v1::Job job,
             DataSplit data, std::string fingerprint, RunLedger& ledger, CoordinatorMetrics* metrics,
-            std::ostream& log);
+            std::ostream& log, std::ostream& out);
   ~JobRunner();
 
   Checkpointer& checkpointer() { return checkpointer_; }
@@ -65,6 +66,7 @@ class JobRunner {
   const DataSplit data_;
   RunLedger& ledger_;
   std::ostream& log_;
+  std::ostream& out_;
   WorkerPool pool_;
   Checkpointer checkpointer_;
   StatusBoard board_;

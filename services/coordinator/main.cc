@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   // SIGINT or SIGTERM: stop at the next step, checkpoint, write what there is, exit 130.
   localpar::InstallInterruptHandler();
   // The one place the coordinator's errors are printed and mapped to exit codes.
-  absl::Status s = localpar::RunCoordinator(config, security, std::cerr);
+  absl::Status s = localpar::RunCoordinator(config, security, std::cerr, std::cout);
   if (!s.ok()) std::cerr << "localpar: " << s.message() << "\n";
   return localpar::ExitCodeOf(s);
 }

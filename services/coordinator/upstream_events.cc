@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/peer_text.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace localpar {
 namespace {

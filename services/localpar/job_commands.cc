@@ -57,7 +57,7 @@ absl::Status TrainCommand(const Args& args, const Io& io) {
                                          "(every stage in this process).",
                                          args, &t, {}, &path, io.out);
   if (!go.ok() || !*go) return go.status();
-  if (t.threads() < 1) return CodedError(kExitUsage, "--threads must be >= 1");
+  if (t.compute().threads() < 1) return CodedError(kExitUsage, "--threads must be >= 1");
   if (!t.out().empty()) {
     if (absl::Status s = CheckWritableDirectory(t.out(), "--out"); !s.ok()) {
       return CodedError(kExitUsage, std::string(s.message()));
@@ -77,8 +77,8 @@ absl::Status TrainCommand(const Args& args, const Io& io) {
     return CodedError(kExitBadJob, absl::StrCat("invalid job file ", path, ": ", s.message()));
   }
   RunOptions options;
-  options.device = t.device();
-  options.threads = t.threads();
+  options.device = t.compute().device();
+  options.threads = t.compute().threads();
   options.out_dir = t.out();
   options.progress = !t.quiet();
   options.version = VersionString();
@@ -90,7 +90,7 @@ absl::Status TrainCommand(const Args& args, const Io& io) {
   options.weights_pb_limit_mib = t.weights_pb_limit_mib();
   InstallInterruptHandler();  // Ctrl-C: stop after the step, write what there is
   options.stop = &InterruptRequested();
-  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, io.err);
+  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, io.err, io.out);
   if (!report.ok()) {
     if (!t.resume().empty() &&
         (absl::IsNotFound(report.status()) || absl::IsInvalidArgument(report.status()) ||
@@ -108,8 +108,6 @@ absl::Status TrainCommand(const Args& args, const Io& io) {
                        report.status().message().rfind("--device", 0) == 0;
     return CodedError(usage ? kExitUsage : kExitFailure, std::string(report.status().message()));
   }
-  io.out << ReportTable(*report);
-  if (!options.out_dir.empty()) io.out << "report: " << options.out_dir << "/report.json\n";
   if (report->interrupted()) {
     return CodedError(
         kExitInterrupted,

@@ -69,12 +69,9 @@ bool HoldsLogs(const std::string& run_dir) {
 // Refuses bad settings, a bad job, a missing data set or more workers than the machine
 // holds before anything starts; on OK, *job is the job and *security its credentials.
 absl::Status CheckLaunch(const LaunchOptions& o, v1::Job* job_out, SecurityOptions* security) {
-  v1::CoordinatorConfig settings = o.run.coordinator();
-  if (!o.run.resume().empty()) {
-    settings.set_resume(true);
-    if (settings.checkpoint_dir().empty()) settings.set_checkpoint_dir(o.run.resume());
+  if (absl::Status s = CheckRunSettings(o.run.coordinator()); !s.ok()) {
+    return UsageError(s.message());
   }
-  if (absl::Status s = CheckRunSettings(settings); !s.ok()) return UsageError(s.message());
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(o.job_path, o.run.coordinator().overrides());
   if (!job.ok()) return JobLoadError(job.status());
   // One worker process per stage replica, each about kWorkerMiB before its stage's state:

@@ -8,12 +8,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/core/device.h"
 #include "common/data/npy.h"
 #include "common/io/atomic_file.h"
 #include "common/model_io/onnx_export.h"
 #include "common/model_io/predict.h"
 #include "common/model_io/safetensors.h"
-#include "common/run/device.h"
 #include "common/run/reference_run.h"
 #include "services/common/exit_codes.h"
 #include "services/localpar/command_flags.h"
@@ -29,9 +29,9 @@ absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& over
   if (!job.ok()) return JobLoadError(job.status());
   DeviceChoice o;
   o.device = device;
-  absl::StatusOr<std::unique_ptr<Backend>> be = PickBackend(o);
-  if (!be.ok()) return CodedError(kExitUsage, std::string(be.status().message()));
-  *backend = *std::move(be);
+  PickedBackend picked = PickBackend(o);
+  if (!picked.backend) return UsageError(picked.error);
+  *backend = std::move(picked.backend);
   absl::StatusOr<TrainedModel> m = OpenTrainedModel(*job, weights_path, **backend);
   if (!m.ok()) {
     const bool missing = m.status().code() == absl::StatusCode::kNotFound;
@@ -159,9 +159,7 @@ absl::Status ExportCommand(const Args& args, const Io& io) {
 }
 
 absl::Status PredictCommand(const Args& args, const Io& io) {
-  v1::PredictCommand c;
-  c.set_batch_size(256);
-  c.set_device("cpu");
+  v1::PredictCommand c = PredictDefaults();
   std::vector<std::string> pos;
   absl::StatusOr<bool> go = ParseCommandArgs(
       "predict",
@@ -183,7 +181,8 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
   }
   std::unique_ptr<Backend> backend;
   TrainedModel model;
-  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], c.device(), &backend, &model);
+  if (absl::Status s =
+          OpenModel(pos[0], c.overrides(), pos[1], c.compute().device(), &backend, &model);
       !s.ok()) {
     return s;
   }

@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common//plan/plan.h"
-#include "common/run/device.h"
+#include "common/core/device.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
 #include "google/protobuf/text_format.h"
@@ -44,12 +44,12 @@ absl::StatusOr<bool> Profile(const char* command, const char* usage, const Args&
   if (!loaded.ok()) return JobLoadError(loaded.status());
   *job = *std::move(loaded);
   DeviceChoice ro;
-  ro.device = c->device();
-  ro.threads = std::max(1, c->threads());
-  absl::StatusOr<std::unique_ptr<Backend>> backend = PickBackend(ro);
-  if (!backend.ok()) return CodedError(kExitUsage, std::string(backend.status().message()));
-  ApplyJobToBackend(*job, **backend);
-  *device = (*backend)->Describe();
+  ro.device = c->compute().device();
+  ro.threads = std::max(1, c->compute().threads());
+  PickedBackend backend = PickBackend(ro);
+  if (!backend.backend) return UsageError(backend.error);
+  ApplyJobToBackend(*job, *backend.backend);
+  *device = backend.backend->Describe();
   // With replicas, what one replica computes: its share of the batch (the largest).
   const int64_t rows =
       per_replica ? ReplicaRows(job->batch_size(), job->replicas(), 0) : job->batch_size();
@@ -58,7 +58,7 @@ absl::StatusOr<bool> Profile(const char* command, const char* usage, const Args&
                  ? absl::StrCat(" (1/", job->replicas(), " of ", job->batch_size(), ")")
                  : "")
          << "\n";
-  absl::StatusOr<std::vector<UnitProfile>> profiled = ProfileUnits(*job, **backend, rows);
+  absl::StatusOr<std::vector<UnitProfile>> profiled = ProfileUnits(*job, *backend.backend, rows);
   if (!profiled.ok()) return CodedError(kExitBadJob, std::string(profiled.status().message()));
   *units = *std::move(profiled);
   return true;

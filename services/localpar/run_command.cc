@@ -20,10 +20,9 @@ absl::Status RunCommand(const Args& args, const Io& io) {
   LaunchOptions o;
   o.run = RunDefaults();
   FlagOptions flags;
-  // The launcher sets these itself; --resume=DIR stands for --resume plus the directory.
-  flags.exclude = {"coordinator.job",    "coordinator.workers",
-                   "coordinator.resume", "coordinator.local_snapshots",
-                   "metrics_port_file",  "status_port_file"};
+  // The launcher sets these itself.
+  flags.exclude = {"coordinator.job", "coordinator.workers", "coordinator.local_snapshots",
+                   "metrics_port_file", "status_port_file"};
   absl::StatusOr<bool> go =
       ParseCommand("run",
                    "localpar run JOB_FILE [flags]\n"
@@ -32,7 +31,7 @@ absl::Status RunCommand(const Args& args, const Io& io) {
                    args, &o.run, flags, &o.job_path, io.out);
   if (!go.ok() || !*go) return go.status();
   const v1::RunCommand& r = o.run;
-  if (r.threads() < 1) return UsageError("--threads must be >= 1");
+  if (r.compute().threads() < 1) return UsageError("--threads must be >= 1");
   if (r.queue_capacity() < 1) return UsageError("--queue_capacity must be >= 1");
   o.bin_dir = BinDir();
   return Launch(o, io.err);

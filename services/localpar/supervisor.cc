@@ -105,8 +105,7 @@ class Supervisor {
     v1::WorkerConfig w = WorkerDefaults();
     w.set_listen(listen);
     w.set_port_file(PortFile(k));
-    w.set_device(r.device());
-    w.set_threads(r.threads());
+    *w.mutable_compute() = r.compute();
     w.set_queue_capacity(r.queue_capacity());
     if (k / replicas_ == r.slow_stage()) w.set_debug_delay_ms(r.slow_ms());
     *w.mutable_security() = r.coordinator().security();
@@ -114,8 +113,8 @@ class Supervisor {
     // then, whatever its exit code, is lost and restarted (a restarted coordinator needs it).
     w.set_stay_after_shutdown(true);
     // Each worker owns its storage, as on separate hosts: one directory per stage.
-    std::string dir =
-        r.coordinator().checkpoint_dir().empty() ? r.resume() : r.coordinator().checkpoint_dir();
+    std::string dir = r.coordinator().checkpoint_dir().empty() ? r.coordinator().resume()
+                                                               : r.coordinator().checkpoint_dir();
     if (!dir.empty())
       w.set_checkpoint_dir(LocalSnapshotDir(dir, k / replicas_, k % replicas_, replicas_));
     return w;
@@ -184,10 +183,7 @@ class Supervisor {
     for (const std::string& a : addresses_) c.add_workers(a);
     c.set_metrics_port_file(run_dir_ + "/coordinator.metrics_port");
     c.set_status_port_file(run_dir_ + "/coordinator.status_port");
-    if (!options_.run.resume().empty()) {
-      c.set_resume(true);
-      if (c.checkpoint_dir().empty()) c.set_checkpoint_dir(options_.run.resume());
-    }
+    if (c.checkpoint_dir().empty()) c.set_checkpoint_dir(c.resume());
     // Every worker's storage is under the checkpoint directory (WorkerConfigFor), so a resume
     // with another --stages or --replicas can regroup the snapshots.
     c.set_local_snapshots(!c.checkpoint_dir().empty());

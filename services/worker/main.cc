@@ -27,13 +27,13 @@ int main(int argc, char** argv) {
     std::cerr << "localpar_worker: unexpected argument '" << positional[0] << "'\n";
     return localpar::kExitUsage;
   }
-  if (config.threads() < 1 || config.queue_capacity() < 1) {
+  if (config.compute().threads() < 1 || config.queue_capacity() < 1) {
     std::cerr << "localpar_worker: --threads and --queue_capacity must be >= 1\n";
     return localpar::kExitUsage;
   }
-  if (config.device() != "cpu" && config.device() != "cuda" && config.device() != "auto") {
-    std::cerr << "localpar_worker: --device=" << config.device()
-              << ": expected cpu, cuda or auto\n";
+  const std::string& device = config.compute().device();
+  if (device != "cpu" && device != "cuda" && device != "auto") {
+    std::cerr << "localpar_worker: --device=" << device << ": expected cpu, cuda or auto\n";
     return localpar::kExitUsage;
   }
   if (absl::Status s = localpar::CheckHostPort(config.listen(), "--listen", true); !s.ok()) {

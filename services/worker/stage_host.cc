@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/core/device.h"
 #include "common/job/job.h"
 #include "common/job/resources.h"
 #include "common/model_io/stage_snapshot.h"
-#include "common/run/device.h"
 #include "services/common/peer_text.h"
 #include "services/common/wire_codec.h"
 
@@ -23,11 +23,14 @@ namespace localpar {
 absl::Status StageHost::EnsureBackend() {
   if (backend_) return absl::OkStatus();
   DeviceChoice ro;
-  ro.device = options_.config.device();
-  ro.threads = options_.config.threads();
-  absl::StatusOr<std::unique_ptr<Backend>> b = PickBackend(ro);
-  if (!b.ok()) return b.status();
-  backend_ = *std::move(b);
+  ro.device = options_.config.compute().device();
+  ro.threads = options_.config.compute().threads();
+  PickedBackend picked = PickBackend(ro);
+  if (!picked.backend) {
+    return picked.bad_name ? absl::InvalidArgumentError(picked.error)
+                           : absl::FailedPreconditionError(picked.error);
+  }
+  backend_ = std::move(picked.backend);
   if (backend_->device() != DeviceType::kCPU) {
     host_backend_ = backend_->MakeStagingHost();  // page-locked: asynchronous copies
   }

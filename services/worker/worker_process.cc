@@ -15,6 +15,7 @@
 #include "services/common/metrics.h"
 #include "services/common/port_file.h"
 #include "services/common/spawn.h"
+#include "services/worker/worker_metrics.h"
 #include "services/worker/worker_service.h"
 
 namespace localpar {

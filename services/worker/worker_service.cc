@@ -3,6 +3,7 @@
 
 #include "services/common/grpc_util.h"
 #include "services/worker/session.h"
+#include "services/worker/worker_metrics.h"
 
 namespace localpar {
 namespace {

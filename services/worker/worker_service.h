@@ -7,6 +7,7 @@
 
 #include "proto/localpar.grpc.pb.h"
 #include "services/worker/stage_host.h"
+#include "services/worker/worker_metrics.h"
 #include "services/worker/worker_stats.h"
 
 namespace localpar {

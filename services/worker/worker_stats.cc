@@ -2,6 +2,7 @@
 #include "services/worker/worker_stats.h"
 
 #include "services/common/grpc_util.h"
+#include "services/worker/worker_metrics.h"
 
 namespace localpar {
 namespace {

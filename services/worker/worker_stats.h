@@ -12,6 +12,7 @@
 #include "common/nn/executor.h"
 #include "proto/localpar.pb.h"
 #include "services/common/metrics.h"
+#include "services/worker/worker_metrics.h"
 
 namespace localpar {
 

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     RunOptions ro;
     ro.progress = false;
     std::ostringstream log;
-    absl::StatusOr<v1::RunReport> ref = RunReference(*job, *data, ro, log);
+    absl::StatusOr<v1::RunReport> ref = RunReference(*job, *data, ro, log, log);
     if (!ref.ok()) return 1;
     std::string out = dir + "/run" + std::to_string(k);
     std::string cmd = (bin / "localpar").string() + " run " + job_path + " --quiet --out=" + out +

@@ -189,7 +189,7 @@ v1::ModelWeights ReferenceWeights(const std::string& job_path, const std::string
   o.progress = false;
   o.out_dir = out;
   std::ostringstream log;
-  absl::StatusOr<v1::RunReport> r = RunReference(*job, *data, o, log);
+  absl::StatusOr<v1::RunReport> r = RunReference(*job, *data, o, log, log);
   EXPECT_TRUE(r.ok()) << r.status();
   absl::StatusOr<v1::ModelWeights> w = ReadWeightsFile(out + "/weights.pb");
   EXPECT_TRUE(w.ok()) << w.status();

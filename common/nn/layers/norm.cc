@@ -121,9 +121,11 @@ class NormKind final : public LayerKind {
     if (batch_) c.Default("momentum", kDefaultMomentum);
   }
   LayerIssue Check(const LayerConfig& c) const override {
-    const double eps = Eps(c), momentum = Momentum(c);
+    const double eps = Eps(c);
     if (!(eps > 0.0) || !std::isfinite(eps)) return {"eps", "must be a finite number > 0"};
-    if (batch_ && !(momentum >= 0.0 && momentum <= 1.0)) return {"momentum", "must be in [0, 1]"};
+    if (batch_ && !(Momentum(c) >= 0.0 && Momentum(c) <= 1.0)) {
+      return {"momentum", "must be in [0, 1]"};
+    }
     return {};
   }
   std::string Infer(const LayerConfig& c, const Shape& in, Shape* out) const override {

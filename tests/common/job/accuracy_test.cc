@@ -23,7 +23,7 @@ v1::RunReport Train(v1::UpdateRule rule) {
   RunOptions options;
   options.progress = false;
   std::ostringstream log;
-  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, log);
+  absl::StatusOr<v1::RunReport> report = RunReference(*job, *data, options, log, log);
   EXPECT_TRUE(report.ok()) << report.status();
   std::cout << log.str() << ReportTable(*report);
   return *report;

@@ -94,8 +94,8 @@ TEST_P(WorkerComputeWithoutSockets, EveryStageEndsBitwiseEqualToTheReferenceTrai
 
   // The workers' compute, one thread per stage.
   WorkerOptions options;
-  options.config.set_device("cpu");
-  options.config.set_threads(1);
+  options.config.mutable_compute()->set_device("cpu");
+  options.config.mutable_compute()->set_threads(1);
   std::vector<std::unique_ptr<StageHost>> hosts;
   std::vector<std::unique_ptr<WorkerStats>> stats;
   std::vector<MemoryLinks> links(n);

@@ -94,7 +94,7 @@ TEST_P(LanguageModelCluster, EndsBitwiseEqualToTheReference) {
   o.progress = false;
   o.out_dir = dir.path() + "/ref";
   std::ostringstream log;
-  absl::StatusOr<v1::RunReport> ref = RunReference(*two, *data, o, log);
+  absl::StatusOr<v1::RunReport> ref = RunReference(*two, *data, o, log, log);
   ASSERT_TRUE(ref.ok()) << ref.status();
   absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(o.out_dir + "/weights.pb");
   ASSERT_TRUE(want.ok()) << want.status();

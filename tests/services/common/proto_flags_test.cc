@@ -27,7 +27,7 @@ TEST(ProtoFlags, FillsEveryKindOfFieldIncludingFlattenedMessages) {
             &r);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->positional, std::vector<std::string>{"job.textproto"});
-  EXPECT_EQ(r.threads(), 2);
+  EXPECT_EQ(r.compute().threads(), 2);
   EXPECT_EQ(r.coordinator().checkpoint_dir(), "/tmp/c");
   EXPECT_TRUE(r.coordinator().quiet());
   EXPECT_FALSE(r.coordinator().trace());
@@ -64,11 +64,10 @@ TEST(ProtoFlags, ErrorsNameTheFlagAndSuggestTheNearestOne) {
 TEST(ProtoFlags, ExcludedFieldsAreNoFlags) {
   v1::RunCommand r = RunDefaults();
   FlagOptions o;
-  o.exclude = {"coordinator.workers", "coordinator.resume"};
+  o.exclude = {"coordinator.workers"};
   EXPECT_FALSE(Parse({"--workers=a:1"}, &r, o).ok());
-  ASSERT_TRUE(Parse({"--resume=/ckpt"}, &r, o).ok()) << "the run command's own --resume";
-  EXPECT_EQ(r.resume(), "/ckpt");
-  EXPECT_FALSE(r.coordinator().resume());
+  ASSERT_TRUE(Parse({"--resume=/ckpt"}, &r, o).ok()) << "one --resume, the coordinator's";
+  EXPECT_EQ(r.coordinator().resume(), "/ckpt");
 }
 
 TEST(ProtoFlags, ConfigFileComesFirstAndFlagsOverrideIt) {
@@ -103,7 +102,7 @@ TEST(ProtoFlags, CheckFlagsIsOnlyForProgramsThatTakeIt) {
   absl::StatusOr<ParsedFlags> p = Parse({"--check_flags", "--threads=3"}, &w);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->check_flags);
-  EXPECT_EQ(w.threads(), 3);
+  EXPECT_EQ(w.compute().threads(), 3);
   std::vector<std::string> positional;
   std::ostringstream out;
   bool check = false;
@@ -135,7 +134,7 @@ TEST(ProtoFlags, HostPortsAreCheckedNamingTheFlag) {
 TEST(ProtoFlags, ToFlagArgsReproducesTheMessage) {
   v1::WorkerConfig w = WorkerDefaults();
   w.set_listen("127.0.0.1:5000");
-  w.set_threads(3);
+  w.mutable_compute()->set_threads(3);
   w.mutable_security()->set_mtls(true);
   w.mutable_security()->set_tls_cert("/a b/cert.pem");
   std::vector<std::string> args = ToFlagArgs(w, WorkerDefaults());

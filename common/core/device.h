@@ -4,7 +4,6 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "common/core/backend.h"
 
 namespace localpar {
@@ -14,8 +13,12 @@ struct DeviceChoice {
   int threads = 1;             // CPU GEMM threads
 };
 
-// An unknown device name is INVALID_ARGUMENT, a CUDA device that is not there
-// FAILED_PRECONDITION.
-absl::StatusOr<std::unique_ptr<Backend>> PickBackend(const DeviceChoice& choice);
+struct PickedBackend {
+  std::unique_ptr<Backend> backend;  // null when the choice cannot be met
+  std::string error;                 // why, naming --device
+  bool bad_name = false;             // the name is none of cpu, cuda, auto (else: no CUDA device)
+};
+
+PickedBackend PickBackend(const DeviceChoice& choice);
 
 }  // namespace localpar

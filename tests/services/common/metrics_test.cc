@@ -12,6 +12,8 @@
 #include <string>
 
 #include "services/common/grpc_util.h"
+#include "services/coordinator/coordinator_metrics.h"
+#include "services/worker/worker_metrics.h"
 
 namespace localpar {
 namespace {
