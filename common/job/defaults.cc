@@ -1,5 +1,6 @@
 // Defaults: every zero-valued field with a documented default, filled in one pass.
 #include "common/data/dataset.h"
+#include "common/job/data_source.h"
 #include "common/job/job.h"
 #include "common/job/layer_spec.h"
 
@@ -14,32 +15,7 @@ void ApplyJobDefaults(v1::Job& job) {
   if (job.eval_batch_size() == 0) job.set_eval_batch_size(1000);
   v1::Data* data = job.mutable_data();
   if (data->source_case() == v1::Data::SOURCE_NOT_SET) data->mutable_fashion_mnist();
-  if (data->has_fashion_mnist() && data->fashion_mnist().dir().empty()) {
-    data->mutable_fashion_mnist()->set_dir(kDefaultFashionMnistDir);
-  }
-  if (data->has_text()) {
-    v1::TextCorpus* t = data->mutable_text();
-    if (t->paths().empty()) t->add_paths(kDefaultTextCorpusDir);
-    if (t->seq_len() == 0) t->set_seq_len(64);
-    if (t->holdout_fraction() == 0.0f) t->set_holdout_fraction(0.1f);
-    if (t->windows() == v1::WINDOWS_DEFAULT) t->set_windows(v1::NON_OVERLAPPING);
-  }
-  if (data->has_tokens()) {
-    v1::Tokens* t = data->mutable_tokens();
-    if (t->seq_len() == 0) t->set_seq_len(64);
-    if (t->holdout_fraction() == 0.0f) t->set_holdout_fraction(0.1f);
-    if (t->windows() == v1::WINDOWS_DEFAULT) t->set_windows(v1::RANDOM_OFFSETS);
-  }
-  if (data->has_synthetic()) {
-    v1::Synthetic* s = data->mutable_synthetic();
-    if (s->train_examples() == 0) s->set_train_examples(1024);
-    if (s->test_examples() == 0) s->set_test_examples(256);
-    if (s->shape().empty()) {
-      for (int64_t d : {28, 28, 1}) s->add_shape(d);
-    }
-    if (s->classes() == 0) s->set_classes(10);
-    if (s->noise() == 0.0f) s->set_noise(1.0f);
-  }
+  DataSourceOf(*data).Defaults(data);
   if (job.optimizer().kind_case() == v1::Optimizer::KIND_NOT_SET) {
     job.mutable_optimizer()->mutable_adamw();
   }

@@ -52,9 +52,6 @@ void ResolveDataPaths(const std::string& dir, v1::Job* job);
 // checks them where the job file set them). Errors name the file or the field and are
 // marked as data errors. Other sources need nothing read.
 absl::Status ResolveDataShape(v1::Job* job);
-NumpySource ToNumpySource(const v1::Numpy& numpy);
-TextCorpusOptions ToTextCorpusOptions(const v1::Job& job);
-TokenDataOptions ToTokenDataOptions(const v1::Job& job);
 // Whether an epoch's examples are a shuffled order of a fixed set (most sources), or drawn
 // afresh from (seed, epoch, index) (sequence sources with RANDOM_OFFSETS windows).
 bool JobShufflesExamples(const v1::Job& job);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/job/data_source.h"
 #include "common/job/job.h"
 #include "common/job/resources.h"
 #include "common/job/suggest.h"
@@ -182,16 +183,7 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
     std::vector<std::string> paths = absl::StrSplit(o.data_path(), ',', absl::SkipEmpty());
     for (std::string& p : paths) p = std::filesystem::absolute(p).string();  // a flag: from here
     v1::Data* d = job->mutable_data();
-    if (d->has_text()) {
-      d->mutable_text()->clear_paths();
-      for (const std::string& p : paths) d->mutable_text()->add_paths(p);
-    } else if (d->has_tokens()) {
-      d->mutable_tokens()->clear_train_paths();
-      for (const std::string& p : paths) d->mutable_tokens()->add_train_paths(p);
-    } else {
-      return absl::InvalidArgumentError(
-          "--data_path: the job's data is neither data.text nor data.tokens");
-    }
+    if (absl::Status s = DataSourceOf(*d).SetTrainPaths(paths, d); !s.ok()) return s;
   }
   if (o.stages() > 0) {
     absl::StatusOr<v1::Job> regrouped = RegroupStages(*job, o.stages());

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/data_source.h"
 #include "common/job/job.h"
 #include "common/nn/head.h"
 #include "common/nn/layer.h"
@@ -86,14 +87,9 @@ JobNeeds EstimateJobNeeds(const v1::Job& job, bool per_replica) {
     n.activation_bytes = std::max(2 * rows, eval_rows) * per_example * kFloatBytes;
     out.stages.push_back(std::move(n));
   }
-  if (job.data().has_synthetic()) {
-    const v1::Synthetic& s = job.data().synthetic();
-    const double examples =
-        static_cast<double>(s.train_examples()) + static_cast<double>(s.test_examples());
-    out.data_bytes = examples * (Elements(mc.input_shape) + 1) * kFloatBytes;
-    out.data_field = s.train_examples() >= s.test_examples() ? "data.synthetic.train_examples"
-                                                             : "data.synthetic.test_examples";
-  }
+  const DataSource& source = DataSourceOf(job.data());
+  out.data_bytes = source.MemoryBytes(job.data(), mc.input_shape);
+  if (out.data_bytes > 0) out.data_field = source.MemoryField(job.data());
   return out;
 }
 

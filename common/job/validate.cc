@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/job/data_source.h"
 #include "common/job/job.h"
 #include "common/job/layer_spec.h"
 #include "common/nn/rule.h"
@@ -93,112 +94,16 @@ absl::Status ValidateRun(const v1::Job& job) {
 absl::Status ValidateData(const v1::Data& d) {
   if (d.train_limit() < 0) return Invalid("data.train_limit", "must be >= 0");
   if (d.test_limit() < 0) return Invalid("data.test_limit", "must be >= 0");
-  if (d.has_synthetic()) {
-    const v1::Synthetic& s = d.synthetic();
-    if (s.train_examples() <= 0) return Invalid("data.synthetic.train_examples", "must be > 0");
-    if (s.test_examples() <= 0) return Invalid("data.synthetic.test_examples", "must be > 0");
-    if (s.classes() < 2) return Invalid("data.synthetic.classes", "must be >= 2");
-    for (int64_t v : s.shape()) {
-      if (v <= 0) return Invalid("data.synthetic.shape", "every extent must be > 0");
-    }
-    if (!(s.noise() >= 0.0f) || !Finite(s.noise())) {
-      return Invalid("data.synthetic.noise", "must be a finite number >= 0");
-    }
-  }
   if (!(d.holdout_fraction() >= 0.0f && d.holdout_fraction() < 1.0f)) {
     return Invalid("data.holdout_fraction", "must be in [0, 1)");
   }
-  if (d.has_text() && d.holdout_fraction() > 0.0f) {
-    return Invalid("data.holdout_fraction", "use data.text.holdout_fraction for a text corpus");
+  const DataSource& source = DataSourceOf(d);
+  if (source.OwnValidation() && d.holdout_fraction() > 0.0f) {
+    return Invalid("data.holdout_fraction",
+                   absl::StrCat("use data.", source.name(),
+                                ".holdout_fraction (it holds out its own validation split)"));
   }
-  if (d.has_tokens() && d.holdout_fraction() > 0.0f) {
-    return Invalid("data.holdout_fraction", "use data.tokens.holdout_fraction for token files");
-  }
-  if (d.has_numpy()) {
-    const v1::Numpy& n = d.numpy();
-    if (n.npz().empty() && (n.x_train().empty() || n.y_train().empty())) {
-      return Invalid("data.numpy", "set npz, or x_train and y_train");
-    }
-    if (!n.npz().empty() &&
-        !(n.x_train().empty() && n.y_train().empty() && n.x_test().empty() && n.y_test().empty())) {
-      return Invalid("data.numpy", "set npz or the .npy files, not both");
-    }
-    if (n.x_test().empty() != n.y_test().empty()) {
-      return Invalid("data.numpy", "x_test and y_test come together");
-    }
-  }
-  if (d.has_image_folder() && d.image_folder().train_dir().empty()) {
-    return Invalid("data.image_folder.train_dir", "required: one subfolder of PNGs per class");
-  }
-  if (d.has_image_folder() && d.image_folder().test_dir().empty() && d.holdout_fraction() == 0) {
-    return Invalid("data.image_folder.test_dir",
-                   "required unless data.holdout_fraction holds some training images out");
-  }
-  if (d.has_cifar10() && d.cifar10().dir().empty()) {
-    return Invalid("data.cifar10.dir", "required: the directory holding data_batch_1.bin etc.");
-  }
-  if (d.has_text()) {
-    const v1::TextCorpus& t = d.text();
-    for (int i = 0; i < t.paths_size(); ++i) {
-      if (t.paths(i).empty()) return Invalid(absl::StrCat("data.text.paths[", i, "]"), "is empty");
-    }
-    if (t.seq_len() <= 0 || t.seq_len() > 4096) {
-      return Invalid("data.text.seq_len", "must be in 1..4096");
-    }
-    if (!(t.holdout_fraction() > 0.0f && t.holdout_fraction() < 1.0f)) {
-      return Invalid("data.text.holdout_fraction", "must be in (0, 1)");
-    }
-    for (int i = 0; i < t.validation_paths_size(); ++i) {
-      if (t.validation_paths(i).empty()) {
-        return Invalid(absl::StrCat("data.text.validation_paths[", i, "]"), "is empty");
-      }
-    }
-    if (!v1::TextCorpus::Holdout_IsValid(t.holdout())) {
-      return Invalid("data.text.holdout", "expected TAIL or INTERLEAVED_BLOCKS");
-    }
-    if (!v1::Windows_IsValid(t.windows())) {
-      return Invalid("data.text.windows", "expected NON_OVERLAPPING or RANDOM_OFFSETS");
-    }
-    if (t.holdout() == v1::TextCorpus::INTERLEAVED_BLOCKS &&
-        (t.windows() == v1::RANDOM_OFFSETS || t.validation_paths_size() > 0)) {
-      return Invalid("data.text.holdout",
-                     "INTERLEAVED_BLOCKS holds out whole windows: it takes NON_OVERLAPPING "
-                     "windows and no validation_paths");
-    }
-  }
-  if (d.has_tokens()) {
-    const v1::Tokens& t = d.tokens();
-    if (t.train_paths().empty()) {
-      return Invalid("data.tokens.train_paths", "required: nanoGPT .bin or llm.c shard files");
-    }
-    for (int i = 0; i < t.train_paths_size(); ++i) {
-      if (t.train_paths(i).empty()) {
-        return Invalid(absl::StrCat("data.tokens.train_paths[", i, "]"), "is empty");
-      }
-    }
-    for (int i = 0; i < t.validation_paths_size(); ++i) {
-      if (t.validation_paths(i).empty()) {
-        return Invalid(absl::StrCat("data.tokens.validation_paths[", i, "]"), "is empty");
-      }
-    }
-    if (t.seq_len() <= 0 || t.seq_len() > 65536) {
-      return Invalid("data.tokens.seq_len", "must be in 1..65536");
-    }
-    if (t.vocab() < 0 || t.vocab() > 65536) {
-      return Invalid("data.tokens.vocab", "must be in 1..65536 (uint16 ids), or 0: from the data");
-    }
-    if (t.tokens_per_epoch() < 0) return Invalid("data.tokens.tokens_per_epoch", "must be >= 0");
-    if (!(t.holdout_fraction() > 0.0f && t.holdout_fraction() < 1.0f)) {
-      return Invalid("data.tokens.holdout_fraction", "must be in (0, 1)");
-    }
-    if (!v1::Windows_IsValid(t.windows())) {
-      return Invalid("data.tokens.windows", "expected NON_OVERLAPPING or RANDOM_OFFSETS");
-    }
-    if (!v1::Tokens::Format_IsValid(t.format())) {
-      return Invalid("data.tokens.format", "expected AUTO, RAW_UINT16 or LLMC");
-    }
-  }
-  return absl::OkStatus();
+  return source.Validate(d);
 }
 
 absl::Status ValidateOptimization(const v1::Job& job) {

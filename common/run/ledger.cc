@@ -39,7 +39,7 @@ RunLedger::RunLedger(const v1::Job& job, int64_t train_examples, int64_t test_ex
       options_(options),
       validation_(std::string(EvalSplitName(job)) == "validation"),
       progress_(options.log ? *options.log : std::cerr, options.live, options.progress) {
-  progress_.set_bytes(job.data().has_text());
+  progress_.set_bytes(JobReadsBytes(job));
   progress_.set_split(EvalSplitName(job));
 }
 
@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<RunLedger>> RunLedger::Open(const v1::Job& job,
     absl::StatusOr<std::unique_ptr<MetricsLog>> log = MetricsLog::Open(options.out_dir);
     if (!log.ok()) return log.status();
     ledger->metrics_ = *std::move(log);
-    ledger->metrics_->set_bytes(job.data().has_text());
+    ledger->metrics_->set_bytes(JobReadsBytes(job));
   }
   return ledger;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/atomic_file.h"
+#include "common/job/job.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -45,7 +46,7 @@ void AddHeadFigures(const std::vector<HeadStats>& stats,
 }
 
 void AddBitsPerByte(const v1::Job& job, v1::RunReport* report) {
-  if (!job.data().has_text()) return;
+  if (!JobReadsBytes(job)) return;
   auto add = [](google::protobuf::RepeatedPtrField<v1::HeadFigures>* list) {
     for (v1::HeadFigures& f : *list) {
       if (f.examples() > 0) f.set_bits_per_byte(BitsPerByte(f.loss()));

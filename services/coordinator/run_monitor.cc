@@ -84,7 +84,7 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
   v1::JobStatus out;
   out.set_job(job_.name());
   out.set_rule(v1::UpdateRule_Name(job_.rule()));
-  out.set_byte_tokens(job_.data().has_text());
+  out.set_byte_tokens(JobReadsBytes(job_));
   out.set_epoch(feed_.epoch);
   static constexpr const char* kPhases[] = {"configuring", "training", "evaluating", "recovering",
                                             "finishing"};

@@ -23,12 +23,13 @@ namespace {
 
 // Loads the job and its weights on `device`.
 absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
-                       const std::string& weights_path, const std::string& device,
+                       const std::string& weights_path, const v1::DeviceConfig& device,
                        std::unique_ptr<Backend>* backend, TrainedModel* model) {
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(job_path, overrides);
   if (!job.ok()) return JobLoadError(job.status());
   DeviceChoice o;
-  o.device = device;
+  o.device = device.device();
+  o.threads = std::max(1, device.threads());
   PickedBackend picked = PickBackend(o);
   if (!picked.backend) return UsageError(picked.error);
   *backend = std::move(picked.backend);
@@ -114,7 +115,8 @@ absl::Status ExportCommand(const Args& args, const Io& io) {
   std::unique_ptr<Backend> backend;
   TrainedModel model;
   const absl::Time start = absl::Now();
-  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], "cpu", &backend, &model); !s.ok()) {
+  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], DeviceDefaults(), &backend, &model);
+      !s.ok()) {
     return s;
   }
   const double read_seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -181,8 +183,7 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
   }
   std::unique_ptr<Backend> backend;
   TrainedModel model;
-  if (absl::Status s =
-          OpenModel(pos[0], c.overrides(), pos[1], c.compute().device(), &backend, &model);
+  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], c.compute(), &backend, &model);
       !s.ok()) {
     return s;
   }

@@ -2,7 +2,7 @@
 // goes forward (side heads train as probes, detached), the last stage turns each into a
 // gradient at once, and the others backpropagate the returned gradients in micro-batch
 // order before one update per batch.
-#include "common/nn/rules/rules.h"
+#include "common/nn/rule.h"
 
 namespace localpar {
 namespace {
@@ -31,12 +31,14 @@ StageProgram Backprop(const ProgramSpec& s) {
 
 }  // namespace
 
-const RuleSpec kBackpropRule = {UpdateRule::kBackprop,
-                                "BACKPROP",
-                                "one loss at the end, gradients through every stage (the baseline)",
-                                true,
-                                true,
-                                false,
-                                Backprop};
+// Extern: registry.cc lists it.
+extern const RuleSpec kBackpropRule = {
+    UpdateRule::kBackprop,
+    "BACKPROP",
+    "one loss at the end, gradients through every stage (the baseline)",
+    true,
+    true,
+    false,
+    Backprop};
 
 }  // namespace localpar

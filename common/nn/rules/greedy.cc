@@ -1,6 +1,6 @@
 // GREEDY and CHUNKED: every stage learns from its own head alone; nothing flows back.
 // (CHUNKED is the same program over stages of several layers each.)
-#include "common/nn/rules/rules.h"
+#include "common/nn/rule.h"
 
 namespace localpar {
 namespace {
@@ -12,20 +12,24 @@ StageProgram Greedy(const ProgramSpec&) {
 
 }  // namespace
 
-const RuleSpec kGreedyRule = {UpdateRule::kGreedy,
-                              "GREEDY",
-                              "each stage learns from its own head; stop-gradient between stages",
-                              false,
-                              false,
-                              false,
-                              Greedy};
+// Extern: registry.cc lists it.
+extern const RuleSpec kGreedyRule = {
+    UpdateRule::kGreedy,
+    "GREEDY",
+    "each stage learns from its own head; stop-gradient between stages",
+    false,
+    false,
+    false,
+    Greedy};
 
-const RuleSpec kChunkedRule = {UpdateRule::kChunked,
-                               "CHUNKED",
-                               "GREEDY with several layers per stage: backprop inside each chunk",
-                               false,
-                               false,
-                               false,
-                               Greedy};
+// Extern: registry.cc lists it.
+extern const RuleSpec kChunkedRule = {
+    UpdateRule::kChunked,
+    "CHUNKED",
+    "GREEDY with several layers per stage: backprop inside each chunk",
+    false,
+    false,
+    false,
+    Greedy};
 
 }  // namespace localpar

@@ -2,7 +2,7 @@
 // with respect to this stage's output comes back one stage. Synchronous (exact): the stage
 // waits for that gradient before its update. With max_delay > 0 it applies whatever has
 // arrived and waits only for gradients that would otherwise be more than max_delay steps old.
-#include "common/nn/rules/rules.h"
+#include "common/nn/rule.h"
 
 namespace localpar {
 namespace {
@@ -23,12 +23,13 @@ StageProgram Overlap(const ProgramSpec& s) {
 
 }  // namespace
 
-const RuleSpec kOverlapRule = {UpdateRule::kOverlap,
-                               "OVERLAP",
-                               "a stage's local loss also backpropagates one stage back",
-                               true,
-                               false,
-                               true,
-                               Overlap};
+// Extern: registry.cc lists it.
+extern const RuleSpec kOverlapRule = {UpdateRule::kOverlap,
+                                      "OVERLAP",
+                                      "a stage's local loss also backpropagates one stage back",
+                                      true,
+                                      false,
+                                      true,
+                                      Overlap};
 
 }  // namespace localpar

@@ -1,12 +1,25 @@
-// Every update rule, in the order job.proto lists them.
+// Every update rule, one line each, in the order job.proto lists them: the RuleSpec its file
+// in this folder defines. Adding a rule is its file plus a line here, and its value in
+// job.proto's UpdateRule and in UpdateRule in program.h (docs/architecture.md).
 #include "common/core/check.h"
-#include "common/nn/rules/rules.h"
+#include "common/nn/rule.h"
 
 namespace localpar {
 
+#define LOCALPAR_RULES(X) \
+  X(kBackpropRule)        \
+  X(kGreedyRule)          \
+  X(kChunkedRule)         \
+  X(kOverlapRule)
+
+#define LOCALPAR_DECLARE_RULE(r) extern const RuleSpec r;
+LOCALPAR_RULES(LOCALPAR_DECLARE_RULE)
+#undef LOCALPAR_DECLARE_RULE
+
 const std::vector<const RuleSpec*>& AllRules() {
-  static const std::vector<const RuleSpec*> rules = {&kBackpropRule, &kGreedyRule, &kChunkedRule,
-                                                     &kOverlapRule};
+#define LOCALPAR_LIST_RULE(r) &r,
+  static const std::vector<const RuleSpec*> rules = {LOCALPAR_RULES(LOCALPAR_LIST_RULE)};
+#undef LOCALPAR_LIST_RULE
   return rules;
 }
 

@@ -201,10 +201,9 @@ TEST(RegroupResumeReference, ACoordinatorWithoutTheSnapshotsRefusesAnotherLayout
   StopAfterFive(job, ckpt);
   if (HasFatalFailure()) return;
   testing::StartedWorkers workers = testing::StartWorkers(dir.path(), 2);
-  auto r = RunProcess(
-      {testing::BinDir() + "/localpar_coordinator", "--job=" + job, "--workers=" + workers.list(),
-       "--stages=2", "--quiet", "--checkpoint_dir=" + ckpt, "--resume"},
-      60);
+  auto r = RunProcess({testing::BinDir() + "/localpar_coordinator", "--job=" + job,
+                       "--workers=" + workers.list(), "--stages=2", "--quiet", "--resume=" + ckpt},
+                      60);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("was written as 4 stages x 1 replica and this run is 2 stages x 1 "
                           "replica: regrouping it needs every worker's snapshots on this machine"),

@@ -202,7 +202,7 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
   EXPECT_EQ(flags("export"),
             Set({"data_path", "external_data", "format", "out", "shard_mib", "stage", "stages"}));
   EXPECT_EQ(flags("predict"), Set({"batch_size", "data_path", "device", "input", "input_scaled",
-                                   "labels", "logits", "out", "stage", "stages"}));
+                                   "labels", "logits", "out", "stage", "stages", "threads"}));
   EXPECT_EQ(flags("plan"),
             Set({"batch_size", "data_path", "device", "naive", "rule", "stages", "threads"}));
   EXPECT_EQ(flags("project"),
