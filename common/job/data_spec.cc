@@ -6,7 +6,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/job/data_source.h"
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
 
 namespace localpar {
 

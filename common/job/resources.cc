@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job/data_source.h"
-#include "common/job/job.h"
+#include "common/job/spec.h"
 #include "common/nn/head.h"
 #include "common/nn/layer.h"
 

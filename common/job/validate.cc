@@ -6,7 +6,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job/data_source.h"
-#include "common/job/job.h"
+#include "common/job/limits.h"
+#include "common/job/spec.h"
+#include "common/job/validate.h"
 #include "common/job/layer_spec.h"
 #include "common/nn/rule.h"
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/core/cpu_backend.h"
-#include "common/job/job.h"
+#include "common/job/spec.h"
 #include "common/model_io/model_file.h"
 #include "google/protobuf/text_format.h"
 

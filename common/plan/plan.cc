@@ -8,7 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/core/rng.h"
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
+#include "common/job/spec.h"
 
 namespace localpar {
 namespace {

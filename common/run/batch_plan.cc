@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "common/data/dataset.h"
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
 
 namespace localpar {
 

@@ -1,7 +1,9 @@
 // A job's data loaded and standardised, and batches assembled from it in host memory.
 #include "common/run/job_data.h"
 
+#include "common/data/user_data.h"
 #include "common/job/data_source.h"
+#include "common/job/data_spec.h"
 
 namespace localpar {
 

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/data/dataset.h"
-#include "common/job/job.h"
+#include "proto/job.pb.h"
 
 namespace localpar {
 

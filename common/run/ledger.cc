@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <iostream>
 
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
 #include "common/nn/optimizer.h"
 #include "common/run/report.h"
 

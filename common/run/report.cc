@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/atomic_file.h"
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/job/job.h"
+#include "common/job/spec.h"
 #include "common/run/report.h"
 
 namespace localpar {

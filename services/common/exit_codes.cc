@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/cord.h"
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
 
 namespace localpar {
 namespace {

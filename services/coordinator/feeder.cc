@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "common/job/spec.h"
 #include "common/nn/rule.h"
 #include "common/nn/step.h"
 #include "services/common/interrupt.h"

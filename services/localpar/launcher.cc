@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
-#include "common/job/job.h"
+#include "common/job/parse.h"
 #include "services/common/exit_codes.h"
 #include "services/common/interrupt.h"
 #include "services/common/port_file.h"

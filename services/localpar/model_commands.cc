@@ -11,6 +11,7 @@
 #include "common/core/device.h"
 #include "common/data/npy.h"
 #include "common/io/atomic_file.h"
+#include "common/job/parse.h"
 #include "common/model_io/onnx_export.h"
 #include "common/model_io/predict.h"
 #include "common/model_io/safetensors.h"

@@ -8,6 +8,8 @@
 #include "absl/strings/str_split.h"
 #include "common//plan/plan.h"
 #include "common/core/device.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
 #include "google/protobuf/text_format.h"

@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/job/parse.h"
 #include "common/run/reference_run.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/report.pb.h"

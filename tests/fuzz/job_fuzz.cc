@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/job/job.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "common/job/resources.h"
 #include "common/nn/stage.h"
 

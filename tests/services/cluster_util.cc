@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/job/parse.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/run/reference_run.h"
 #include "services/common/spawn.h"

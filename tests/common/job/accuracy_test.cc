@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "common/job/parse.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
 

@@ -8,7 +8,7 @@
 #include <set>
 #include <string>
 
-#include "common/job/job.h"
+
 #include "google/protobuf/text_format.h"
 
 namespace localpar {

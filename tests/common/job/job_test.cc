@@ -1,6 +1,9 @@
 // Job files: the shipped examples parse; every kind of mistake is refused with a message
 // that points at the line and column, or the field and the reason.
-#include "common/job/job.h"
+#include "common/job/data_spec.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
+#include "common/job/validate.h"
 
 #include <gtest/gtest.h>
 

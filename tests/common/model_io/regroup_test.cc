@@ -11,7 +11,8 @@
 #include <random>
 
 #include "common/core/cpu_backend.h"
-#include "common/job/job.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "common/model_io/model_file.h"
 #include "tests/common/test_util.h"
 

@@ -7,7 +7,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/job/job.h"
+#include "common/job/parse.h"
+#include "common/job/validate.h"
 
 namespace localpar {
 namespace {

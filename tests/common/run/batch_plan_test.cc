@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <set>
 
-#include "common/job/job.h"
+
 
 namespace localpar {
 namespace {

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/job/job.h"
+#include "common/job/parse.h"
 #include "tests/common/test_util.h"
 
 namespace localpar {

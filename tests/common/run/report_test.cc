@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/job/job.h"
+
 #include "common/run/metrics_log.h"
 #include "common/run/progress.h"
 

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/job/job.h"
+#include "common/job/parse.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
 #include "tests/services/cluster_util.h"

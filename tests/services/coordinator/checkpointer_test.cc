@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "common/job/job.h"
+#include "common/job/parse.h"
 #include "services/common/program_config.h"
 #include "tests/common/test_util.h"
 

@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "common/model_io/checkpoint.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/run/reference_run.h"

@@ -9,7 +9,8 @@
 #include <fstream>
 #include <thread>
 
-#include "common/job/job.h"
+#include "common/job/defaults.h"
+#include "common/job/parse.h"
 #include "google/protobuf/text_format.h"
 #include "services/common/exit_codes.h"
 #include "tests/services/cluster_util.h"

@@ -10,7 +10,9 @@
 #include <mutex>
 #include <thread>
 
-#include "common/job/job.h"
+#include "common/data/dataset.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/trainer.h"
 #include "common/run/reference_run.h"
