@@ -131,6 +131,8 @@ def main(argv):
     problems = []
     for path in paths:
         full = path if os.path.isabs(path) else os.path.join(root, path)
+        if not os.path.exists(full):
+            continue  # deleted in the work tree, not yet in the index
         with open(full, errors="replace") as f:
             problems += check(os.path.relpath(full, root), f.read())
     for p in problems:

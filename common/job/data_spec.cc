@@ -1,12 +1,13 @@
 // What a job's data gives: the example shape, the class count and labels per example, its
 // paths and the files' own figures, each from the job's data source (data_source.h); data
 // errors marked as such.
+#include "common/job/data_spec.h"
+
 #include <filesystem>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/job/data_source.h"
-#include "common/job/data_spec.h"
 
 namespace localpar {
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+
 #include "absl/status/status.h"
 #include "common/core/shape.h"
 #include "proto/job.pb.h"

@@ -1,7 +1,8 @@
 // Defaults: every zero-valued field with a documented default, filled in one pass.
+#include "common/job/defaults.h"
+
 #include "common/data/dataset.h"
 #include "common/job/data_source.h"
-#include "common/job/defaults.h"
 #include "common/job/layer_spec.h"
 
 namespace localpar {

@@ -1,5 +1,7 @@
 // Job files: the text format parsed (errors at file:line:column, with "did you mean"),
 // defaults filled, overrides applied, then validated once.
+#include "common/job/parse.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -17,11 +19,10 @@
 #include "common/job/data_spec.h"
 #include "common/job/defaults.h"
 #include "common/job/limits.h"
-#include "common/job/parse.h"
-#include "common/job/spec.h"
-#include "common/job/validate.h"
 #include "common/job/resources.h"
+#include "common/job/spec.h"
 #include "common/job/suggest.h"
+#include "common/job/validate.h"
 #include "common/nn/rule.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+
 #include "absl/status/statusor.h"
 #include "common/job/limits.h"
 #include "proto/job.pb.h"

@@ -1,11 +1,12 @@
 // A job in the core's terms: the model, the step settings, stage regrouping, fingerprints.
+#include "common/job/spec.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job/data_spec.h"
-#include "common/job/spec.h"
 #include "common/job/layer_spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/core/backend.h"

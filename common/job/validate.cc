@@ -1,15 +1,16 @@
 // Validation: field by field, each error naming its field path, then the shapes through
 // every stage and head.
+#include "common/job/validate.h"
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job/data_source.h"
+#include "common/job/layer_spec.h"
 #include "common/job/limits.h"
 #include "common/job/spec.h"
-#include "common/job/validate.h"
-#include "common/job/layer_spec.h"
 #include "common/nn/rule.h"
 
 namespace localpar {

@@ -10,7 +10,6 @@
 
 #include "absl/status/statusor.h"
 #include "common/data/dataset.h"
-
 #include "common/run/batch_plan.h"
 #include "common/run/job_data.h"
 #include "proto/report.pb.h"

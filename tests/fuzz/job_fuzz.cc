@@ -7,8 +7,8 @@
 #include <string>
 
 #include "common/job/parse.h"
-#include "common/job/spec.h"
 #include "common/job/resources.h"
+#include "common/job/spec.h"
 #include "common/nn/stage.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -8,7 +8,6 @@
 #include <set>
 #include <string>
 
-
 #include "google/protobuf/text_format.h"
 
 namespace localpar {

@@ -1,10 +1,5 @@
 // Job files: the shipped examples parse; every kind of mistake is refused with a message
 // that points at the line and column, or the field and the reason.
-#include "common/job/data_spec.h"
-#include "common/job/parse.h"
-#include "common/job/spec.h"
-#include "common/job/validate.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
+#include "common/job/data_spec.h"
+#include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "common/job/suggest.h"
+#include "common/job/validate.h"
 #include "common/nn/rule.h"
 #include "common/plan/plan.h"
 #include "common/run/metrics_log.h"

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/core/cpu_backend.h"
-#include "common/io/atomic_file.h"
 #include "common/data/dataset.h"
+#include "common/io/atomic_file.h"
 #include "common/job/parse.h"
 #include "common/job/spec.h"
 #include "common/model_io/model_file.h"

@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <set>
 
-
-
 namespace localpar {
 namespace {
 

@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-
 #include "common/run/metrics_log.h"
 #include "common/run/progress.h"
 
