@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
 build="${SANITIZE_BUILD_DIR:-build/asan}"
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLOCALPAR_SANITIZE=ON -DLOCALPAR_FUZZ=ON -DLOCALPAR_WITH_CUDA=OFF -DLOCALPAR_WERROR=ON >/dev/null
+t0=$SECONDS
 cmake --build "$build" -j "$(nproc)"
+echo "ci: sanitize build took $((SECONDS - t0)) s"
+t0=$SECONDS
 export ASAN_OPTIONS="detect_leaks=0:strict_string_checks=1:check_initialization_order=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LOCALPAR_HOSTILE_RSS_MIB=2000  # ASan's shadow memory and quarantine
@@ -17,6 +20,8 @@ export LOCALPAR_SANITIZED=1  # memory figures that are ASan's are not checked
 # and the benchmarks run in the normal build only.
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -L "core|data|services|cluster" \
   -E "FashionMlp|QueuesStayBounded|bench"
+echo "ci: sanitize ctest took $((SECONDS - t0)) s"
+t0=$SECONDS
 for target in tensor job idx checkpoint item npy; do
   work=$(mktemp -d)
   extra=()
@@ -34,4 +39,5 @@ for target in tensor job idx checkpoint item npy; do
   grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|Done)" "$work/log" || true
   rm -rf "$work"
 done
+echo "ci: fuzzers took $((SECONDS - t0)) s"
 echo "sanitize: ok"
