@@ -20,32 +20,43 @@ from experiments.common import fail, say
 
 
 class RunCache:
-    def __init__(self, path):
+    """`path`: the sweep's own file, read and appended to. `also`: other sweeps' files, read
+    only, whose entries answer when this file has none for a key (a tuning run two sweeps
+    share trains once)."""
+
+    def __init__(self, path, also=()):
         self.path = path
         self.entries = {}  # (kind, key) -> value
+        self.borrowed = {}  # (kind, key) -> value, from `also`
         self.lock = threading.Lock()
         self.skipped = 0
         if os.path.isdir(path):
             fail(f"{path}: a directory; the cache is one file per sweep (a .jsonl file)")
         if os.path.exists(path):
-            self._load()
+            self.entries = self._load(path)
+        for other in also:
+            if os.path.exists(other):
+                self.borrowed.update(self._load(other))
 
-    def _load(self):
-        with open(self.path) as f:
+    def _load(self, path):
+        entries = {}
+        with open(path) as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
                     item = json.loads(line)
-                    self.entries[(item["kind"], item["key"])] = item["value"]
+                    entries[(item["kind"], item["key"])] = item["value"]
                 except (json.JSONDecodeError, KeyError, TypeError):
                     self.skipped += 1
-                    say(f"warning: {self.path}:{number}: not a whole cache entry; skipped "
+                    say(f"warning: {path}:{number}: not a whole cache entry; skipped "
                         f"(a run cut short while it was written?)")
+        return entries
 
     def get(self, kind, key):
         with self.lock:
-            return self.entries.get((kind, key))
+            found = self.entries.get((kind, key))
+            return found if found is not None else self.borrowed.get((kind, key))
 
     def keys(self, kind):
         with self.lock:

@@ -121,6 +121,12 @@ def derive_job(job, schedule=None, first_stages=None):
     return out
 
 
+def set_rule(job, name):
+    """Sets the job's update rule by its name in job.proto ("BACKPROP")."""
+    field = job.DESCRIPTOR.fields_by_name["rule"]
+    job.rule = field.enum_type.values_by_name[name].number
+
+
 def write_job(path, job):
     """Writes `job` as text to `path` unless the file already says exactly that."""
     text = job_text(job)

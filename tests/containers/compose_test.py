@@ -44,8 +44,8 @@ MIRROR = os.environ.get("LOCALPAR_DEBIAN_MIRROR", "http://deb.debian.org/debian"
 SUITE = "bookworm"
 DATASET = "/usr/share/datasets/fashion-mnist"
 JOB = "/etc/localpar/jobs/fashion_mlp.textproto"
-MAX_STEPS = 1400          # about three quarters of a minute of training on 2 cores
-CHECKPOINT_EVERY = 200    # 7 checkpoints; the kill lands after the second
+MAX_STEPS = 600           # about twenty seconds of training on 2 cores
+CHECKPOINT_EVERY = 100    # 6 checkpoints; the kill lands after the second
 WORKERS = ["worker-0", "worker-1", "worker-2", "worker-3"]
 # What deploy/Dockerfile copies in (less what .dockerignore leaves out): the image's hash.
 IMAGE_INPUTS = ["CMakeLists.txt", "cmake", "common", "proto", "services", "tests", "deploy/jobs",

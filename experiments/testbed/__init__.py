@@ -1,0 +1,1 @@
+"""Emulated devices and links for measured runs: deploy/testbed.py."""

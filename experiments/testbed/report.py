@@ -1,0 +1,92 @@
+"""The testbed's tables: one CSV row per measured run and target (docs/results/testbed.csv),
+the frontier's cost model for the same run beside it, and a Markdown table of median
+measured seconds to each target with the seeds that reached it."""
+
+import math
+import os
+
+from experiments.common import write_csv
+from experiments.frontier.model import first_reaching, pipeline_fill, step_seconds
+from experiments.stats import median
+
+COLUMNS = ["devices", "link_mbit", "method", "stages", "replicas", "batch", "seed", "target",
+           "measured_s", "steps", "model_s", "calibrated_model_s", "measured_step_ms",
+           "model_step_ms", "worker_cpu"]
+COST = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop", "CHUNKED": "local",
+        "GREEDY": "local", "OVERLAP": "overlap"}
+UNSHAPED_BYTES_PER_S = 100e9 / 8  # the frontier's ideal link, for unshaped veths
+
+
+def scaled(stages, share):
+    """A profile's stage times on a device with `share` of a core."""
+    keys = ("seconds", "head_seconds", "input_grad_seconds")
+    return [{**s, **{k: s.get(k, 0.0) / share for k in keys}} for s in stages]
+
+
+def model_step(cfg, profile_stages, share, latency_s=5e-6):
+    """The frontier's cost model of one step of this run on the testbed's devices."""
+    link = cfg.link_mbit * 1e6 / 8 if cfg.link_mbit else UNSHAPED_BYTES_PER_S
+    cost = COST[cfg.method]
+    micro = cfg.devices if cost == "pipelined_backprop" else 1
+    return step_seconds(cost, scaled(profile_stages, share), cfg.replicas, micro, link, latency_s)
+
+
+def rows(results, model, profiles, device_batch, calibrated=None):
+    """One row per run and target. `profiles` maps a stage count to the frontier profile's
+    stages at `device_batch` rows; `calibrated(cfg, result, steps)`, when given, the
+    calibrated model's seconds."""
+    out = []
+    for cfg, res in results:
+        share = min(v for k, v in res["cpu_fractions"].items() if k != "coordinator")
+        prof = profiles[1 if cfg.method == "data_parallel" else cfg.stages]
+        step_s = model_step(cfg, prof, share)
+        points = res["points"]
+        eps = res.get("examples_per_second") or 0
+        for target in sorted(model.targets, reverse=model.text):
+            hit = first_reaching([(p["step"], p["metrics"][-1]) for p in points], target,
+                                 not model.text, model.hold)
+            row = {"devices": cfg.devices, "link_mbit": cfg.link_mbit, "method": cfg.method,
+                   "stages": cfg.stages, "replicas": cfg.replicas, "batch": cfg.batch,
+                   "seed": cfg.seed, "target": target, "measured_s": "", "steps": "",
+                   "model_s": "", "calibrated_model_s": "",
+                   "measured_step_ms": f"{1e3 * cfg.batch / eps:.3f}" if eps else "",
+                   "model_step_ms": f"{1e3 * step_s:.3f}", "worker_cpu": f"{share:.3f}"}
+            if hit is not None:
+                wall = next(p["wall_seconds"] for p in points if p["step"] == hit[0])
+                steps = hit[0]
+                row.update(measured_s=f"{wall:.2f}", steps=steps,
+                           model_s=f"{(steps + pipeline_fill(COST[cfg.method], cfg.stages)) * step_s:.2f}")
+                if calibrated is not None:
+                    row["calibrated_model_s"] = f"{calibrated(cfg, res, steps):.2f}"
+            out.append(row)
+    return out
+
+
+def write(rows_, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_csv(path, rows_, COLUMNS)
+
+
+def markdown(rows_, text):
+    """Median measured seconds to each target over seeds, per device count, link and method,
+    with the seeds that reached it; a miss counts as infinitely long in the median."""
+    fmt = (lambda t: f"{t:.2f} bits/byte") if text else (lambda t: f"{100 * t:.0f}%")
+    keys = sorted({(r["devices"], r["link_mbit"], r["method"]) for r in rows_},
+                  key=lambda k: (k[0], -k[1] if k[1] else -1e9, k[2]))
+    targets = sorted({r["target"] for r in rows_}, reverse=text)
+    md = ["| devices | link | method | " + " | ".join(f"to {fmt(t)}: measured s (reached)"
+                                                     for t in targets) + " |",
+          "|---|---|---|" + "---|" * len(targets)]
+    for n, link, meth in keys:
+        cells = []
+        for t in targets:
+            rs = [r for r in rows_ if (r["devices"], r["link_mbit"], r["method"], r["target"])
+                  == (n, link, meth, t)]
+            times = [float(r["measured_s"]) if r["measured_s"] != "" else math.inf for r in rs]
+            reached = sum(1 for x in times if x != math.inf)
+            med = median(times) if times else math.inf
+            cells.append(("> budget" if med == math.inf else f"{med:.0f}")
+                         + f" ({reached}/{len(rs)})")
+        md.append(f"| {n} | {f'{link:g} Mbit/s' if link else 'unshaped'} | {meth} | "
+                  + " | ".join(cells) + " |")
+    return "\n".join(md) + "\n"

@@ -1,0 +1,165 @@
+"""The testbed sweep: tune each method's learning rate with the reference trainer (untimed),
+then run every (devices, link, method, seed) as a real cluster on a fresh testbed, one at a
+time and beside nothing else, each cached by its configuration so the sweep resumes."""
+
+import os
+import sys
+
+from experiments import jobs
+from experiments.common import say
+from experiments.frontier import spec as fspecs
+from experiments.frontier.model import choose_setting, first_reaching, lr_grid
+from experiments.frontier.runs import Context
+from experiments.frontier.spec import Method
+from experiments.frontier.sweep import Plan, Sweep
+from experiments.testbed import cluster, devices, methods
+
+
+class TestbedSweep:
+    def __init__(self, args, spec, cache):
+        self.args, self.spec, self.cache = args, spec, cache
+        fspec = fspecs.load_spec(spec.frontier)
+        ctx = Context(args.localpar, args.out, fspec.threads, cache, False)
+        self.frontier = Sweep(ctx, fspec, plan=args.plan)
+        self.frontier.prepare()
+        found = [m for m in fspec.models if m.name == spec.model]
+        if not found:
+            from experiments.common import fail
+            fail(f"{args.spec}: model: {spec.model} is no model of {spec.frontier}")
+        self.model = found[0]
+        self.length = spec.length or max(self.model.lengths)
+        self.strictest = (min if self.model.text else max)(self.model.targets)
+        self.chosen = {}  # (method, devices) -> lr
+
+    # --- what each method trains -----------------------------------------------------------
+
+    def trained(self, method, n):
+        """(frontier Method, batch): the update the reference trainer computes for `method`
+        at `n` devices (backprop's is the same however it is split)."""
+        lay = methods.layout(method, n)
+        batch = self.spec.device_batch * (lay.replicas if lay.rule != "BACKPROP" else n)
+        if lay.rule == "BACKPROP":
+            a = Method(rule="BACKPROP", cost="data_parallel", stages=1, train_stages=1,
+                       label="data parallel")
+        else:
+            cost = "overlap" if lay.rule == "OVERLAP" else "local"
+            a = Method(rule=lay.rule, cost=cost, stages=lay.stages, train_stages=lay.stages,
+                       label=f"{lay.rule} K={lay.stages}")
+        return a, batch
+
+    def pairs(self):
+        return [(meth, n) for n in self.spec.devices for meth in self.spec.methods]
+
+    # --- tuning -----------------------------------------------------------------------------
+
+    def tune(self):
+        m, fs = self.model, self.frontier
+        configs = []
+        for meth, n in self.pairs():
+            a, b = self.trained(meth, n)
+            configs += [fs.config(m, a, b, lr, self.length, seed)
+                        for lr in lr_grid(m.lr, b) for seed in self.spec.tune_seeds]
+        fs.run_all(configs, "testbed tuning (the reference trainer, untimed)")
+        for meth, n in self.pairs():
+            a, b = self.trained(meth, n)
+            grid = lr_grid(m.lr, b)
+            candidates = [(lr, {s: fs.hit(m, a, b, lr, self.length, s, self.strictest)
+                                for s in self.spec.tune_seeds}) for lr in grid]
+            index, lr, _ = choose_setting(candidates)
+            self.chosen[(meth, n)] = lr
+            edge = " (edge of the grid)" if index in (0, len(grid) - 1) else ""
+            say(f"tuned: {meth} at {n} devices, B = {b}: lr {lr:.3g}{edge}")
+
+    # --- the measured runs ------------------------------------------------------------------
+
+    def job(self, meth, n):
+        """The job a testbed run trains: the frontier's derived job at this batch (its
+        warm-up in steps), with GPipe's micro-batches."""
+        a, b = self.trained(meth, n)
+        path, _ = self.frontier.job_for(self.model, None, b)
+        lay = methods.layout(meth, n)
+        if lay.micro_batches == 1:
+            return path
+        job = jobs.read_job(path)
+        jobs.set_rule(job, lay.rule)
+        job.micro_batches = lay.micro_batches
+        out = os.path.join(self.args.out, "jobs", f"{self.model.name}-b{b}-m{lay.micro_batches}"
+                           ".textproto")
+        return jobs.write_job(out, job)
+
+    def config(self, meth, n, link, seed):
+        lay = methods.layout(meth, n)
+        _, b = self.trained(meth, n)
+        job = self.job(meth, n)
+        return cluster.Config(
+            job=os.path.relpath(job, self.args.out), job_hash=jobs.job_hash(job), method=meth,
+            rule=lay.rule, stages=lay.stages, replicas=lay.replicas, batch=b,
+            lr=self.chosen[(meth, n)], seed=seed, max_steps=max(1, self.length // b),
+            eval_every_steps=max(1, self.model.eval_every_examples // b), hold=self.model.hold,
+            strictest=self.strictest, text=self.model.text, devices=n, link_mbit=link,
+            worker_cpu=None, coordinator_cpu=self.spec.coordinator_cpu)
+
+    def key(self, cfg):
+        return (f"{self.model.name}-{cfg.method}-N{cfg.devices}-L{cfg.link_mbit:g}"
+                f"-lr{cfg.lr:.6g}-s{cfg.seed}")
+
+    def measured(self):
+        todo = []
+        for n in self.spec.devices:
+            for link in self.spec.links_mbit:
+                for seed in self.spec.seeds:
+                    for meth in self.spec.methods:
+                        cfg = self.config(meth, n, link, seed)
+                        done = self.cache.get("measured", self.key(cfg))
+                        if done is None or done.get("config") != cfg.__dict__:
+                            todo.append(cfg)
+        total = len(self.spec.devices) * len(self.spec.links_mbit) * len(self.spec.seeds) * \
+            len(self.spec.methods)
+        print(f"measured runs: {total - len(todo)} of {total} done")
+        if self.args.plan:
+            for cfg in todo:
+                print(f"  {self.key(cfg)}")
+            raise Plan()
+        for i, cfg in enumerate(todo, 1):
+            say(f"[{i}/{len(todo)}] {self.key(cfg)}")
+            self.run(cfg)
+
+    def run(self, cfg):
+        run_dir = os.path.join(self.args.out, "runs", self.key(cfg))
+        full = cluster.Config(**{**cfg.__dict__, "job": os.path.join(self.args.out, cfg.job)})
+        with devices.Testbed(cfg.devices, cfg.link_mbit, cfg.worker_cpu,
+                             cfg.coordinator_cpu) as bed:
+            shares = {d.name: d.cpu_fraction for d in bed.devices}
+            result = cluster.run(os.path.dirname(self.args.localpar), full, bed, run_dir,
+                                 max_seconds=self.spec.max_seconds)
+        result.pop("weights", None)
+        result["cpu_fractions"] = shares
+        self.cache.put("measured", self.key(cfg), {"config": cfg.__dict__, **result})
+        hit = first_reaching([(p["step"], p["metrics"][-1]) for p in result["points"]],
+                             cfg.strictest, not cfg.text, cfg.hold)
+        say(f"    {result['steps']} steps, {result['seconds']:.0f} s, "
+            + ("reached" if hit else "missed") + f" {cfg.strictest:g}")
+
+    def results(self):
+        """Every measured run's config and result, in sweep order."""
+        out = []
+        for n in self.spec.devices:
+            for link in self.spec.links_mbit:
+                for seed in self.spec.seeds:
+                    for meth in self.spec.methods:
+                        cfg = self.config(meth, n, link, seed)
+                        done = self.cache.get("measured", self.key(cfg))
+                        if done is not None and done.get("config") == cfg.__dict__:
+                            out.append((cfg, done))
+        return out
+
+
+def main_sweep(args, spec, cache):
+    sweep = TestbedSweep(args, spec, cache)
+    try:
+        sweep.tune()
+        sweep.measured()
+    except Plan:
+        return sweep, False
+    sys.stderr.flush()
+    return sweep, True
