@@ -22,6 +22,7 @@ sys.path.insert(0, SOURCE)
 from experiments import cache, common, jobs, specfile, stats  # noqa: E402
 from experiments.frontier import spec as fspec  # noqa: E402
 from experiments.matrix import spec as mspec  # noqa: E402
+from experiments.testbed import spec as tspec  # noqa: E402
 
 
 class CacheTest(unittest.TestCase):
@@ -159,6 +160,15 @@ class SpecTest(unittest.TestCase):
                              ([2], [2], [16], [200, 300], 300, 32))
             self.assertEqual((s.methods[0].label, s.methods[0].train_stages), ("GREEDY K=2", 2))
             self.assertEqual(s.hardware.link_bytes_per_s, 100e9 / 8)
+
+    def test_every_shipped_spec_loads_with_its_own_runner(self):
+        shipped = os.path.join(SOURCE, "deploy", "experiments")
+        loaders = {"frontier.json": fspec.load_spec, "testbed.json": tspec.load_spec}
+        names = sorted(n for n in os.listdir(shipped) if n.endswith(".json"))
+        self.assertIn("paper.json", names)
+        for name in names:
+            with self.subTest(name=name):
+                loaders.get(name, mspec.load_spec)(os.path.join(shipped, name))
 
     def test_checks_hold_their_types(self):
         self.assertTrue(specfile.positive_ints([1, 2]))
