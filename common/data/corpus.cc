@@ -283,9 +283,8 @@ double UnigramBitsPerLabel(const DataSplit& split) {
     const int64_t per = d.label_size;
     const int64_t rows = std::min(d.size(), std::max<int64_t>(1, kMaxLabels / per));
     y.resize(static_cast<size_t>(rows * per));
-    std::vector<float> x(static_cast<size_t>(per));
     for (int64_t r = 0; r < rows; ++r) {
-      d.windows->corpus->Window(d.windows->Start(0, r), per, x.data(), y.data() + r * per);
+      d.windows->corpus->Window(d.windows->Start(0, r), per, nullptr, y.data() + r * per);
     }
     return y;
   };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/core/dtype.h"
 #include "common/core/shape.h"
 #include "common/data/tokens.h"
 
@@ -28,6 +29,8 @@ struct Dataset {
     return windows ? windows->count : static_cast<int64_t>(y.size()) / label_size;
   }
   int64_t example_size() const { return NumElements(example_shape); }
+  // What a batch's inputs hold: float32 values, or int32 token ids for token windows.
+  DType input_dtype() const { return windows ? DType::kI32 : DType::kF32; }
 };
 
 // How raw values became the examples in x: x = (raw * scale - mean) * inv_std, in float32,
@@ -135,9 +138,10 @@ void ApplyNormalization(const InputNormalization& norm, float* values, int64_t c
 std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);
 
 // Copies examples order[begin, begin+count) into contiguous x and y buffers (y receives
-// label_size labels per example); an empty `order` means examples begin.. in order.
-// `epoch` picks a sequence source's random windows.
+// label_size labels per example); an empty `order` means examples begin.. in order. x holds
+// data.input_dtype() elements: floats, or a sequence source's token ids. `epoch` picks a
+// sequence source's random windows.
 void GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t begin,
-                 int64_t count, float* x, int32_t* y, int64_t epoch = 0);
+                 int64_t count, void* x, int32_t* y, int64_t epoch = 0);
 
 }  // namespace localpar

@@ -138,7 +138,7 @@ void TokenCorpus::Release(const Piece& p, const void* at, size_t bytes) const {
   if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
 }
 
-void TokenCorpus::Window(int64_t begin, int64_t n, float* x, int32_t* y) const {
+void TokenCorpus::Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const {
   int64_t out = 0;
   const int width = width_;
   // One pass over [begin, begin + n + 1): token k goes to x[k] and y[k - 1].
@@ -153,7 +153,7 @@ void TokenCorpus::Window(int64_t begin, int64_t n, float* x, int32_t* y) const {
         std::memcpy(&v, at + 2 * i, 2);
         id = v;
       }
-      if (x && out < n) x[out] = static_cast<float>(id);
+      if (x && out < n) x[out] = id;
       if (y && out > 0) y[out - 1] = id;
     }
     Release(p, at, static_cast<size_t>(count * width));

@@ -38,9 +38,9 @@ class TokenCorpus {
 
   int64_t size() const { return size_; }  // tokens
   int bytes_per_token() const { return width_; }
-  // Ids [begin, begin + n) as floats into x and ids [begin + 1, begin + n + 1) into y (either
-  // may be null); begin + n + 1 <= size().
-  void Window(int64_t begin, int64_t n, float* x, int32_t* y) const;
+  // Ids [begin, begin + n) into x and ids [begin + 1, begin + n + 1) into y (either may be
+  // null); begin + n + 1 <= size().
+  void Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const;
   // The largest id in [begin, end), read in chunks (resident memory stays flat).
   int32_t MaxId(int64_t begin, int64_t end) const;
   // The first id >= vocab in [begin, end) as "FILE: token at byte offset O is I, not below

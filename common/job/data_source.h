@@ -48,6 +48,8 @@ class DataSource {
   virtual int64_t LabelsPerExample(const v1::Data&) const { return 1; }
   // A language corpus of bytes: its figures are also given in bits per byte.
   virtual bool ByteTokens() const { return false; }
+  // The examples are int32 token ids (Dataset::input_dtype), read by an embedding.
+  virtual bool TokenIds() const { return false; }
   // The source holds out its own validation split (data.holdout_fraction is not for it).
   virtual bool OwnValidation() const { return false; }
   // Whether an epoch visits the examples in a seeded shuffled order (a sequence source

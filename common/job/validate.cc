@@ -11,6 +11,7 @@
 #include "common/job/layer_spec.h"
 #include "common/job/limits.h"
 #include "common/job/spec.h"
+#include "common/nn/layer_kind.h"
 #include "common/nn/rule.h"
 
 namespace localpar {
@@ -186,6 +187,36 @@ absl::Status ValidateStages(const v1::Job& job) {
   return absl::OkStatus();
 }
 
+// Token ids (data.text, data.tokens) go to an embedding whose table holds a row for each,
+// and an embedding reads nothing else.
+absl::Status CheckInputKind(const v1::Job& job, const ModelConfig& model) {
+  const DataSource& source = DataSourceOf(job.data());
+  const std::vector<LayerConfig>& layers = model.stages[0].layers;
+  const LayerKind* first = layers.empty() ? nullptr : FindLayerKind(layers[0].kind);
+  const int64_t vocab = first ? first->TokenVocab(layers[0]) : 0;
+  if (source.TokenIds() && vocab > 0) {
+    const int32_t ids = source.Classes(job.data());
+    if (vocab >= ids) return absl::OkStatus();
+    return Invalid(absl::StrCat("stages[0].layers[0].", first->name(), ".vocab"),
+                   absl::StrCat(vocab, " rows, but data.", source.name(), " has ", ids,
+                                " token ids: each needs a row of the table"));
+  }
+  if (source.TokenIds()) {
+    return Invalid("stages[0].layers[0]",
+                   absl::StrCat("data.", source.name(),
+                                " gives token ids, which only an embedding reads: the model "
+                                "must begin with one"));
+  }
+  if (vocab == 0) return absl::OkStatus();
+  std::vector<std::string> token_sources;
+  for (const DataSource* s : AllDataSources()) {
+    if (s->TokenIds()) token_sources.push_back(absl::StrCat("data.", s->name()));
+  }
+  return Invalid("stages[0].layers[0]",
+                 absl::StrCat("an embedding reads token ids, which data.", source.name(),
+                              " does not give (", absl::StrJoin(token_sources, " and "), " do)"));
+}
+
 }  // namespace
 
 absl::Status ValidateJobFields(const v1::Job& job) {
@@ -200,7 +231,9 @@ absl::Status ValidateJobFields(const v1::Job& job) {
 absl::Status ValidateJob(const v1::Job& job) {
   if (absl::Status s = ValidateJobFields(job); !s.ok()) return s;
   std::string error;
-  if (!ValidateModel(ToModelConfig(job), &error)) return absl::InvalidArgumentError(error);
+  const ModelConfig model = ToModelConfig(job);
+  if (absl::Status s = CheckInputKind(job, model); !s.ok()) return s;
+  if (!ValidateModel(model, &error)) return absl::InvalidArgumentError(error);
   return absl::OkStatus();
 }
 

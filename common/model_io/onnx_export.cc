@@ -147,7 +147,7 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   }
   ProtoGraph graph(g, params);
 
-  const bool tokens = model.stage(0).num_layers() > 0 && model.stage(0).layer(0).reads_token_ids();
+  const bool tokens = model.stage(0).input_dtype() == DType::kI32;
   const InputNormalization& norm = trained.normalization;
   const Shape& in = config.input_shape;
   // Images arrive as PyTorch hands them over, [N, C, H, W]; localpar computes in [H, W, C].

@@ -212,11 +212,11 @@ absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, cons
                                                    ", the network takes ", ShapeString(want)));
   }
   std::vector<float> x = ex.raw;
-  if (model.normalization.tokens) {
+  if (const int64_t vocab = model.model->stage(0).token_vocab(); vocab > 0) {
     for (size_t i = 0; i < x.size(); ++i) {
-      if (x[i] < 0 || x[i] >= 256 || x[i] != std::floor(x[i])) {
+      if (!(x[i] >= 0 && x[i] < static_cast<float>(vocab)) || x[i] != std::floor(x[i])) {
         return absl::InvalidArgumentError(
-            absl::StrCat("element ", i, " is ", x[i], ", not a token id 0..255"));
+            absl::StrCat("element ", i, " is ", x[i], ", not a token id 0..", vocab - 1));
       }
     }
     return x;
@@ -239,7 +239,13 @@ std::vector<float> PredictLogits(TrainedModel& model, int stage, const std::vect
     const int64_t n = std::min(batch, count - begin);
     Shape xs{n};
     xs.insert(xs.end(), model.config.input_shape.begin(), model.config.input_shape.end());
-    Tensor x = Tensor::FromHost(be, xs, inputs.data() + begin * per);
+    Tensor x;
+    if (model.model->stage(0).input_dtype() == DType::kI32) {  // token ids, checked whole
+      const float* from = inputs.data() + begin * per;
+      x = Tensor::FromHostI32(be, xs, std::vector<int32_t>(from, from + n * per));
+    } else {
+      x = Tensor::FromHost(be, xs, inputs.data() + begin * per);
+    }
     const Tensor* cur = &x;
     for (int k = 0; k <= stage; ++k) cur = &model.model->stage(k).Forward(*cur, 0, ctx);
     const Tensor& logits = model.model->stage(stage).HeadLogits(0, ctx);

@@ -47,7 +47,8 @@ absl::Status CheckLabels(const TrainedModel& model, const Examples& examples);
 // Returns the network's inputs. A model trained on pixel bytes scales them by 1/255 itself:
 // it takes raw values 0..255, or, with `scaled`, values already in [0, 1]. Values that
 // contradict that (all within [0, 1] without `scaled`, any outside it with) are refused:
-// either way the predictions would be garbage.
+// either way the predictions would be garbage. A language model's inputs must be token ids
+// below its vocabulary.
 absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model,
                                                  const Examples& examples, bool scaled = false);
 

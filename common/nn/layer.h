@@ -101,9 +101,9 @@ class Layer {
   virtual std::vector<Param*> params() { return {}; }
   // Composite layers: the layers inside, in order (their parameters are this one's).
   virtual std::vector<const Layer*> children() const { return {}; }
-  // True for a layer that reads token ids (an embedding): a network starting with one takes
-  // integer ids, not values to normalise.
-  virtual bool reads_token_ids() const { return false; }
+  // The vocabulary of a layer that reads int32 token ids (an embedding), 0 for one that
+  // reads float values: a network starting with one takes ids in [0, token_vocab()).
+  virtual int64_t token_vocab() const { return 0; }
   // Weight tying: an output projection for input shape `in` to `classes` logits per
   // position whose weight is this layer's own (an embedding's table, transposed). nullptr
   // with *error for a layer that cannot lend one.

@@ -39,6 +39,9 @@ class LayerKind {
     return std::string("a ") + name() + " layer has no table to tie an output projection to";
   }
   virtual double Flops(const LayerConfig&, const Shape&) const { return 0; }
+  // The vocabulary of a kind that reads int32 token ids (an embedding; 0 for the others): it
+  // can only be a model's first layer, fed token ids (Layer::token_vocab, built).
+  virtual int64_t TokenVocab(const LayerConfig&) const { return 0; }
   // Values one example keeps for the backward pass beyond the layer's output
   // (LayerActivationValues).
   virtual double SavedValues(const LayerConfig&, const Shape&) const { return 0; }

@@ -12,6 +12,16 @@ std::string StageLabel(const ModelConfig& c, size_t k) {
   return label;
 }
 
+// Whether `l`, or a layer in its body, reads token ids.
+bool HasTokenReader(const LayerConfig& l) {
+  const LayerKind* kind = FindLayerKind(l.kind);
+  if (kind && kind->TokenVocab(l) > 0) return true;
+  for (const LayerConfig& b : l.body) {
+    if (HasTokenReader(b)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool ValidateModel(const ModelConfig& config, std::string* error) {
@@ -37,6 +47,13 @@ bool ValidateModel(const ModelConfig& config, std::string* error) {
       return false;
     }
     for (size_t i = 0; i < st.layers.size(); ++i) {
+      const LayerKind* kind = FindLayerKind(st.layers[i].kind);
+      const bool first = k == 0 && i == 0 && kind && kind->TokenVocab(st.layers[i]) > 0;
+      if (!first && HasTokenReader(st.layers[i])) {
+        *error = StageLabel(config, k) + ".layers[" + std::to_string(i) +
+                 "]: an embedding reads token ids, so it can only be the model's first layer";
+        return false;
+      }
       Shape next;
       std::string e;
       if (!InferLayerShape(st.layers[i], cur, &next, &e) ||

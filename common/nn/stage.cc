@@ -98,6 +98,8 @@ Stage::Slot& Stage::slot(int i) {
 }
 
 const Tensor& Stage::Forward(const Tensor& x, int slot_index, const ForwardContext& ctx) {
+  LP_CHECK_MSG(x.dtype() == input_dtype(), "stage %s: input of the wrong element type",
+               name_.c_str());
   Slot& s = slot(slot_index);
   s.input = x;
   s.caches.resize(layers_.size());

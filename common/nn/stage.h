@@ -52,6 +52,11 @@ class Stage {
   const std::string& name() const { return name_; }
   const Shape& input_shape() const { return in_shape_; }
   const Shape& output_shape() const { return out_shape_; }
+  // The vocabulary of the token ids its first layer reads (an embedding), else 0.
+  int64_t token_vocab() const { return layers_.empty() ? 0 : layers_[0]->token_vocab(); }
+  // What x holds: int32 token ids in [0, token_vocab()) when the first layer reads them,
+  // float32 values otherwise.
+  DType input_dtype() const { return token_vocab() > 0 ? DType::kI32 : DType::kF32; }
 
   // Runs the layers on x (borrowed until Backward on this slot) and returns the output.
   const Tensor& Forward(const Tensor& x, int slot, const ForwardContext& ctx);

@@ -6,16 +6,12 @@
 namespace localpar {
 namespace {
 
-// The row an id selects, or -1 when the id is not an integer in [0, vocab).
-int64_t RowOf(float id, int64_t vocab) {
-  if (!(id >= 0.0f && id < static_cast<float>(vocab))) return -1;
-  int64_t r = static_cast<int64_t>(id);
-  return static_cast<float>(r) == id ? r : -1;
-}
+// The row an id selects, or -1 when the id is outside [0, vocab).
+int64_t RowOf(int32_t id, int64_t vocab) { return id >= 0 && id < vocab ? id : -1; }
 
 }  // namespace
 
-void CpuBackend::EmbeddingForward(const float* ids, const float* table, float* out, int64_t n,
+void CpuBackend::EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t n,
                                   int64_t dim, int64_t vocab) {
   for (int64_t i = 0; i < n; ++i) {
     int64_t r = RowOf(ids[i], vocab);
@@ -27,7 +23,7 @@ void CpuBackend::EmbeddingForward(const float* ids, const float* table, float* o
   }
 }
 
-void CpuBackend::EmbeddingBackward(const float* ids, const float* dout, float* dtable, int64_t n,
+void CpuBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable, int64_t n,
                                    int64_t dim, int64_t vocab) {
   for (int64_t i = 0; i < n; ++i) {
     int64_t r = RowOf(ids[i], vocab);

@@ -4,14 +4,10 @@
 namespace localpar {
 namespace {
 
-// The row an id selects, or -1 when the id is not an integer in [0, vocab) (as on the CPU).
-__device__ long long RowOf(float id, long long vocab) {
-  if (!(id >= 0.0f && id < static_cast<float>(vocab))) return -1;
-  long long r = static_cast<long long>(id);
-  return static_cast<float>(r) == id ? r : -1;
-}
+// The row an id selects, or -1 when the id is outside [0, vocab) (as on the CPU).
+__device__ long long RowOf(int id, long long vocab) { return id >= 0 && id < vocab ? id : -1; }
 
-__global__ void EmbeddingForwardKernel(const float* ids, const float* table, float* out,
+__global__ void EmbeddingForwardKernel(const int32_t* ids, const float* table, float* out,
                                        long long n, long long dim, long long vocab) {
   LP_GRID_STRIDE(i, n * dim) {
     long long r = RowOf(ids[i / dim], vocab);
@@ -21,7 +17,7 @@ __global__ void EmbeddingForwardKernel(const float* ids, const float* table, flo
 
 // Atomic accumulation: repeated ids add in an unspecified order, so CUDA embedding
 // gradients match the CPU within float tolerance, not bitwise.
-__global__ void EmbeddingBackwardKernel(const float* ids, const float* dout, float* dtable,
+__global__ void EmbeddingBackwardKernel(const int32_t* ids, const float* dout, float* dtable,
                                         long long n, long long dim, long long vocab) {
   LP_GRID_STRIDE(i, n * dim) {
     long long r = RowOf(ids[i / dim], vocab);
@@ -31,7 +27,7 @@ __global__ void EmbeddingBackwardKernel(const float* ids, const float* dout, flo
 
 }  // namespace
 
-void CudaBackend::EmbeddingForward(const float* ids, const float* table, float* out, int64_t n,
+void CudaBackend::EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t n,
                                    int64_t dim, int64_t vocab) {
   if (n * dim == 0) return;
   EmbeddingForwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, table, out, n, dim,
@@ -39,7 +35,7 @@ void CudaBackend::EmbeddingForward(const float* ids, const float* table, float* 
   LP_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::EmbeddingBackward(const float* ids, const float* dout, float* dtable, int64_t n,
+void CudaBackend::EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable, int64_t n,
                                     int64_t dim, int64_t vocab) {
   if (n * dim == 0) return;
   EmbeddingBackwardKernel<<<Blocks(n * dim), kBlock, 0, StreamOf(this)>>>(ids, dout, dtable, n, dim,

@@ -106,10 +106,14 @@ absl::StatusOr<std::vector<UnitProfile>> ProfileUnits(const v1::Job& job, Backen
     p.head_forward_flops = t.head_fits ? flops.head : 0.0;
     Shape xs{batch};
     xs.insert(xs.end(), in.begin(), in.end());
-    std::vector<float> xv(static_cast<size_t>(NumElements(xs)));
-    // Small integers are valid token ids for an embedding and ordinary inputs otherwise.
-    for (float& v : xv) v = static_cast<float>(rng.NextBelow(8));
-    t.x = Tensor::FromHost(backend, xs, xv);
+    std::vector<int32_t> xv(static_cast<size_t>(NumElements(xs)));
+    // Small integers: valid token ids for an embedding, and ordinary inputs otherwise.
+    for (int32_t& v : xv) v = static_cast<int32_t>(rng.NextBelow(8));
+    if (t.stage->input_dtype() == DType::kI32) {
+      t.x = Tensor::FromHostI32(backend, xs, xv);
+    } else {
+      t.x = Tensor::FromHost(backend, xs, std::vector<float>(xv.begin(), xv.end()));
+    }
     in = t.stage->output_shape();
   }
   // Round-robin over the units, `repeats` rounds after a warm-up one, and the median of

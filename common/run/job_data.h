@@ -19,7 +19,11 @@ class BatchAssembler {
   // picks a sequence source's random windows.
   void Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows, int64_t epoch = 0);
   int64_t rows() const { return rows_; }
-  const float* x() const { return x_.data(); }
+  // The inputs: x_dtype() elements (float32 values, or int32 token ids), 4 bytes each.
+  const void* x() const { return x_.data(); }
+  DType x_dtype() const { return data_.input_dtype(); }
+  // The inputs as token ids (x_dtype() kI32).
+  const int32_t* ids() const { return reinterpret_cast<const int32_t*>(x_.data()); }
   const int32_t* y() const { return y_.data(); }
   Shape x_shape() const;
   // [rows], or [rows, labels per example] for per-position labels.
@@ -29,7 +33,7 @@ class BatchAssembler {
 
  private:
   const Dataset& data_;
-  std::vector<float> x_;
+  std::vector<uint32_t> x_;  // 4-byte elements of either type
   std::vector<int32_t> y_;
   int64_t rows_ = 0;
 };

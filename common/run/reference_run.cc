@@ -28,7 +28,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 // One batch of `data` in backend tensors.
 void Upload(const BatchAssembler& a, Backend& be, Tensor* x, Tensor* y) {
-  x->Ensure(be, a.x_shape());
+  x->Ensure(be, a.x_shape(), a.x_dtype());
   y->Ensure(be, a.y_shape(), DType::kI32);
   be.CopyFromHost(x->raw(), a.x(), a.x_bytes());
   be.CopyFromHost(y->raw(), a.y(), a.y_bytes());

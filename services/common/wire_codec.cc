@@ -1,5 +1,5 @@
-// Activations on the wire: float32 tensors encoded as F32, BF16 or F16, sent from their own
-// memory where they can be, and taken over without a copy on the CPU.
+// Activations on the wire: float32 tensors encoded as F32, BF16 or F16 (token ids as I32),
+// sent from their own memory where they can be, and taken over without a copy on the CPU.
 #include "services/common/wire_codec.h"
 
 #include <vector>
@@ -88,15 +88,16 @@ void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out) 
 }
 
 void TakeActivations(v1::Tensor* in, Backend& backend, Tensor* out) {
-  if (in->dtype() != v1::F32 || backend.device() != DeviceType::kCPU) {
+  const bool whole = in->dtype() == v1::F32 || in->dtype() == v1::I32;  // token ids
+  if (!whole || backend.device() != DeviceType::kCPU) {
     DecodeActivationsInto(*in, backend, out);
     return;
   }
   auto bytes = std::make_shared<std::string>(std::move(*in->mutable_data()));
   in->clear_data();
   void* data = bytes->data();
-  *out = Tensor::Wrap(backend, data, Shape(in->shape().begin(), in->shape().end()), DType::kF32,
-                      std::move(bytes));
+  *out = Tensor::Wrap(backend, data, Shape(in->shape().begin(), in->shape().end()),
+                      in->dtype() == v1::I32 ? DType::kI32 : DType::kF32, std::move(bytes));
 }
 
 }  // namespace localpar

@@ -32,10 +32,11 @@ struct WireBytes {
 WireBytes PrepareActivations(const Tensor& t, WireFormat format, Backend& host, Tensor* staging,
                              v1::Tensor* header);
 
-// Decodes F32, BF16 or F16 wire activations into a float32 tensor; CheckWireTensor first.
+// Decodes F32, BF16 or F16 wire activations into a float32 tensor (I32 token ids into an
+// int32 one); CheckWireTensor first.
 void DecodeActivationsInto(const v1::Tensor& in, Backend& backend, Tensor* out);
 
-// Like DecodeActivationsInto, but float32 activations for a CPU backend are taken over
+// Like DecodeActivationsInto, but F32 activations or I32 ids for a CPU backend are taken over
 // without a copy: `out` becomes a view of the message's bytes, which move out of `in` and
 // live as long as the tensor (or its views) do.
 void TakeActivations(v1::Tensor* in, Backend& backend, Tensor* out);

@@ -22,7 +22,9 @@ v1::DownItem MakeBatchItem(const BatchAssembler& a, int64_t begin, int64_t rows,
   *b = meta;
   const int64_t per_x = NumElements(a.x_shape()) / std::max<int64_t>(a.rows(), 1);
   const int64_t per_y = NumElements(a.y_shape()) / std::max<int64_t>(a.rows(), 1);
-  SetWireTensor(b->mutable_activations(), v1::F32, a.x_shape(), rows, a.x() + begin * per_x);
+  const v1::DType x_dtype = a.x_dtype() == DType::kI32 ? v1::I32 : v1::F32;
+  SetWireTensor(b->mutable_activations(), x_dtype, a.x_shape(), rows,
+                static_cast<const char*>(a.x()) + begin * per_x * 4);
   SetWireTensor(b->mutable_labels(), v1::I32, a.y_shape(), rows, a.y() + begin * per_y);
   return item;
 }

@@ -69,6 +69,7 @@ ItemCheck CheckControl(const v1::Control& c, const ItemLimits& limits) {
 // The first NaN or Inf, in whichever format the activations travel; -1 when none.
 int64_t FirstNonFinite(const v1::Tensor& t) {
   const std::string& bytes = t.data();
+  if (t.dtype() == v1::I32) return -1;  // token ids
   if (t.dtype() == v1::F32) {
     const float* x = reinterpret_cast<const float*>(bytes.data());
     for (int64_t i = 0, n = static_cast<int64_t>(bytes.size() / 4); i < n; ++i) {
@@ -143,7 +144,12 @@ ItemCheck CheckTensors(const v1::Batch& b, const ItemLimits& l) {
     return Refuse("malformed_tensor", s);
   }
   const v1::DType dtype = b.activations().dtype();
-  if (dtype != v1::F32 && (l.stage == 0 || dtype != l.wire_dtype)) {
+  if (l.token_vocab > 0 && dtype != v1::I32) {
+    return Bad("wrong_dtype", absl::StrCat("batch.activations.dtype: this stage takes I32 token "
+                                           "ids, got ",
+                                           v1::DType_Name(dtype)));
+  }
+  if (l.token_vocab == 0 && dtype != v1::F32 && (l.stage == 0 || dtype != l.wire_dtype)) {
     return Bad("wrong_dtype", absl::StrCat("batch.activations.dtype: this stage takes F32",
                                            l.stage > 0 && l.wire_dtype != v1::F32
                                                ? absl::StrCat(" or ", v1::DType_Name(l.wire_dtype))
@@ -174,6 +180,15 @@ ItemCheck CheckTensors(const v1::Batch& b, const ItemLimits& l) {
     if (labels[i] < 0 || labels[i] >= l.classes) {
       return Bad("label_out_of_range", absl::StrCat("batch.labels[", i, "] = ", labels[i],
                                                     " is outside 0..", l.classes - 1));
+    }
+  }
+  if (l.token_vocab == 0) return ItemCheck();
+  const int32_t* ids = reinterpret_cast<const int32_t*>(b.activations().data().data());
+  for (int64_t i = 0, n = NumElements(Shape(shape.begin(), shape.end())); i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= l.token_vocab) {
+      return Bad("token_out_of_range",
+                 absl::StrCat("batch.activations[", i, "] = ", ids[i], " is not a token id in 0..",
+                              l.token_vocab - 1));
     }
   }
   return ItemCheck();

@@ -18,6 +18,8 @@ struct ItemLimits {
   int stage = 0;
   Shape input_shape;               // per example
   v1::DType wire_dtype = v1::F32;  // what a previous stage may send besides F32
+  // Stage 0 of a language model: its input is I32 token ids in [0, token_vocab), not F32.
+  int64_t token_vocab = 0;
   int32_t classes = 0;
   int64_t labels_per_example = 1;
   int micro_batches = 1;  // the job's; 1 for rules that do not split batches

@@ -132,6 +132,7 @@ static void DescribeStage(const v1::Job& job, const v1::ConfigureRequest& req, C
   l.stage = s->stage;
   l.input_shape = s->stage_model->input_shape();
   l.wire_dtype = WireDType(s->wire);
+  l.token_vocab = s->stage_model->token_vocab();
   l.classes = JobClasses(job);
   l.labels_per_example = s->labels_per_example;
   l.micro_batches = s->program.micro_batches;

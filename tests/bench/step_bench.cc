@@ -185,11 +185,10 @@ int RunGpt(const Args& args, Backend& be) {
   to.rule = UpdateRule::kBackprop;
   ReferenceTrainer trainer(*model, to);
   Rng rng(2);
-  std::vector<float> hx(R);
-  std::vector<int32_t> hy(R);
-  for (float& v : hx) v = static_cast<float>(rng.NextBelow(V));
+  std::vector<int32_t> hx(R), hy(R);
+  for (int32_t& v : hx) v = static_cast<int32_t>(rng.NextBelow(V));
   for (int32_t& v : hy) v = static_cast<int32_t>(rng.NextBelow(V));
-  Tensor x = Tensor::FromHost(be, {B, T}, hx);
+  Tensor x = Tensor::FromHostI32(be, {B, T}, hx);
   Tensor y = Tensor::FromHostI32(be, {B, T}, hy);
   // A linear (m, n, k) forward also costs its weight gradient and its input gradient.
   std::vector<GemmShape> g;

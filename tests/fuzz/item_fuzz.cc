@@ -1,8 +1,9 @@
 // Fuzz target: an item from a peer against the worker's checks, read both ways: as a
 // localpar.v1.DownItem from upstream and as a localpar.v1.UpItem (a gradient) from
 // downstream. Whatever a check accepts must be safe to use: its tensors decode to the sizes
-// the job allows, every label is a class, the micro-batch fits its step, and a gradient is
-// the owed batch's shape with every value finite.
+// the job allows, every label is a class, a language model's stage 0 takes only token ids
+// within its vocabulary (and other stages only floats), the micro-batch fits its step, and a
+// gradient is the owed batch's shape with every value finite.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -13,9 +14,13 @@
 
 namespace {
 
-localpar::ItemLimits Limits(int stage) {
+constexpr int kTokenStage = 2;  // stage 0 of a language model
+
+localpar::ItemLimits Limits(int which) {
+  const int stage = which == kTokenStage ? 0 : which;
   localpar::ItemLimits l;
   l.stage = stage;
+  l.token_vocab = which == kTokenStage ? 6 : 0;
   l.input_shape = {4, 2};
   l.wire_dtype = stage > 0 ? localpar::v1::BF16 : localpar::v1::F32;
   l.classes = 5;
@@ -53,8 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckUpItem(data, size, *cpu);
   localpar::v1::DownItem item;
   if (!item.ParseFromArray(data, static_cast<int>(size))) return 0;
-  for (int stage : {0, 1}) {
-    const localpar::ItemLimits l = Limits(stage);
+  for (int which : {0, 1, kTokenStage}) {
+    const localpar::ItemLimits l = Limits(which);
     localpar::ItemCheck c = localpar::CheckDownItem(item, &l, size % 7);
     if (c.verdict == localpar::ItemCheck::kReject && c.status.ok()) __builtin_trap();
     if (c.verdict != localpar::ItemCheck::kAccept || !item.has_batch()) continue;
@@ -64,6 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     localpar::DecodeTensorInto(b.labels(), *cpu, &y);
     const int64_t rows = x.rows();
     if (x.numel() != rows * 8 || y.numel() != rows * l.labels_per_example) __builtin_trap();
+    if ((x.dtype() == localpar::DType::kI32) != (l.token_vocab > 0)) __builtin_trap();
+    for (int64_t i = 0; l.token_vocab > 0 && i < x.numel(); ++i) {
+      if (x.i32()[i] < 0 || x.i32()[i] >= l.token_vocab) __builtin_trap();
+    }
     for (int64_t i = 0; i < y.numel(); ++i) {
       if (y.i32()[i] < 0 || y.i32()[i] >= l.classes) __builtin_trap();
     }

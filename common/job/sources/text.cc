@@ -78,6 +78,7 @@ class Text final : public DataSource {
   int32_t Classes(const v1::Data&) const override { return 256; }  // bytes
   int64_t LabelsPerExample(const v1::Data& d) const override { return d.text().seq_len(); }
   bool ByteTokens() const override { return true; }
+  bool TokenIds() const override { return true; }
   bool OwnValidation() const override { return true; }
   bool ShufflesExamples(const v1::Data& d) const override {
     return d.text().windows() != v1::RANDOM_OFFSETS;

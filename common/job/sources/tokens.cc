@@ -104,6 +104,7 @@ class Tokens final : public DataSource {
     return static_cast<int32_t>(d.tokens().vocab());
   }
   int64_t LabelsPerExample(const v1::Data& d) const override { return d.tokens().seq_len(); }
+  bool TokenIds() const override { return true; }
   bool OwnValidation() const override { return true; }
   bool ShufflesExamples(const v1::Data& d) const override {
     return d.tokens().windows() == v1::NON_OVERLAPPING;

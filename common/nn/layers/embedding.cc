@@ -73,14 +73,14 @@ class Embedding final : public Layer {
     Shape s = x.shape();
     s.push_back(dim_);
     c.out.Ensure(backend_, s);
-    backend_.EmbeddingForward(x.f32(), table_.value.f32(), c.out.f32(), x.numel(), dim_, vocab_);
+    backend_.EmbeddingForward(x.i32(), table_.value.f32(), c.out.f32(), x.numel(), dim_, vocab_);
   }
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor*) override {
     // Token ids have no gradient.
-    backend_.EmbeddingBackward(x.f32(), dy.f32(), table_.grad.f32(), x.numel(), dim_, vocab_);
+    backend_.EmbeddingBackward(x.i32(), dy.f32(), table_.grad.f32(), x.numel(), dim_, vocab_);
   }
   std::vector<Param*> params() override { return {&table_}; }
-  bool reads_token_ids() const override { return true; }
+  int64_t token_vocab() const override { return vocab_; }
   std::unique_ptr<Layer> MakeTiedOutput(Backend& b, const Shape& in, int64_t classes,
                                         std::string* error) override {
     if (in.empty() || in.back() != dim_ || classes != vocab_) {
@@ -167,6 +167,7 @@ class EmbeddingKind final : public LayerKind {
            std::to_string(c.Int("dim")) + ") does not match the head's " + std::to_string(width) +
            " features to " + std::to_string(classes) + " classes";
   }
+  int64_t TokenVocab(const LayerConfig& c) const override { return c.Int("vocab"); }
 };
 
 class PositionalEncodingKind final : public LayerKind {

@@ -116,10 +116,11 @@ TEST(TextCorpus, WindowsPredictTheNextByteAndBlocksAlternateBetweenSplits) {
   BatchAssembler first_train(s->train, 1), first_test(s->test, 1);
   first_train.Gather({}, 0, 1);
   first_test.Gather({}, 0, 1);
+  EXPECT_EQ(first_train.x_dtype(), DType::kI32);  // token ids travel as integers
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(first_train.x()[i], static_cast<float>(static_cast<uint8_t>(text[i])));
+    EXPECT_EQ(first_train.ids()[i], static_cast<uint8_t>(text[i]));
     EXPECT_EQ(first_train.y()[i], static_cast<uint8_t>(text[i + 1]));
-    EXPECT_EQ(first_test.x()[i], static_cast<float>(static_cast<uint8_t>(text[48 * 4 + i])));
+    EXPECT_EQ(first_test.ids()[i], static_cast<uint8_t>(text[48 * 4 + i]));
     EXPECT_EQ(first_test.y()[i], static_cast<uint8_t>(text[48 * 4 + i + 1]));
   }
   // A batch carries seq_len labels per example, in the examples' order.
@@ -180,7 +181,7 @@ TEST(TextCorpus, TheDefaultSplitHoldsOutTheTailAndValidationFilesReplaceIt) {
   BatchAssembler held(s->test, 2);
   held.Gather({}, 1, 1);  // the second held-out window starts at byte 908
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(held.x()[i], static_cast<float>(static_cast<uint8_t>(text[908 + i])));
+    EXPECT_EQ(held.ids()[i], static_cast<uint8_t>(text[908 + i]));
     EXPECT_EQ(held.y()[i], static_cast<uint8_t>(text[909 + i]));
   }
   // Random training windows: a pure function of (seed, epoch, index), within the first 900

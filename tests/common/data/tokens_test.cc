@@ -73,13 +73,13 @@ TEST(TokenData, NanoGptAndLlmcFilesGiveTheNextTokenAsEveryPositionsLabel) {
   for (int r = 0; r < 4; ++r) {
     const int64_t at = s->train.windows->Start(2, r);
     for (int i = 0; i < 16; ++i) {
-      EXPECT_EQ(batch.x()[r * 16 + i], static_cast<float>(train[at + i]));
+      EXPECT_EQ(batch.ids()[r * 16 + i], train[at + i]);
       EXPECT_EQ(batch.y()[r * 16 + i], train[at + i + 1]);
     }
   }
   BatchAssembler held(s->test, 1);
   held.Gather({}, 2, 1);
-  EXPECT_EQ(held.x()[0], static_cast<float>(val[32]));  // consecutive windows, in order
+  EXPECT_EQ(held.ids()[0], val[32]);  // consecutive windows, in order
   EXPECT_EQ(held.y()[15], val[48]);
   // tokens_per_epoch sets an epoch's windows; vocab given is checked, not read.
   o.tokens_per_epoch = 1600;

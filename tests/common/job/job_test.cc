@@ -107,6 +107,17 @@ TEST(JobFiles, FieldErrorsNameTheFieldAndWhy) {
       {"rule: GREEDY stages { layers { conv2d { out_channels: 4 } } "
        "head { kind: LANGUAGE_MODEL } }\n",
        "language_model needs a sequence-shaped stage output"},
+      // Token ids travel as integers: an embedding reads them, and nothing else does.
+      {"rule: GREEDY data { text {} } stages { layers { linear { out_features: 4 } } }\n",
+       "stages[0].layers[0]: data.text gives token ids, which only an embedding reads"},
+      {"rule: GREEDY stages { layers { embedding { vocab: 10 dim: 4 } } }\n",
+       "stages[0].layers[0]: an embedding reads token ids, which data.fashion_mnist does not "
+       "give (data.text and data.tokens do)"},
+      {"rule: GREEDY data { text {} } stages { layers { embedding { vocab: 256 dim: 8 } } } "
+       "stages { layers { residual { body { embedding { vocab: 256 dim: 8 } } } } }\n",
+       "stages[1].layers[0]: an embedding reads token ids, so it can only be the model's first"},
+      {"rule: GREEDY data { text {} } stages { layers { embedding { vocab: 100 dim: 8 } } }\n",
+       "stages[0].layers[0].embedding.vocab: 100 rows, but data.text has 256 token ids"},
   };
   for (const Case& c : cases) {
     std::string e = Error(c.text);

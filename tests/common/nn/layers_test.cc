@@ -287,8 +287,8 @@ TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
     std::string error;
     auto layer = MakeLayer(*be, c, {4}, 11, &error);
     ASSERT_TRUE(layer) << error;
-    // Token ids travel as floats, like every activation.
-    Tensor ids = Tensor::FromHost(*be, {1, 4}, std::vector<float>{2, 0, 2, 4});
+    // Token ids travel as integers.
+    Tensor ids = Tensor::FromHostI32(*be, {1, 4}, std::vector<int32_t>{2, 0, 2, 4});
     LayerCache cache;
     layer->Forward(ids, cache, ForwardContext{});
     std::vector<float> table = layer->params()[0]->value.ToHost();
@@ -307,7 +307,7 @@ TEST(Embedding, GradientScattersIntoLookedUpRowsOnEveryBackend) {
   }
 }
 
-TEST(Embedding, IdsOutsideTheVocabularyOrNotIntegersLookUpZerosAndLearnNothing) {
+TEST(Embedding, IdsOutsideTheVocabularyLookUpZerosAndLearnNothing) {
   LayerConfig c = Cfg("embedding");
   c.Set("vocab", 4);
   c.Set("dim", 2);
@@ -318,7 +318,8 @@ TEST(Embedding, IdsOutsideTheVocabularyOrNotIntegersLookUpZerosAndLearnNothing) 
     std::string error;
     auto layer = MakeLayer(*be, c, {5}, 3, &error);
     ASSERT_TRUE(layer) << error;
-    Tensor ids = Tensor::FromHost(*be, {1, 5}, std::vector<float>{-1, 4, 1.5f, NAN, 3});
+    Tensor ids =
+        Tensor::FromHostI32(*be, {1, 5}, std::vector<int32_t>{-1, 4, 1 << 30, -(1 << 30), 3});
     LayerCache cache;
     layer->Forward(ids, cache, ForwardContext{});
     std::vector<float> table = layer->params()[0]->value.ToHost();

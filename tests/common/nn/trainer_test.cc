@@ -360,8 +360,8 @@ ModelConfig TinyLanguageModel() {
 
 TEST(LanguageModel, EveryRulesGradientIsThatOfTheMeanPerTokenLoss) {
   auto cpu = MakeCpuBackend();
-  // Ids as floats (as they travel); labels: the next token at every position.
-  Tensor x = Tensor::FromHost(*cpu, {3, 4}, std::vector<float>{1, 4, 2, 6, 0, 0, 3, 5, 6, 2, 2, 1});
+  // Token ids; labels: the next token at every position.
+  Tensor x = Tensor::FromHostI32(*cpu, {3, 4}, {1, 4, 2, 6, 0, 0, 3, 5, 6, 2, 2, 1});
   Tensor y = Tensor::FromHostI32(*cpu, {3, 4}, {4, 2, 6, 3, 0, 3, 5, 1, 2, 2, 1, 0});
   struct Want {
     UpdateRule rule;
@@ -416,7 +416,7 @@ TEST(LanguageModel, ATiedOutputProjectionsGradientAddsBothUsesOfTheTable) {
   EXPECT_EQ(StageParameterCount(m.stages[0], m.input_shape, m.classes),
             model->stage(0).num_parameters());
   EXPECT_EQ(model->stage(0).head_params().size(), 3u);  // layer norm's two, the bias
-  Tensor x = Tensor::FromHost(*cpu, {3, 4}, std::vector<float>{1, 4, 2, 6, 0, 0, 3, 5, 6, 2, 2, 1});
+  Tensor x = Tensor::FromHostI32(*cpu, {3, 4}, {1, 4, 2, 6, 0, 0, 3, 5, 6, 2, 2, 1});
   Tensor y = Tensor::FromHostI32(*cpu, {3, 4}, {4, 2, 6, 3, 0, 3, 5, 1, 2, 2, 1, 0});
   ReferenceTrainer t(*model, Options(UpdateRule::kGreedy));
   t.ComputeGradients(x, y);

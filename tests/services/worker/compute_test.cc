@@ -135,7 +135,7 @@ TEST_P(WorkerComputeWithoutSockets, EveryStageEndsBitwiseEqualToTheReferenceTrai
   for (PlanItem item; plan.Next(&item);) {
     if (item.kind != PlanItem::kTrain) continue;
     batch.Gather(plan.order(), item.begin, item.rows);
-    x.Ensure(*cpu, batch.x_shape());
+    x.Ensure(*cpu, batch.x_shape(), batch.x_dtype());
     y.Ensure(*cpu, batch.y_shape(), DType::kI32);
     cpu->CopyFromHost(x.raw(), batch.x(), batch.x_bytes());
     cpu->CopyFromHost(y.raw(), batch.y(), batch.y_bytes());

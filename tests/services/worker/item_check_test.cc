@@ -127,6 +127,36 @@ TEST(ItemCheck, EvaluationBatchesAreBoundedByTheEvalBatchSize) {
   ExpectRefused(item, "wrong_shape", "11 rows exceed the job's eval_batch_size 10");
 }
 
+// Stage 0 of a language model takes I32 token ids below its vocabulary, and nothing else;
+// any other stage refuses them.
+TEST(ItemCheck, ALanguageModelsFirstStageTakesTokenIdsWithinItsVocabulary) {
+  ItemLimits l = Limits();
+  l.stage = 0;
+  l.token_vocab = 5;
+  v1::DownItem item = Batch();
+  v1::Tensor* x = item.mutable_batch()->mutable_activations();
+  std::vector<int32_t> ids = {0, 1, 2, 3, 4, 4, 0, 1, 2, 3, 4, 4, 0, 1, 2, 3, 4, 4};
+  x->set_dtype(v1::I32);
+  x->set_data(ids.data(), ids.size() * 4);
+  EXPECT_EQ(CheckDownItem(item, &l, 0).verdict, ItemCheck::kAccept);
+  ids[7] = 5;
+  x->set_data(ids.data(), ids.size() * 4);
+  ItemCheck c = CheckDownItem(item, &l, 0);
+  EXPECT_EQ(c.reason, "token_out_of_range");
+  EXPECT_NE(c.status.message().find("batch.activations[7] = 5 is not a token id in 0..4"),
+            std::string::npos)
+      << c.status;
+  ids[7] = -1;
+  x->set_data(ids.data(), ids.size() * 4);
+  EXPECT_EQ(CheckDownItem(item, &l, 0).reason, "token_out_of_range");
+  c = CheckDownItem(Batch(), &l, 0);  // float values
+  EXPECT_EQ(c.reason, "wrong_dtype");
+  EXPECT_NE(c.status.message().find("takes I32 token ids, got F32"), std::string::npos) << c.status;
+  ids[7] = 1;
+  x->set_data(ids.data(), ids.size() * 4);
+  ExpectRefused(item, "wrong_dtype", "this stage takes F32 activations, got I32");
+}
+
 TEST(ItemCheck, ControlItemsNeedAKnownKind) {
   v1::DownItem item;
   item.mutable_control()->set_seq(1);

@@ -42,12 +42,14 @@ class WorkerProcess {
   v1::Worker::Stub& stub() { return *stub_; }
   int port() const { return port_; }
 
-  grpc::Status Configure(v1::ConfigureRequest::NonFinite policy) {
+  // By default the last stage of kJob: input [6], 3 classes, no downstream.
+  grpc::Status Configure(v1::ConfigureRequest::NonFinite policy, const char* job_text = kJob,
+                         int stage = 1) {
     v1::ConfigureRequest req;
-    absl::StatusOr<v1::Job> job = ParseJob(kJob, "test");
-    EXPECT_TRUE(job.ok());
+    absl::StatusOr<v1::Job> job = ParseJob(job_text, "test");
+    EXPECT_TRUE(job.ok()) << job.status();
     *req.mutable_job() = *job;
-    req.set_stage(1);  // the last stage: input [6], 3 classes, no downstream
+    req.set_stage(stage);
     req.set_total_steps(100);
     req.set_non_finite(policy);
     grpc::ClientContext ctx;
@@ -182,6 +184,45 @@ TEST(WorkerInput, EachBadItemIsRefusedNamingTheFieldAndTheStreamGoesOn) {
   EXPECT_EQ(s.rejected().at("non_finite"), 2);
   EXPECT_EQ(s.rejected().at("label_out_of_range"), 1);
   EXPECT_EQ(s.rejected().at("unknown_control"), 1);
+  EXPECT_EQ(s.rejected().at("wrong_dtype"), 1);
+}
+
+// A language model's first stage takes int32 token ids below its vocabulary; floats, or an
+// id without a row in the table, are refused and the stream goes on.
+TEST(WorkerInput, ALanguageModelsFirstStageTakesOnlyTokenIdsInItsVocabulary) {
+  constexpr char kLanguageModel[] = R"(
+rule: GREEDY
+data { text { seq_len: 4 } }
+stages { layers { embedding { vocab: 256 dim: 4 } } head { kind: LANGUAGE_MODEL } }
+)";
+  WorkerProcess w;
+  ASSERT_TRUE(w.Configure(v1::ConfigureRequest::REJECT, kLanguageModel, 0).ok());
+  auto tokens = [](uint64_t seq, std::vector<int32_t> ids) {
+    v1::DownItem item = Batch(seq, {}, std::vector<int32_t>(8, 1), 2, 4);
+    v1::Tensor* a = item.mutable_batch()->mutable_activations();
+    a->set_dtype(v1::I32);
+    a->set_data(ids.data(), ids.size() * 4);
+    item.mutable_batch()->mutable_labels()->set_shape(0, 2);
+    item.mutable_batch()->mutable_labels()->add_shape(4);
+    return item;
+  };
+  std::vector<v1::UpItem> up =
+      Exchange(w.stub(), {tokens(1, {72, 105, 33, 10, 0, 255, 7, 7}),
+                          tokens(2, {72, 105, 256, 10, 0, 1, 2, 3}),
+                          Batch(3, std::vector<float>(8, 1.0f), std::vector<int32_t>(8, 1), 2, 4),
+                          tokens(4, {1, 2, 3, 4, 5, 6, 7, 8}), Control(5, v1::Control::DRAIN)});
+  ASSERT_EQ(up.size(), 3u);
+  ASSERT_TRUE(up[0].has_error());
+  EXPECT_NE(up[0].error().message().find("batch.activations[2] = 256 is not a token id in 0..255"),
+            std::string::npos)
+      << up[0].error().message();
+  ASSERT_TRUE(up[1].has_error());
+  EXPECT_NE(up[1].error().message().find("takes I32 token ids, got F32"), std::string::npos)
+      << up[1].error().message();
+  ASSERT_TRUE(up[2].has_ack());
+  v1::StatsResponse s = w.Stats();
+  EXPECT_EQ(s.examples(), 4) << "the two batches of ids trained";
+  EXPECT_EQ(s.rejected().at("token_out_of_range"), 1);
   EXPECT_EQ(s.rejected().at("wrong_dtype"), 1);
 }
 
