@@ -135,11 +135,14 @@ TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameByte
       EXPECT_EQ(f.bytes_sent(), parsed.stage_reports(k + 1).bytes_received()) << "link " << k;
     }
   }
-  // About 70 of the 80 batches wait 100 ms each for the slow stage to take them, while the
-  // slow stage waits for input only as the pipeline fills, and when a busy machine
-  // deschedules the stages before it (up to 1.1 s with three copies of this test at once).
+  // The slow stage adds 8 s (80 batches of 100 ms). The stage before it spends a good part
+  // of that waiting to hand batches on: on an idle machine about 6 s, but a machine busy
+  // with other tests slows the stages' own compute, which then hides part of the wait
+  // (2.8 s seen in CI, where stages 0 and 1 each computed for 3 s). The slow stage waits
+  // for input only as the pipeline fills, and when a busy machine deschedules the stages
+  // before it (up to 1.1 s with three copies of this test at once).
   const double held = parsed.stage_reports(2).phase_seconds().send_wait();
-  EXPECT_GT(held, 3.0) << report;
+  EXPECT_GT(held, 2.0) << report;
   EXPECT_LT(parsed.stage_reports(3).phase_seconds().receive_wait(), 0.4 * held) << report;
 }
 
