@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
+#include "common/io/regular_file.h"
 
 namespace localpar {
 namespace {
@@ -19,6 +20,7 @@ constexpr int64_t kMaxFileBytes = int64_t{1} << 30;  // refuse anything larger t
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  if (absl::Status s = CheckRegularFile(path, "text corpus"); !s.ok()) return s;
   uintmax_t size = fs::file_size(path, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat(path, ": ", ec.message()));
   if (size > static_cast<uintmax_t>(kMaxFileBytes)) {
@@ -284,7 +286,13 @@ double UnigramBitsPerLabel(const DataSplit& split) {
     const int64_t rows = std::min(d.size(), std::max<int64_t>(1, kMaxLabels / per));
     y.resize(static_cast<size_t>(rows * per));
     for (int64_t r = 0; r < rows; ++r) {
-      d.windows->corpus->Window(d.windows->Start(0, r), per, nullptr, y.data() + r * per);
+      // A file that changed under us: the figure uses what was read; the run's own reads
+      // report it.
+      if (!d.windows->corpus->Window(d.windows->Start(0, r), per, nullptr, y.data() + r * per)
+               .ok()) {
+        y.resize(static_cast<size_t>(r * per));
+        break;
+      }
     }
     return y;
   };

@@ -211,21 +211,24 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
-void GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t begin,
-                 int64_t count, void* x, int32_t* y, int64_t epoch) {
+absl::Status GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t begin,
+                         int64_t count, void* x, int32_t* y, int64_t epoch) {
   const int64_t per = data.example_size();
   for (int64_t i = 0; i < count; ++i) {
     int64_t src = order.empty() ? begin + i : order[begin + i];
     if (data.windows) {
       const TokenWindows& w = *data.windows;
-      w.corpus->Window(w.Start(epoch, src), w.seq_len, static_cast<int32_t*>(x) + i * per,
-                       y + i * data.label_size);
+      absl::Status s =
+          w.corpus->Window(w.Start(epoch, src), w.seq_len, static_cast<int32_t*>(x) + i * per,
+                           y + i * data.label_size);
+      if (!s.ok()) return s;
       continue;
     }
     std::memcpy(static_cast<float*>(x) + i * per, data.x.data() + src * per, sizeof(float) * per);
     std::memcpy(y + i * data.label_size, data.y.data() + src * data.label_size,
                 sizeof(int32_t) * data.label_size);
   }
+  return absl::OkStatus();
 }
 
 }  // namespace localpar

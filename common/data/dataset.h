@@ -140,8 +140,9 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);
 // Copies examples order[begin, begin+count) into contiguous x and y buffers (y receives
 // label_size labels per example); an empty `order` means examples begin.. in order. x holds
 // data.input_dtype() elements: floats, or a sequence source's token ids. `epoch` picks a
-// sequence source's random windows.
-void GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t begin,
-                 int64_t count, void* x, int32_t* y, int64_t epoch = 0);
+// sequence source's random windows. Errors only from a sequence source whose file changed
+// under it (TokenCorpus::Window).
+absl::Status GatherBatch(const Dataset& data, const std::vector<int64_t>& order, int64_t begin,
+                         int64_t count, void* x, int32_t* y, int64_t epoch = 0);
 
 }  // namespace localpar

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/regular_file.h"
 
 namespace localpar {
 namespace {
@@ -79,6 +80,7 @@ absl::StatusOr<std::vector<int64_t>> ReadHeader(gzFile f, const std::string& pat
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> ReadIdxDims(const std::string& path) {
+  if (absl::Status s = CheckRegularFile(path); !s.ok()) return s;
   GzHandle f(gzopen(path.c_str(), "rb"));
   if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   int64_t total = 0;
@@ -86,6 +88,7 @@ absl::StatusOr<std::vector<int64_t>> ReadIdxDims(const std::string& path) {
 }
 
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  if (absl::Status s = CheckRegularFile(path); !s.ok()) return s;
   GzHandle f(gzopen(path.c_str(), "rb"));
   if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   int64_t total = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/regular_file.h"
 
 namespace localpar {
 
@@ -19,6 +20,7 @@ namespace {
 // Refuses more than 2^26 pixels: a few kilobytes of PNG can describe gigabytes of them.
 absl::Status OpenPng(const std::string& path, png_image* image) {
   *image = png_image{};
+  if (absl::Status s = CheckRegularFile(path); !s.ok()) return s;
   image->version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_file(image, path.c_str())) {
     std::string why = image->message;

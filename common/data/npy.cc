@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/io/atomic_file.h"
+#include "common/io/regular_file.h"
 
 namespace localpar {
 namespace {
@@ -63,6 +64,7 @@ uint32_t Le32(const unsigned char* p) {
 uint16_t Le16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  if (absl::Status s = CheckRegularFile(path); !s.ok()) return s;
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

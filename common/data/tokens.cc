@@ -31,6 +31,7 @@ int64_t PageSize() {
 TokenCorpus::~TokenCorpus() {
   for (const Piece& p : pieces_) {
     if (p.map) munmap(const_cast<uint8_t*>(p.map), p.map_bytes);
+    if (p.fd >= 0) close(p.fd);
   }
 }
 
@@ -39,7 +40,8 @@ absl::StatusOr<std::shared_ptr<TokenCorpus>> TokenCorpus::Map(const std::vector<
   std::shared_ptr<TokenCorpus> c(new TokenCorpus());
   c->width_ = format == TokenFileFormat::kBytes ? 1 : 2;
   for (const std::string& path : files) {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO would otherwise wait for a writer (it is refused below).
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       return errno == ENOENT ? absl::NotFoundError(absl::StrCat(path, ": no such file"))
                              : absl::PermissionDeniedError(
@@ -59,15 +61,16 @@ absl::StatusOr<std::shared_ptr<TokenCorpus>> TokenCorpus::Map(const std::vector<
       return absl::InvalidArgumentError(absl::StrCat(path, ": empty file (0 tokens)"));
     }
     void* m = mmap(nullptr, p.map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
     if (m == MAP_FAILED) {
+      close(fd);
       return absl::ResourceExhaustedError(
           absl::StrCat(path, ": cannot map ", p.map_bytes, " bytes: ", std::strerror(errno)));
     }
     madvise(m, p.map_bytes, MADV_RANDOM);  // windows are read at random: no read-ahead
     madvise(m, p.map_bytes, MADV_NOHUGEPAGE);
     p.map = static_cast<const uint8_t*>(m);
-    c->pieces_.push_back(p);  // unmapped by the destructor from here on
+    p.fd = fd;
+    c->pieces_.push_back(p);  // unmapped and closed by the destructor from here on
     Piece& piece = c->pieces_.back();
     const int64_t bytes = static_cast<int64_t>(piece.map_bytes);
     int32_t header[3] = {0, 0, 0};
@@ -138,11 +141,27 @@ void TokenCorpus::Release(const Piece& p, const void* at, size_t bytes) const {
   if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
 }
 
-void TokenCorpus::Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const {
+absl::Status TokenCorpus::Intact(const Piece& p) const {
+  struct stat st = {};
+  if (fstat(p.fd, &st) != 0) {
+    return absl::DataLossError(
+        absl::StrCat(p.path, ": cannot check its size while reading it: ", std::strerror(errno)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < p.map_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        p.path, ": shrank from ", p.map_bytes, " to ", st.st_size,
+        " bytes while the run read it (truncated?); a token file must not change during a run"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenCorpus::Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const {
   int64_t out = 0;
   const int width = width_;
+  absl::Status status;
   // One pass over [begin, begin + n + 1): token k goes to x[k] and y[k - 1].
   ForRange(begin, begin + n + 1, [&](const Piece& p, int64_t from, int64_t count) {
+    if (!status.ok() || !(status = Intact(p)).ok()) return;
     const uint8_t* at = p.map + p.header_bytes + from * width;
     for (int64_t i = 0; i < count; ++i, ++out) {
       int32_t id;
@@ -158,6 +177,7 @@ void TokenCorpus::Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const
     }
     Release(p, at, static_cast<size_t>(count * width));
   });
+  return status;
 }
 
 template <typename F>

@@ -39,8 +39,10 @@ class TokenCorpus {
   int64_t size() const { return size_; }  // tokens
   int bytes_per_token() const { return width_; }
   // Ids [begin, begin + n) into x and ids [begin + 1, begin + n + 1) into y (either may be
-  // null); begin + n + 1 <= size().
-  void Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const;
+  // null); begin + n + 1 <= size(). A file that shrank since it was mapped (truncated while
+  // the run reads it) is a DATA_LOSS error naming it, checked before its pages are touched:
+  // reading past its new end would kill the process with SIGBUS.
+  absl::Status Window(int64_t begin, int64_t n, int32_t* x, int32_t* y) const;
   // The largest id in [begin, end), read in chunks (resident memory stays flat).
   int32_t MaxId(int64_t begin, int64_t end) const;
   // The first id >= vocab in [begin, end) as "FILE: token at byte offset O is I, not below
@@ -54,6 +56,7 @@ class TokenCorpus {
     std::string path;
     const uint8_t* map = nullptr;  // the whole file
     size_t map_bytes = 0;
+    int fd = -1;               // kept open: its size is checked before each read of the mapping
     int64_t header_bytes = 0;  // skipped before the first token
     int64_t first = 0;         // index of its first token in the corpus
     int64_t count = 0;
@@ -66,6 +69,7 @@ class TokenCorpus {
   template <typename F>
   void Scan(int64_t begin, int64_t end, F f) const;
   void Release(const Piece& p, const void* at, size_t bytes) const;
+  absl::Status Intact(const Piece& p) const;  // still at least as long as when mapped
 
   std::vector<Piece> pieces_;
   int64_t size_ = 0;

@@ -5,7 +5,8 @@
 
 namespace localpar {
 
-// How deep layers may nest (a residual in a residual's body is 2). One limit serves both
+// How deep blocks may nest (a residual is 1 deep, a residual in a residual's body 2). One
+// limit serves both
 // parsers: the text parser stops at kMaxJobMessageDepth messages, which a job within the
 // nesting limit never reaches, and a Job within it stays far inside the limit of 100 that
 // protobuf's binary parser (and so gRPC) applies to a Configure. `validate` names the layer.

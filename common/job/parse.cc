@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/io/regular_file.h"
 #include "common/job/data_source.h"
 #include "common/job/data_spec.h"
 #include "common/job/defaults.h"
@@ -139,7 +140,7 @@ absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string&
   if (!parser.ParseFromString(text, &job)) {
     std::string why = errors.str();
     if (absl::StrContains(why, "too deep")) {
-      absl::StrAppend(&why, " (layers nest at most ", kMaxLayerNesting, " deep)");
+      absl::StrAppend(&why, " (blocks nest at most ", kMaxLayerNesting, " deep)");
     }
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", why));
   }
@@ -148,6 +149,7 @@ absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string&
 }
 
 absl::StatusOr<std::string> ReadJobFile(const std::string& path) {
+  if (absl::Status s = CheckRegularFile(path, "job file"); !s.ok()) return s;
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("job file ", path, ": cannot open"));
   std::stringstream buf;

@@ -17,6 +17,12 @@
 namespace localpar {
 namespace {
 
+// Blocks (residuals) nested `depth` deep around their innermost layer.
+std::string NestingError(int depth) {
+  return absl::StrCat("blocks nest ", depth,
+                      " deep (a residual in a residual's body is 2); at most ", kMaxLayerNesting);
+}
+
 absl::Status Invalid(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
@@ -154,9 +160,8 @@ absl::Status ValidateStages(const v1::Job& job) {
     const v1::Stage& st = job.stages(k);
     std::string at = absl::StrCat("stages[", k, "]");
     for (int i = 0; i < st.layers_size(); ++i) {
-      if (int depth = LayerSpecNesting(st.layers(i)); depth > kMaxLayerNesting) {
-        return Invalid(absl::StrCat(at, ".layers[", i, "]"),
-                       absl::StrCat("layers nest ", depth, " deep; at most ", kMaxLayerNesting));
+      if (int depth = LayerSpecNesting(st.layers(i)) - 1; depth > kMaxLayerNesting) {
+        return Invalid(absl::StrCat(at, ".layers[", i, "]"), NestingError(depth));
       }
       absl::Status s = ValidateLayerSpec(st.layers(i), absl::StrCat(at, ".layers[", i, "]"));
       if (!s.ok()) return s;
@@ -168,9 +173,8 @@ absl::Status ValidateStages(const v1::Job& job) {
     }
     for (int i = 0; i < st.head().layers_size(); ++i) {
       const std::string where = absl::StrCat(at, ".head.layers[", i, "]");
-      if (int depth = LayerSpecNesting(st.head().layers(i)); depth > kMaxLayerNesting) {
-        return Invalid(where,
-                       absl::StrCat("layers nest ", depth, " deep; at most ", kMaxLayerNesting));
+      if (int depth = LayerSpecNesting(st.head().layers(i)) - 1; depth > kMaxLayerNesting) {
+        return Invalid(where, NestingError(depth));
       }
       absl::Status s = ValidateLayerSpec(st.head().layers(i), where);
       if (!s.ok()) return s;

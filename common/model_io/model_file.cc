@@ -14,6 +14,7 @@
 #include "common/core/check.h"
 #include "common/core/cpu_backend.h"
 #include "common/data/dataset.h"
+#include "common/io/regular_file.h"
 #include "common/job/data_spec.h"
 #include "common/job/spec.h"
 #include "common/model_io/safetensors.h"
@@ -136,6 +137,25 @@ std::vector<ParamInfo> DescribeStageParams(Stage& stage, int k, int* global, Sha
   return out;
 }
 
+absl::StatusOr<std::vector<std::vector<TensorSpec>>> StageTensorSpecs(const ModelConfig& config) {
+  std::string error;
+  if (!ValidateModel(config, &error)) return absl::InvalidArgumentError(error);
+  CpuBackend cpu{CpuOptions{}};
+  std::vector<std::vector<TensorSpec>> specs;
+  for (size_t k = 0; k < config.stages.size(); ++k) {
+    std::unique_ptr<Stage> stage =
+        Stage::Create(cpu, config.stages[k], StageInputShape(config, static_cast<int>(k)),
+                      config.classes, config.optimizer, config.seed, &error);
+    if (!stage) return absl::InvalidArgumentError(error);
+    std::vector<TensorSpec>& out = specs.emplace_back();
+    std::vector<Param*> params = stage->params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      out.push_back(TensorSpec{absl::StrCat(i, ".", params[i]->name), params[i]->value.shape()});
+    }
+  }
+  return specs;
+}
+
 std::vector<ParamInfo> DescribeParams(const ModelConfig&, Model& model, int last_stage) {
   std::vector<ParamInfo> out;
   int global = 0;  // layers are numbered through the whole network, whatever the split
@@ -230,6 +250,19 @@ absl::StatusOr<v1::ModelWeights> GatherParams(const std::string& source, const M
     t->set_dtype(v1::F32);
     for (int64_t d : p.value->value.shape()) t->add_shape(d);
     t->set_data(ours.data(), n * sizeof(float));
+  }
+  // A head starts fresh only as a whole: one the source holds part of is a damaged file,
+  // never a half-initialised head.
+  for (const ParamInfo& p : params) {
+    if (p.head && fresh.count(HeadName(p.readable)) && used.count(p.readable)) {
+      for (const ParamInfo& q : params) {
+        if (HeadName(q.readable) == HeadName(p.readable) && !used.count(q.readable)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(source, ": has no tensor ", q.readable, " but holds ", p.readable,
+                           " of the same head (", HeadName(p.readable), "): a damaged file"));
+        }
+      }
+    }
   }
   // Whatever the source holds beyond the network: heads of boundaries the job does not
   // have are left out (and said); anything else means another network.
@@ -346,10 +379,13 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
                                                     InitNotes* notes) {
   std::error_code ec;
   const bool set = std::filesystem::is_directory(path, ec) || absl::EndsWith(path, ".index.json");
-  std::ifstream in(path, std::ios::binary);
-  if (!set && !in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::string first(9, '\0');
-  if (!set) first.resize(static_cast<size_t>(in.read(first.data(), 9).gcount()));
+  if (!set) {  // a set's files are opened (and checked) one by one by SafetensorsReader
+    if (absl::Status s = CheckRegularFile(path, "weights file"); !s.ok()) return s;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    first.resize(static_cast<size_t>(in.read(first.data(), 9).gcount()));
+  }
   // A safetensors file starts with its header's length and then '{'.
   if (set || LooksLikeSafetensors(first)) {
     absl::StatusOr<SafetensorsReader> file = SafetensorsReader::Open(path);
@@ -363,7 +399,7 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
     }
     return w;
   }
-  in.seekg(0);
+  std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   v1::ModelWeights w;
   if (!w.ParseFromString(bytes)) {

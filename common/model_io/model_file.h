@@ -41,6 +41,14 @@ std::vector<ParamInfo> DescribeParams(const ModelConfig& config, Model& model, i
 // (advanced past its own), *nchw the image its input was flattened from (start both at zero
 // and empty for stage 0, and carry them from stage to stage).
 std::vector<ParamInfo> DescribeStageParams(Stage& stage, int k, int* global, Shape* nchw);
+// Every stage's parameters as a worker names them ("3.weight") with their shapes, each stage
+// built alone on the CPU and freed before the next (so at most one stage's parameters are
+// held): what a coordinator checks the weights it collects against.
+struct TensorSpec {
+  std::string name;
+  Shape shape;
+};
+absl::StatusOr<std::vector<std::vector<TensorSpec>>> StageTensorSpecs(const ModelConfig& config);
 // "heads.3" for a head's tensor ("heads.3.0.weight"); "" for a layer's.
 std::string HeadName(const std::string& readable);
 

@@ -33,6 +33,12 @@ absl::Status ReadLabels(const std::string& path, int64_t count, Examples* out) {
                                                      a->shape.empty() ? 0 : a->shape[0],
                                                      " labels for ", count, " examples"));
     }
+    // One class per example: [count] (or [count, 1]), never a table read as a longer list.
+    if (a->count() != count) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": its shape is [",
+                                                     absl::StrJoin(a->shape, ","),
+                                                     "], one label per example is [", count, "]"));
+    }
     for (int64_t i = 0; i < a->count(); ++i) {
       double v = a->at(i);
       if (v < 0 || v > 1e9) {

@@ -3,6 +3,7 @@
 #include "common/model_io/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/io/atomic_file.h"
+#include "common/io/regular_file.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -51,6 +53,51 @@ std::string JsonString(const std::string& s) {
 
 // A header larger than this is not one localpar reads (a 1B-parameter model's is ~100 KiB).
 constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
+// A safetensors header or index nests two or three deep; protobuf's JSON parser takes
+// minutes over 100,000 nested brackets, so anything past this is refused before parsing.
+constexpr int kMaxJsonDepth = 32;
+
+// How deep `json` nests its arrays and objects (brackets inside strings do not count);
+// stops counting once past `limit`.
+int JsonDepth(const std::string& json, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : json) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// Parses a header or index, refusing deep nesting before the parser sees it.
+absl::Status ParseJsonStruct(const std::string& json, const std::string& path, const char* what,
+                             google::protobuf::Struct* out) {
+  if (JsonDepth(json, kMaxJsonDepth) > kMaxJsonDepth) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", what, " nests deeper than ", kMaxJsonDepth, " levels"));
+  }
+  if (!google::protobuf::util::JsonStringToMessage(json, out).ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what, " is not JSON"));
+  }
+  return absl::OkStatus();
+}
+
+// A whole number of bytes (data_offsets, shape extents), as JSON's doubles hold them.
+bool WholeNumber(double d) { return d >= 0 && d <= 1e15 && d == std::floor(d); }
 
 size_t DtypeBytes(const std::string& dtype) {
   if (dtype == "F32" || dtype == "I32") return 4;
@@ -167,6 +214,7 @@ bool LooksLikeSafetensors(const std::string& first_bytes) {
 }
 
 absl::Status SafetensorsReader::AddFile(const std::string& path, bool keep_metadata) {
+  if (absl::Status s = CheckRegularFile(path, "weights file"); !s.ok()) return s;
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   in.seekg(0, std::ios::end);
@@ -186,8 +234,8 @@ absl::Status SafetensorsReader::AddFile(const std::string& path, bool keep_metad
     return absl::DataLossError(absl::StrCat(path, ": cannot read the safetensors header"));
   }
   google::protobuf::Struct header;
-  if (!google::protobuf::util::JsonStringToMessage(json, &header).ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": the safetensors header is not JSON"));
+  if (absl::Status s = ParseJsonStruct(json, path, "the safetensors header", &header); !s.ok()) {
+    return s;
   }
   const uint64_t data_at = 8 + header_len, data_len = size - data_at;
   for (const auto& [name, value] : header.fields()) {
@@ -216,7 +264,7 @@ absl::Status SafetensorsReader::AddFile(const std::string& path, bool keep_metad
     if (shape) {
       for (const auto& v : shape->list_value().values()) {
         const double d = v.number_value();
-        if (d < 0 || d != static_cast<double>(static_cast<int64_t>(d)) || d > 1e15) {
+        if (!WholeNumber(d)) {
           return absl::DataLossError(absl::StrCat(path, ": ", name, ": shape holds ", d));
         }
         e.shape.push_back(static_cast<int64_t>(d));
@@ -228,8 +276,8 @@ absl::Status SafetensorsReader::AddFile(const std::string& path, bool keep_metad
     }
     const double begin = offsets->list_value().values(0).number_value();
     const double end = offsets->list_value().values(1).number_value();
-    if (begin < 0 || end < begin || end > static_cast<double>(data_len) ||
-        end - begin != count * static_cast<double>(unit)) {
+    if (!WholeNumber(begin) || !WholeNumber(end) || end < begin ||
+        end > static_cast<double>(data_len) || end - begin != count * static_cast<double>(unit)) {
       return absl::DataLossError(
           absl::StrCat(path, ": ", name, ": data_offsets [", begin, ", ", end, "] do not hold its ",
                        count, " ", e.dtype, " values within the file's ", data_len, " data bytes"));
@@ -265,14 +313,17 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
     if (absl::Status s = r.AddFile(path, true); !s.ok()) return s;
     return r;
   }
+  if (absl::Status s = CheckRegularFile(index, "weights index"); !s.ok()) return s;
+  std::error_code size_ec;
+  if (std::filesystem::file_size(index, size_ec) > kMaxHeaderBytes) {
+    return absl::DataLossError(
+        absl::StrCat(index, ": an index larger than ", kMaxHeaderBytes >> 20, " MiB"));
+  }
   std::ifstream in(index, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(index, ": cannot open"));
   std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   google::protobuf::Struct root;
-  if (json.size() > kMaxHeaderBytes ||
-      !google::protobuf::util::JsonStringToMessage(json, &root).ok()) {
-    return absl::DataLossError(absl::StrCat(index, ": not a JSON index"));
-  }
+  if (absl::Status s = ParseJsonStruct(json, index, "the index", &root); !s.ok()) return s;
   auto map = root.fields().find("weight_map");
   if (map == root.fields().end() || !map->second.has_struct_value()) {
     return absl::DataLossError(absl::StrCat(index, ": has no \"weight_map\" object"));
@@ -380,7 +431,8 @@ absl::StatusOr<v1::ModelWeights> ReadSafetensors(const SafetensorsReader& file,
   auto names = m.find("class_names");
   if (names != m.end()) {
     google::protobuf::ListValue list;
-    if (!google::protobuf::util::JsonStringToMessage(names->second, &list).ok()) {
+    if (JsonDepth(names->second, kMaxJsonDepth) > kMaxJsonDepth ||
+        !google::protobuf::util::JsonStringToMessage(names->second, &list).ok()) {
       return absl::DataLossError(
           absl::StrCat(path, ": __metadata__.class_names is not a JSON list of strings"));
     }

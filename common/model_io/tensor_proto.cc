@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/atomic_file.h"
+#include "common/io/regular_file.h"
 
 namespace localpar {
 namespace {}  // namespace
@@ -147,6 +148,7 @@ absl::Status WriteWeightsFile(const v1::ModelWeights& weights, const std::string
 }
 
 absl::StatusOr<v1::ModelWeights> ReadWeightsFile(const std::string& path) {
+  if (absl::Status s = CheckRegularFile(path, "weights file"); !s.ok()) return s;
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   v1::ModelWeights w;

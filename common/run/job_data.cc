@@ -12,10 +12,10 @@ BatchAssembler::BatchAssembler(const Dataset& data, int64_t max_rows)
       x_(static_cast<size_t>(max_rows * data.example_size())),
       y_(static_cast<size_t>(max_rows * data.label_size)) {}
 
-void BatchAssembler::Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows,
-                            int64_t epoch) {
+absl::Status BatchAssembler::Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows,
+                                    int64_t epoch) {
   rows_ = rows;
-  GatherBatch(data_, order, begin, rows, x_.data(), y_.data(), epoch);
+  return MarkDataError(GatherBatch(data_, order, begin, rows, x_.data(), y_.data(), epoch));
 }
 
 Shape BatchAssembler::y_shape() const {

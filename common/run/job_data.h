@@ -17,7 +17,9 @@ class BatchAssembler {
   BatchAssembler(const Dataset& data, int64_t max_rows);
   // Rows order[begin, begin + rows) of the data (begin.. when `order` is empty); `epoch`
   // picks a sequence source's random windows.
-  void Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows, int64_t epoch = 0);
+  // Errors: a token file that changed during the run (GatherBatch), a data error.
+  absl::Status Gather(const std::vector<int64_t>& order, int64_t begin, int64_t rows,
+                      int64_t epoch = 0);
   int64_t rows() const { return rows_; }
   // The inputs: x_dtype() elements (float32 values, or int32 token ids), 4 bytes each.
   const void* x() const { return x_.data(); }

@@ -134,6 +134,9 @@ class Loop {
     }
   }
 
+  // Why Run stopped early without `stop`: a batch that could not be read.
+  const absl::Status& error() const { return error_; }
+
   // Every item of `plan`; true when `stop` ended it before the last step.
   bool Run(BatchPlan& plan, const std::atomic<bool>* stop) {
     start_ = epoch_start_ = Clock::now();
@@ -141,11 +144,13 @@ class Loop {
       ledger_.Fed(item);
       if (item.kind == PlanItem::kTrain) {
         const int64_t step = Train(plan, item);
+        if (!error_.ok()) return false;
         if (stop && stop->load() && step < ledger_.total_steps()) return true;
       } else if (item.kind == PlanItem::kEndOfEpoch) {
         ledger_.AddTrainSeconds(Seconds(epoch_start_, Clock::now()));
       } else if (item.kind == PlanItem::kEval) {
         Evaluate(plan, item);
+        if (!error_.ok()) return false;
       } else {
         Score(item);
       }
@@ -167,7 +172,9 @@ class Loop {
 
   // A training step; returns the steps done.
   int64_t Train(const BatchPlan& plan, const PlanItem& item) {
-    train_.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
+    if (error_ = train_.Gather(plan.order(), item.begin, item.rows, item.epoch - 1); !error_.ok()) {
+      return item.step;
+    }
     Upload(train_, be_, &x_, &y_);
     std::vector<HeadStats> s = trainer_.TrainStep(x_, y_);
     for (int k = 0; k < stages_; ++k) train_stats_[k].Add(s[k]);
@@ -186,7 +193,7 @@ class Loop {
       line.evaluating = true;
       ledger_.Progress(line, /*force=*/true);
     }
-    test_.Gather(plan.test_order(), item.begin, item.rows);
+    if (error_ = test_.Gather(plan.test_order(), item.begin, item.rows); !error_.ok()) return;
     Upload(test_, be_, &x_, &y_);
     std::vector<HeadStats> s = trainer_.EvalBatch(x_, y_);
     for (int k = 0; k < stages_; ++k) test_stats_[k].Add(s[k]);
@@ -219,6 +226,7 @@ class Loop {
   std::vector<HeadStats> train_stats_, test_stats_;
   Clock::time_point start_, epoch_start_;
   int64_t examples_ = 0;
+  absl::Status error_;  // a batch that could not be read ends the run
 };
 
 }  // namespace
@@ -262,6 +270,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   if (resumed) loop.StartFigures(resumed->progress);
   BatchPlan plan = ledger.Plan(cursor);
   const bool interrupted = loop.Run(plan, options.stop);
+  if (!loop.error().ok()) return loop.error();  // data that changed under the run
   ledger.Done();
 
   v1::RunReport report = ledger.Report(facts);

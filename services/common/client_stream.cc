@@ -17,40 +17,50 @@ ClientStream::~ClientStream() { Finish(); }
 
 bool ClientStream::Write(const grpc::ByteBuffer& message) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (done_) return false;
+  if (done_ || !held_) return false;
   write_pending_ = true;
+  ++starting_;
   lock.unlock();
   StartWrite(&message);
   lock.lock();
+  if (--starting_ == 0) cv_.notify_all();
   cv_.wait(lock, [&] { return !write_pending_; });
   return write_ok_;
 }
 
 bool ClientStream::Read(grpc::ByteBuffer* message) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (done_) return false;
+  if (done_ || !held_) return false;
   read_pending_ = true;
+  ++starting_;
   lock.unlock();
   StartRead(message);
   lock.lock();
+  if (--starting_ == 0) cv_.notify_all();
   cv_.wait(lock, [&] { return !read_pending_; });
   return read_ok_;
 }
 
 void ClientStream::WritesDone() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (done_) return;
+  if (done_ || !held_) return;
   writes_done_pending_ = true;
+  ++starting_;
   lock.unlock();
   StartWritesDone();
   lock.lock();
+  if (--starting_ == 0) cv_.notify_all();
   cv_.wait(lock, [&] { return !writes_done_pending_; });
 }
 
 grpc::Status ClientStream::Finish() {
   std::unique_lock<std::mutex> lock(mu_);
   if (held_) {
+    // No operation starts from here on, and none is still being started: once the hold
+    // goes, the call may end and gRPC destroy its stream object, which an operation
+    // started after that would call into (a crash: "pure virtual method called").
     held_ = false;
+    cv_.wait(lock, [&] { return starting_ == 0; });
     lock.unlock();
     RemoveHold();
     lock.lock();

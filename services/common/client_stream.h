@@ -26,8 +26,9 @@ class ClientStream final : private grpc::ClientBidiReactor<grpc::ByteBuffer, grp
   ClientStream(const ClientStream&) = delete;
   ClientStream& operator=(const ClientStream&) = delete;
 
-  // Each returns once the operation is done: false once the stream is broken or over. Write
-  // and WritesDone from one thread, Read from one (possibly another) thread.
+  // Each returns once the operation is done: false once the stream is broken or over, or
+  // Finish was called (from another thread: nothing starts after it). Write and WritesDone
+  // from one thread, Read from one (possibly another) thread.
   bool Write(const grpc::ByteBuffer& message);
   bool Read(grpc::ByteBuffer* message);
   void WritesDone();
@@ -47,6 +48,7 @@ class ClientStream final : private grpc::ClientBidiReactor<grpc::ByteBuffer, grp
   bool read_pending_ = false, read_ok_ = false;
   bool writes_done_pending_ = false;
   bool held_ = true, done_ = false;
+  int starting_ = 0;  // operations between their check and their Start call
   grpc::Status status_;
 };
 

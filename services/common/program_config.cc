@@ -25,6 +25,7 @@ v1::CoordinatorConfig CoordinatorDefaults() {
   c.set_max_recoveries(10);
   c.set_recovery_timeout_s(60);
   c.set_replica_timeout_s(60);
+  c.set_collect_stall_s(60);
   return c;
 }
 

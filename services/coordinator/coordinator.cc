@@ -192,6 +192,8 @@ absl::Status CheckJobAgainstFlags(const v1::CoordinatorConfig& c, const v1::Job&
   if (c.has_weights_pb_limit_mib() && c.weights_pb_limit_mib() < 1) {
     return UsageError("--weights_pb_limit_mib: must be >= 1");
   }
+  if (c.has_collect_stall_s() && c.collect_stall_s() < 1)
+    return UsageError("--collect_stall_s: must be >= 1");
   if (c.has_transfer_chunk_kib() &&
       (c.transfer_chunk_kib() < 1 || c.transfer_chunk_kib() > (64 << 10))) {
     return UsageError("--transfer_chunk_kib: must be from 1 to 65536 (64 MiB)");

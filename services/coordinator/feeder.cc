@@ -101,6 +101,7 @@ bool Feeder::StartCheckpoint(PipelineLink& link, int64_t step, const DataCursor&
 bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
   stopped_early_ = false;
   interrupted_ = false;
+  data_error_ = absl::OkStatus();
   BatchPlan plan = ledger_.Plan(start);
   BatchAssembler train(data_.train, job_.batch_size()), test(data_.test, job_.eval_batch_size());
   for (PlanItem item; plan.Next(&item);) {
@@ -111,7 +112,10 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
       progress_.epoch = item.epoch;
       progress_.phase = FeedProgress::kTraining;
       if (metrics_) metrics_->SetEpoch(item.epoch);
-      train.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
+      if (data_error_ = train.Gather(plan.order(), item.begin, item.rows, item.epoch - 1);
+          !data_error_.ok()) {
+        return false;
+      }
       if (!SendStep(link, train, item.rows, meta)) return false;
       ledger_.Fed(item);
       const int64_t done = item.step + 1;
@@ -146,7 +150,9 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
     }
     if (item.kind == PlanItem::kEval) {
       progress_.phase = FeedProgress::kEvaluating;
-      test.Gather(plan.test_order(), item.begin, item.rows);
+      if (data_error_ = test.Gather(plan.test_order(), item.begin, item.rows); !data_error_.ok()) {
+        return false;
+      }
       if (!SendEval(link, test, item.rows, meta)) return false;
     } else if (!SendMarker(link, item)) {
       return false;

@@ -35,6 +35,9 @@ class Feeder {
   // checkpoints are on.
   bool stopped_early() const { return stopped_early_; }
   bool interrupted() const { return interrupted_; }
+  // Why Feed returned false when it was not the link: a batch that could not be read (a
+  // token file changed under the run). No recovery can help it.
+  const absl::Status& data_error() const { return data_error_; }
 
  private:
   uint64_t NextSeq() { return ++seq_; }
@@ -57,6 +60,7 @@ class Feeder {
   std::atomic<uint64_t> seq_{0};
   bool stopped_early_ = false;
   bool interrupted_ = false;
+  absl::Status data_error_;
 };
 
 }  // namespace localpar

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/job/spec.h"
 #include "common/model_io/model_file.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/run/report.h"
@@ -81,6 +82,10 @@ absl::Status JobRunner::Run() {
     // The books start where the data does: at the checkpoint, or at step 0.
     ledger_.Restore(resume_ ? HistoryOf(*resume_) : v1::RunReport(), StartCursor());
     const bool fed = feeder_.Feed(*link, StartCursor());
+    if (!feeder_.data_error().ok()) {
+      result = feeder_.data_error();
+      break;
+    }
     uint64_t drain = 0;
     if (fed && feeder_.SendControl(*link, v1::Control::DRAIN, &drain) && events_.WaitAck(drain)) {
       // A stage lost after the last commit (before its weights were read) is recovered
@@ -257,8 +262,8 @@ absl::Status JobRunner::CheckReplicasAgree(const v1::ModelWeights& weights) {
     for (int r = 1; r < pool_.replicas(); ++r) {
       absl::StatusOr<v1::StageWeights> w = pool_.Weights(k, r);
       if (!w.ok()) {
-        return WorkerLostError(
-            absl::StrCat(pool_.Name(k, r), ": GetWeights failed: ", w.status().message()));
+        return CollectFailed(absl::StrCat(
+            pool_.Name(k, r), ": collecting its weights failed: ", w.status().message()));
       }
       if (!SameWeights(*w, weights.stages(k))) {
         return FailureError(absl::StrCat(pool_.Name(k, r),
@@ -270,10 +275,27 @@ absl::Status JobRunner::CheckReplicasAgree(const v1::ModelWeights& weights) {
   return absl::OkStatus();
 }
 
+// A collection that failed: what was refused, and where the run's good weights are.
+absl::Status JobRunner::CollectFailed(const std::string& what) {
+  std::string m = absl::StrCat(what, "; no weights were written");
+  if (checkpointer_.enabled() && !checkpointer_.last_committed().empty()) {
+    absl::StrAppend(&m, "; checkpoint ", checkpointer_.last_committed(),
+                    " holds the run's weights as of its step (--resume=", checkpointer_.dir(), ")");
+  }
+  return WorkerLostError(m);
+}
+
 absl::Status JobRunner::Collect() {
+  // The job says what every stage must send back (built stage by stage on the CPU).
+  absl::StatusOr<std::vector<std::vector<TensorSpec>>> specs =
+      StageTensorSpecs(ToModelConfig(job_));
+  if (!specs.ok()) return specs.status();
+  pool_.ExpectWeights(*std::move(specs),
+                      config_.has_collect_stall_s() ? config_.collect_stall_s() : 60);
   std::vector<std::optional<v1::StatsResponse>> polled = pool_.PollStats(config_.trace(), 10);
   std::vector<v1::StatsResponse> stats;
   v1::ModelWeights weights;
+  std::string non_finite;  // the first NaN or infinity the weights hold
   const absl::Time collect_start = absl::Now();
   for (int k = 0; k < pool_.size(); ++k) {
     if (!polled[k]) {
@@ -281,10 +303,10 @@ absl::Status JobRunner::Collect() {
           absl::StrCat("stage ", k, " at ", pool_.address(k), " stopped answering"));
     }
     stats.push_back(*polled[k]);
-    absl::StatusOr<v1::StageWeights> w = pool_.Weights(k);
+    absl::StatusOr<v1::StageWeights> w = pool_.Weights(k, 0, &non_finite);
     if (!w.ok()) {
-      return WorkerLostError(
-          absl::StrCat("stage ", k, ": GetWeights failed: ", w.status().message()));
+      return CollectFailed(
+          absl::StrCat("stage ", k, ": collecting its weights failed: ", w.status().message()));
     }
     *weights.add_stages() = *std::move(w);
   }
@@ -297,6 +319,11 @@ absl::Status JobRunner::Collect() {
   report.set_interrupted(feeder_.interrupted());
   AddStageReports(stats, &report);
   absl::Status result = CheckRunTrained(report);
+  // Non-finite weights belong to a run whose loss diverged (reported below, exit 6); in a
+  // run the figures say trained well, a worker sent values it never computed.
+  if (result.ok() && !non_finite.empty()) {
+    return CollectFailed(absl::StrCat(non_finite, ", though every stage reported a finite loss"));
+  }
   if (!result.ok()) result = WithExitCode(result, kExitTrainingFailed);
   if (result.ok() && checkpointer_.started() > 0 && checkpointer_.committed() == 0) {
     result = FailureError(absl::StrCat("every checkpoint of this run failed (",

@@ -54,6 +54,7 @@ class JobRunner {
   // After a break (`why`): waits for every stage, then rolls back to the last commit. OK
   // when the run can go on.
   absl::Status Recover(const grpc::Status& why, int attempt);
+  absl::Status CollectFailed(const std::string& what);
   absl::Status Collect();
   absl::Status Interrupted(const absl::Status& collected) const;
   // With replicas, every stage's replicas must hold the same weights at the end.

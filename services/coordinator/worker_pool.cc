@@ -2,12 +2,17 @@
 #include "services/coordinator/worker_pool.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/model_io/stage_snapshot.h"
 #include "services/common/exit_codes.h"
 #include "services/common/peer_text.h"
+#include "services/common/stall_timer.h"
 #include "services/coordinator/replica_stats.h"
 
 namespace localpar {
@@ -189,59 +194,102 @@ absl::Status WorkerPool::SendInitial(int k, int r, const v1::StageWeights& weigh
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::StageWeights> WorkerPool::Weights(int k, int r) {
+void WorkerPool::ExpectWeights(std::vector<std::vector<TensorSpec>> specs, int stall_s) {
+  expected_ = std::move(specs);
+  stall_s_ = stall_s;
+}
+
+absl::StatusOr<v1::StageWeights> WorkerPool::Weights(int k, int r, std::string* non_finite) {
+  if (k < 0 || k >= static_cast<int>(expected_.size())) {
+    return absl::InternalError(absl::StrCat("no tensors are expected of stage ", k));
+  }
+  const std::vector<TensorSpec>& expected = expected_[k];
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < expected.size(); ++i) index[expected[i].name] = static_cast<int>(i);
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(600));
   AddToken(ctx, security_);
+  StallTimer stall(std::chrono::seconds(stall_s_), [&ctx] { ctx.TryCancel(); });
   v1::WeightsRequest req;
   req.set_chunk_bytes(std::min<int64_t>(chunk_bytes_, int64_t{64} << 20));
   std::unique_ptr<grpc::ClientReader<v1::ParamChunk>> reader = stub(k, r).StreamWeights(&ctx, req);
-  v1::StageWeights w;
-  w.set_stage(k);
+  // Filled in the job's order, whatever order the pieces come in.
+  std::vector<std::optional<v1::NamedTensor>> got(expected.size());
   v1::ParamChunk chunk;
-  v1::NamedTensor* current = nullptr;
-  int64_t want = 0;  // bytes of the current tensor
-  // Never trust a peer: each piece continues its tensor, within the size its shape gives.
+  std::string* data = nullptr;  // of the tensor the pieces continue
+  int64_t want = 0;             // its bytes
+  std::string current;          // its name
+  bool finished = false;
   auto bad = [&](const std::string& what) {
-    ctx.TryCancel();
-    reader->Finish();
-    return absl::DataLossError(
-        absl::StrCat(Name(k, r), " sent weights that do not add up: ", SanitizePeerText(what)));
+    if (!finished) {
+      ctx.TryCancel();
+      reader->Finish();
+    }
+    return absl::DataLossError(absl::StrCat(Name(k, r), " sent weights that do not match the job (",
+                                            SanitizePeerText(what), "); nothing was written"));
   };
   while (reader->Read(&chunk)) {
-    if (!current || current->name() != chunk.name()) {
-      if (current && static_cast<int64_t>(current->tensor().data().size()) != want) {
-        return bad(absl::StrCat(current->name(), " ended at ", current->tensor().data().size(),
-                                " of ", want, " bytes"));
+    stall.Touch();
+    if (!data || chunk.offset() == 0) {  // a new tensor starts
+      if (data && static_cast<int64_t>(data->size()) != want) {
+        return bad(absl::StrCat(current, " ended at ", data->size(), " of ", want, " bytes"));
       }
-      if (chunk.offset() != 0 || chunk.shape().empty() || w.params_size() >= (1 << 20)) {
-        return bad(absl::StrCat(chunk.name(), " starts at element ", chunk.offset()));
+      auto it = index.find(chunk.name());
+      if (it == index.end()) return bad(absl::StrCat("the stage has no tensor ", chunk.name()));
+      const TensorSpec& spec = expected[it->second];
+      if (got[it->second]) return bad(absl::StrCat(chunk.name(), " came twice"));
+      if (!std::equal(spec.shape.begin(), spec.shape.end(), chunk.shape().begin(),
+                      chunk.shape().end())) {
+        return bad(absl::StrCat(chunk.name(), " is [", absl::StrJoin(chunk.shape(), ","),
+                                "], the job's is ", ShapeString(spec.shape)));
       }
-      want = 4;
-      for (int64_t d : chunk.shape()) {
-        if (d < 0 || (d > 0 && want > (int64_t{1} << 40) / d)) {
-          return bad(absl::StrCat(chunk.name(), " has shape extent ", d));
-        }
-        want *= d;
-      }
-      current = w.add_params();
-      current->set_name(chunk.name());
-      current->mutable_tensor()->set_dtype(v1::F32);
-      *current->mutable_tensor()->mutable_shape() = chunk.shape();
+      v1::NamedTensor& t = got[it->second].emplace();
+      t.set_name(spec.name);
+      current = spec.name;
+      t.mutable_tensor()->set_dtype(v1::F32);
+      *t.mutable_tensor()->mutable_shape() = chunk.shape();
+      want = NumElements(spec.shape) * static_cast<int64_t>(sizeof(float));
+      data = t.mutable_tensor()->mutable_data();
+      data->reserve(static_cast<size_t>(want));
     }
-    std::string* data = current->mutable_tensor()->mutable_data();
-    if (chunk.offset() * 4 != static_cast<int64_t>(data->size()) ||
-        static_cast<int64_t>(data->size() + chunk.data().size()) > want) {
-      return bad(absl::StrCat(chunk.name(), ": a piece at element ", chunk.offset(), " of ",
-                              chunk.data().size(), " bytes after ", data->size()));
+    const std::string& piece = chunk.data();
+    if (chunk.offset() * 4 != static_cast<int64_t>(data->size()) || piece.size() % 4 != 0 ||
+        static_cast<int64_t>(data->size() + piece.size()) > want) {
+      return bad(absl::StrCat(chunk.name(), ": a piece of ", piece.size(), " bytes at element ",
+                              chunk.offset(), " after ", data->size(), " of ", want, " bytes"));
     }
-    data->append(chunk.data());
+    for (size_t at = 0; at < piece.size(); at += 4) {
+      float v;
+      std::memcpy(&v, piece.data() + at, 4);
+      if (!std::isfinite(v)) {
+        const std::string what = absl::StrCat(chunk.name(), " holds ", v, " at element ",
+                                              chunk.offset() + static_cast<int64_t>(at / 4));
+        if (!non_finite) return bad(what);
+        if (non_finite->empty()) *non_finite = absl::StrCat(Name(k, r), ": ", what);
+        break;
+      }
+    }
+    data->append(piece);
   }
+  const bool stalled = stall.fired();
   grpc::Status st = reader->Finish();
+  finished = true;
+  if (stalled) {
+    return absl::DeadlineExceededError(absl::StrCat(Name(k, r), " sent nothing for ", stall_s_,
+                                                    " s while its weights were collected"));
+  }
   if (!st.ok()) return FromGrpcStatus(st);
-  if (current && static_cast<int64_t>(current->tensor().data().size()) != want) {
-    return bad(absl::StrCat(current->name(), " ended at ", current->tensor().data().size(), " of ",
-                            want, " bytes"));
+  v1::StageWeights w;
+  w.set_stage(k);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const int64_t size = got[i] ? static_cast<int64_t>(got[i]->tensor().data().size()) : -1;
+    const int64_t full = NumElements(expected[i].shape) * static_cast<int64_t>(sizeof(float));
+    if (size != full) {
+      return bad(size < 0
+                     ? absl::StrCat(expected[i].name, " never came")
+                     : absl::StrCat(expected[i].name, " ended at ", size, " of ", full, " bytes"));
+    }
+    *w.add_params() = *std::move(got[i]);
   }
   return w;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model_io/model_file.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/localpar.grpc.pb.h"
 #include "services/common/grpc_util.h"
@@ -65,8 +66,16 @@ class WorkerPool {
       std::vector<std::optional<v1::StatsResponse>>* workers = nullptr);
   // "stage 1 (HOST:PORT), ..." for the workers that do not answer; empty when all do.
   std::string Unreachable(double deadline_s);
-  // A stage's parameters, streamed in pieces (StreamWeights), every piece checked.
-  absl::StatusOr<v1::StageWeights> Weights(int k, int r = 0);
+  // What Weights holds the workers to: every stage's tensors by name and shape (from the
+  // job), and how long a worker may send nothing.
+  void ExpectWeights(std::vector<std::vector<TensorSpec>> specs, int stall_s);
+  // A stage's parameters, streamed in pieces (StreamWeights). Never trusting the worker:
+  // every piece is checked against the job's tensors (name, shape, place, finite values)
+  // before it is kept, nothing is allocated beyond them, every tensor must come once, and
+  // a stream silent for the stall bound is given up. Errors name the stage and the tensor.
+  // With `non_finite`, a NaN or infinite value is not refused but described there (the
+  // first one; a run whose loss diverged has them), for the caller to judge.
+  absl::StatusOr<v1::StageWeights> Weights(int k, int r = 0, std::string* non_finite = nullptr);
 
  private:
   int Index(int k, int r) const { return k * replicas_ + r; }
@@ -77,6 +86,8 @@ class WorkerPool {
   const int replicas_;
   const SecurityOptions& security_;
   const int64_t chunk_bytes_;
+  std::vector<std::vector<TensorSpec>> expected_;  // per stage (ExpectWeights)
+  int stall_s_ = 60;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
 };
 

@@ -1,5 +1,6 @@
 // The localpar command line: one subcommand per task (commands.h), each with its own flags.
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -79,8 +80,16 @@ int main(int argc, char** argv) {
   }
   for (const Command& c : kCommands) {
     if (args[0] != c.name) continue;
-    // The one place the commands' errors are printed and mapped to exit codes.
-    const absl::Status s = c.main({args.begin() + 1, args.end()}, {std::cout, std::cerr});
+    // The one place the commands' errors are printed and mapped to exit codes. A job that
+    // --memory_limit_mib let through but this machine cannot hold ends here, not in abort().
+    absl::Status s;
+    try {
+      s = c.main({args.begin() + 1, args.end()}, {std::cout, std::cerr});
+    } catch (const std::bad_alloc&) {
+      s = absl::ResourceExhaustedError(
+          "out of memory: this machine could not allocate what the job needs (was "
+          "--memory_limit_mib raised past its memory?)");
+    }
     if (!s.message().empty()) std::cerr << "localpar: " << s.message() << "\n";
     return localpar::ExitCodeOf(s);
   }

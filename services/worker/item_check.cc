@@ -157,8 +157,12 @@ ItemCheck CheckTensors(const v1::Batch& b, const ItemLimits& l) {
                                            " activations, got ", v1::DType_Name(dtype)));
   }
   const auto& shape = b.activations().shape();
-  Shape per_example(shape.begin() + 1, shape.end());
-  if (NumElements(per_example) != NumElements(l.input_shape) || shape[0] <= 0) {
+  // Rows first: with at least one row, the per-example product is bounded by the data that
+  // CheckWireTensor matched the shape to (with no rows it could overflow).
+  bool fits = shape[0] > 0;
+  int64_t per_example = 1;
+  for (int i = 1; fits && i < shape.size(); ++i) per_example *= shape[i];  // fits: no overflow
+  if (!fits || per_example != NumElements(l.input_shape)) {
     return Bad("wrong_shape", absl::StrCat("batch.activations.shape: [", absl::StrJoin(shape, ","),
                                            "] does not fit stage ", l.stage, "'s input ",
                                            ShapeString(l.input_shape)));
@@ -184,7 +188,7 @@ ItemCheck CheckTensors(const v1::Batch& b, const ItemLimits& l) {
   }
   if (l.token_vocab == 0) return ItemCheck();
   const int32_t* ids = reinterpret_cast<const int32_t*>(b.activations().data().data());
-  for (int64_t i = 0, n = NumElements(Shape(shape.begin(), shape.end())); i < n; ++i) {
+  for (int64_t i = 0, n = shape[0] * per_example; i < n; ++i) {
     if (ids[i] < 0 || ids[i] >= l.token_vocab) {
       return Bad("token_out_of_range",
                  absl::StrCat("batch.activations[", i, "] = ", ids[i], " is not a token id in 0..",

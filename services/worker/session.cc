@@ -143,8 +143,7 @@ std::optional<v1::DownItem> StreamSession::NextItem() {
 // wait while the queue is full; the reader (a gRPC thread) never waits, it stops reading.
 void StreamSession::Write(grpc::ByteBuffer item, bool wait_for_room) {
   std::unique_lock<std::mutex> lock(mu_);
-  const int stall_s =
-      options_.config.upstream_stall_s() > 0 ? options_.config.upstream_stall_s() : 60;
+  const int stall_s = UpstreamStallSeconds(options_.config);
   if (wait_for_room && !write_room_.wait_for(lock, std::chrono::seconds(stall_s), [&] {
         return upstream_gone_ || writes_.size() < max_queued_writes_;
       })) {
@@ -215,9 +214,14 @@ void StreamSession::OnCancel() {
   down_ctx_.TryCancel();
 }
 
+// on_done_ runs after the session is deleted (a copy of it: the members are gone), so that
+// whoever waits for sessions to end (the worker's shutdown) never tears down gRPC or the
+// service while a session's destructor still releases its downstream call.
 void StreamSession::OnDone() {
-  on_done_(shutdown_requested_);
+  const std::function<void(bool)> done = on_done_;
+  const bool shutdown = shutdown_requested_;
   delete this;
+  done(shutdown);
 }
 
 // ---- compute and the downstream link --------------------------------------------------

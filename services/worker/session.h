@@ -29,8 +29,8 @@ class StreamSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  public:
   // `setup` null: the worker is not configured, and every item is refused. `on_finish` runs
   // just before the RPC is finished (the stage is no longer in use: the worker may take a
-  // new stream or configuration); `on_done` once it is over, with whether a SHUTDOWN item
-  // passed through. Then the session deletes itself.
+  // new stream or configuration); `on_done` once it is over and the session has deleted
+  // itself, with whether a SHUTDOWN item passed through.
   StreamSession(grpc::CallbackServerContext* context, std::shared_ptr<const ConfiguredStage> setup,
                 StageHost& host, WorkerStats& stats, const WorkerOptions& options,
                 std::function<void()> on_finish, std::function<void(bool shutdown)> on_done);

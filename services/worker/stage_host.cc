@@ -227,7 +227,16 @@ absl::StatusOr<v1::ConfigureResponse> StageHost::Configure(const v1::ConfigureRe
     std::lock_guard<std::mutex> lock(mu_);
     setup_.reset();  // a stream still running holds its own reference until it ends
   };
-  if (absl::Status s = Build(req, built.get(), release); !s.ok()) return s;
+  // A job its limits let through that this machine cannot hold is refused; the worker goes
+  // on serving.
+  try {
+    if (absl::Status s = Build(req, built.get(), release); !s.ok()) return s;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("stage ", req.stage(),
+                     ": out of memory building the stage (was "
+                     "--memory_limit_mib raised past this machine's memory?)"));
+  }
   v1::ConfigureResponse resp;
   resp.set_backend(backend_->Describe());
   resp.set_parameters(built->stage_model->num_parameters());

@@ -31,6 +31,10 @@ struct WorkerOptions {
   SecurityOptions security;
   std::ostream* log = nullptr;  // what the worker says of its peers (none: nothing)
 };
+// How long a peer's stream may go silent before the worker ends it (upstream_stall_s).
+inline int UpstreamStallSeconds(const v1::WorkerConfig& config) {
+  return config.upstream_stall_s() > 0 ? config.upstream_stall_s() : 60;
+}
 
 // What one Configure decided, and the stage it built. The settings never change once built;
 // the stage itself (stage_model) is mutable state, touched only by the compute thread, and

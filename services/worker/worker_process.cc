@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -131,6 +132,15 @@ absl::StatusOr<int> RunWorker(const WorkerOptions& given, std::ostream& log) {
   watchdog.join();
   // Streams in flight get a grace period to finish their batches.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // A stream's session may still be ending on one of gRPC's threads (its compute thread
+  // finishing a step, its downstream call being released): tearing down the service or
+  // gRPC under it crashed the worker when its coordinator died. Its threads end within a
+  // step once the call is cancelled; if one does not, leave without running destructors.
+  if (!service.WaitForSessions(std::chrono::seconds(30))) {
+    log << "localpar_worker: a stream did not end within 30 s of shutdown; exiting now\n";
+    log.flush();
+    std::_Exit(stopped_by ? 128 + stopped_by : kExitFailure);
+  }
   char zero = 0;
   (void)!write(g_signal_pipe[1], &zero, 1);  // wake the signal thread if no signal came
   signals.join();

@@ -2,6 +2,7 @@
 #include "services/worker/worker_service.h"
 
 #include "services/common/grpc_util.h"
+#include "services/common/stall_timer.h"
 #include "services/worker/session.h"
 #include "services/worker/worker_metrics.h"
 
@@ -59,14 +60,22 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Stre
     }
     streaming_ = true;
   }
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    ++live_sessions_;
+  }
   auto* session = new StreamSession(
       ctx, host_.setup(), host_, stats_, options_,
       [this] {
         std::lock_guard<std::mutex> lock(mu_);
         streaming_ = false;
       },
+      // Runs once the session is deleted: nothing of it is left to touch the service.
       [this](bool shutdown) {
         if (shutdown && !options_.config.stay_after_shutdown()) RequestShutdown();
+        std::lock_guard<std::mutex> lock(shutdown_mu_);
+        --live_sessions_;
+        shutdown_cv_.notify_all();
       });
   session->Start();
   return session;
@@ -106,8 +115,22 @@ grpc::Status WorkerService::SetInitial(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "SetInitial: an upstream stream is open");
   }
-  absl::StatusOr<v1::SetInitialResponse> r =
-      host_.SetInitial([&](v1::ParamChunk* c) { return reader->Read(c); });
+  // A client that stalls mid-stream must not hold the stage (and with it Configure, Stream
+  // and GetWeights): the same bound on silence as an upstream stream.
+  const int stall_s = UpstreamStallSeconds(options_.config);
+  StallTimer stall(std::chrono::seconds(stall_s), [ctx] { ctx->TryCancel(); });
+  absl::StatusOr<v1::SetInitialResponse> r = host_.SetInitial([&](v1::ParamChunk* c) {
+    if (!reader->Read(c)) return false;
+    stall.Touch();
+    return true;
+  });
+  if (stall.fired()) {
+    // The client sees the cancel (it is what ended the read); the log says why.
+    const std::string why = absl::StrCat("SetInitial: no piece came for ", stall_s,
+                                         " s; the stage stays unstarted (send them all again)");
+    if (options_.log != nullptr) *options_.log << "localpar_worker: " << why << "\n";
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, why);
+  }
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
@@ -124,6 +147,11 @@ void WorkerService::RequestShutdown() {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
   shutdown_ = true;
   shutdown_cv_.notify_all();
+}
+
+bool WorkerService::WaitForSessions(std::chrono::milliseconds bound) {
+  std::unique_lock<std::mutex> lock(shutdown_mu_);
+  return shutdown_cv_.wait_for(lock, bound, [&] { return live_sessions_ == 0; });
 }
 
 void WorkerService::WaitForShutdown() {

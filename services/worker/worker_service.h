@@ -2,6 +2,7 @@
 // statistics.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -39,6 +40,10 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_Stream<v1::
   // Blocks until a Shutdown RPC, a SHUTDOWN item or RequestShutdown.
   void WaitForShutdown();
   void RequestShutdown();
+  // After the server's Shutdown: waits until every stream session is gone (its threads
+  // joined, its downstream call released), at most `bound`. False if one is still there;
+  // the service (and gRPC) must then not be torn down under it.
+  bool WaitForSessions(std::chrono::milliseconds bound);
 
  private:
   const WorkerOptions& options_;
@@ -49,6 +54,7 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_Stream<v1::
   std::mutex shutdown_mu_;
   std::condition_variable shutdown_cv_;
   bool shutdown_ = false;
+  int live_sessions_ = 0;  // under shutdown_mu_, signalled on shutdown_cv_
 };
 
 }  // namespace localpar

@@ -321,6 +321,10 @@ def check_errors(work, weights):
     out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
     if "3 labels for 5 examples" not in out:
         raise Failure(f"labels of another length are not refused:\n{out}")
+    np.save(y, np.zeros((5, 1000), np.int64))
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}", expect=4)
+    if "its shape is [5,1000], one label per example is [5]" not in out:
+        raise Failure(f"a table of labels is not refused:\n{out}")
     # Headers are checked before anything is decoded: an IDX file whose header promises
     # 65535 x 65535 images (4 GiB of them) and a PNG of 9000 x 9000 pixels (a few kilobytes
     # of file each).

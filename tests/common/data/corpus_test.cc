@@ -114,8 +114,8 @@ TEST(TextCorpus, WindowsPredictTheNextByteAndBlocksAlternateBetweenSplits) {
   // Train window 0 is bytes 0..3; its labels are bytes 1..4. The first held-out window is
   // window 48 (block 3).
   BatchAssembler first_train(s->train, 1), first_test(s->test, 1);
-  first_train.Gather({}, 0, 1);
-  first_test.Gather({}, 0, 1);
+  ASSERT_TRUE(first_train.Gather({}, 0, 1).ok());
+  ASSERT_TRUE(first_test.Gather({}, 0, 1).ok());
   EXPECT_EQ(first_train.x_dtype(), DType::kI32);  // token ids travel as integers
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(first_train.ids()[i], static_cast<uint8_t>(text[i]));
@@ -126,7 +126,7 @@ TEST(TextCorpus, WindowsPredictTheNextByteAndBlocksAlternateBetweenSplits) {
   // A batch carries seq_len labels per example, in the examples' order.
   BatchAssembler batch(s->train, 3);
   std::vector<int64_t> order = {2, 0, 1};
-  batch.Gather(order, 0, 3);
+  ASSERT_TRUE(batch.Gather(order, 0, 3).ok());
   EXPECT_EQ(batch.y_shape(), (Shape{3, 4}));
   EXPECT_EQ(batch.y_bytes(), 3u * 4 * 4);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(batch.y()[i], static_cast<uint8_t>(text[2 * 4 + i + 1]));
@@ -179,7 +179,7 @@ TEST(TextCorpus, TheDefaultSplitHoldsOutTheTailAndValidationFilesReplaceIt) {
   EXPECT_EQ(s->train.size(), (900 - 1) / 8);  // consecutive windows of the first 900 bytes
   EXPECT_EQ(s->test.size(), (100 - 1) / 8);   // and of the last 100
   BatchAssembler held(s->test, 2);
-  held.Gather({}, 1, 1);  // the second held-out window starts at byte 908
+  ASSERT_TRUE(held.Gather({}, 1, 1).ok());  // the second held-out window starts at byte 908
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(held.ids()[i], static_cast<uint8_t>(text[908 + i]));
     EXPECT_EQ(held.y()[i], static_cast<uint8_t>(text[909 + i]));

@@ -4,6 +4,8 @@
 #include "common/data/tokens.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -69,7 +71,7 @@ TEST(TokenData, NanoGptAndLlmcFilesGiveTheNextTokenAsEveryPositionsLabel) {
   EXPECT_EQ(s->test.size(), (700 - 1) / 16);
   EXPECT_TRUE(s->normalization.tokens);
   BatchAssembler batch(s->train, 4);
-  batch.Gather({}, 0, 4, /*epoch=*/2);
+  ASSERT_TRUE(batch.Gather({}, 0, 4, /*epoch=*/2).ok());
   for (int r = 0; r < 4; ++r) {
     const int64_t at = s->train.windows->Start(2, r);
     for (int i = 0; i < 16; ++i) {
@@ -78,7 +80,7 @@ TEST(TokenData, NanoGptAndLlmcFilesGiveTheNextTokenAsEveryPositionsLabel) {
     }
   }
   BatchAssembler held(s->test, 1);
-  held.Gather({}, 2, 1);
+  ASSERT_TRUE(held.Gather({}, 2, 1).ok());
   EXPECT_EQ(held.ids()[0], val[32]);  // consecutive windows, in order
   EXPECT_EQ(held.y()[15], val[48]);
   // tokens_per_epoch sets an epoch's windows; vocab given is checked, not read.
@@ -131,6 +133,36 @@ TEST(TokenData, BadFilesAreRefusedNamingTheFileAndTheOffset) {
 
 // Memory does not grow with the file: the vocabulary scan and 5000 random windows of
 // a 64 MiB file leave resident memory within a few MB of where it was.
+// A file truncated while a run reads it (or a FIFO given as one) ends with an error naming
+// the file, never SIGBUS (reading a mapping past the file's new end) or a hang.
+TEST(TokenData, AFileThatShrinksOrIsAFifoIsANamedErrorNotASignal) {
+  DataDir dir;
+  const std::vector<uint16_t> ids = Ramp(1 << 20, 300);  // 2 MiB: pages past the cut
+  WriteRaw(dir.file("train.bin"), ids);
+  absl::StatusOr<std::shared_ptr<TokenCorpus>> c =
+      TokenCorpus::Map({dir.file("train.bin")}, TokenFileFormat::kRawU16);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<int32_t> x(64), y(64);
+  ASSERT_TRUE((*c)->Window((1 << 20) - 100, 64, x.data(), y.data()).ok());
+  EXPECT_EQ(x[0], ids[(1 << 20) - 100]);
+  for (off_t size : {off_t{1} << 20, off_t{0}}) {
+    ASSERT_EQ(truncate(dir.file("train.bin").c_str(), size), 0);
+    absl::Status s = (*c)->Window((1 << 20) - 100, 64, x.data(), y.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(dir.file("train.bin") + ": shrank from 2097152 to " +
+                               std::to_string(size) + " bytes while the run read it"),
+              std::string::npos)
+        << s;
+  }
+  ASSERT_EQ(mkfifo(dir.file("fifo.bin").c_str(), 0600), 0);
+  absl::StatusOr<std::shared_ptr<TokenCorpus>> fifo =
+      TokenCorpus::Map({dir.file("fifo.bin")}, TokenFileFormat::kRawU16);
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.status().message().find(dir.file("fifo.bin") + ": not a regular file"),
+            std::string::npos)
+      << fifo.status();
+}
+
 TEST(TokenData, ResidentMemoryDoesNotGrowWithTheFile) {
   DataDir dir;
   std::vector<uint16_t> ids = Ramp(32 << 20, 4000);  // 64 MiB
@@ -144,7 +176,7 @@ TEST(TokenData, ResidentMemoryDoesNotGrowWithTheFile) {
   absl::StatusOr<DataSplit> s = LoadTokenData(o);
   ASSERT_TRUE(s.ok()) << s.status();
   BatchAssembler batch(s->train, 100);
-  for (int step = 0; step < 50; ++step) batch.Gather({}, step * 100, 100, step);
+  for (int step = 0; step < 50; ++step) ASSERT_TRUE(batch.Gather({}, step * 100, 100, step).ok());
   const int64_t grown = ResidentKiB() - before;
   // AddressSanitizer keeps freed blocks in quarantine, so they stay resident; the plain
   // build holds the 8 MiB bound, the sanitizer build (LOCALPAR_SANITIZE) a looser one.

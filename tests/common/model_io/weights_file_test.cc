@@ -3,7 +3,9 @@
 // fits (layers exactly, kept heads exactly, new heads at their seeded values, left-out heads
 // said); weights.pb does the same; a hostile index or header is refused naming the field.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -192,7 +194,7 @@ TEST(ShardedSafetensors, AHostileIndexOrHeaderIsRefusedNamingWhatIsWrong) {
   moved.replace(moved.find(entry), entry.size(), "\"layers.0.weight\": \"model-00002");
   refused(moved, "weight_map puts layers.0.weight in model-00002-of-00004.safetensors");
   refused("{\"metadata\": {}}", "has no \"weight_map\" object");
-  refused("not json", "not a JSON index");
+  refused("not json", "the index is not JSON");
   ASSERT_TRUE(WriteFileAtomically(index_path, index).ok());
 
   // A shard whose header points past its data.
@@ -243,6 +245,76 @@ TEST(ShardedSafetensors, AHostileIndexOrHeaderIsRefusedNamingWhatIsWrong) {
   EXPECT_NE(w.status().message().find("holds layers.2.bias, which the job's network does not"),
             std::string::npos)
       << w.status();
+}
+
+// Files that used to hang or half-load: an index nested 100,000 deep, a FIFO as the index or
+// as a shard, offsets that are not whole numbers, and a file missing one tensor of a head
+// whose other tensors it holds. Each is refused within seconds, naming the file.
+TEST(ShardedSafetensors, DeepFifoFractionalAndHalfAHeadAreRefusedQuickly) {
+  auto cpu = MakeCpuBackend();
+  DataDir dir;
+  Net a = Build(*cpu, 4, 1);
+  ASSERT_TRUE(
+      WriteShardedSafetensors(DescribeParams(a.config, *a.model, 3), Described(a), dir.file("s"), 0)
+          .ok());
+  const std::string index_path = dir.file("s/model.safetensors.index.json");
+  const std::string index = Slurp(index_path);
+  auto refused = [&](const std::string& path, const std::string& needle) {
+    Net b = Build(*cpu, 4, 2);
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(path, b.config, *b.model);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(w.ok()) << needle;
+    EXPECT_NE(w.status().message().find(needle), std::string::npos) << w.status();
+    EXPECT_LT(took, 5.0) << needle;
+  };
+  ASSERT_TRUE(
+      WriteFileAtomically(index_path, std::string(100000, '[') + std::string(100000, ']')).ok());
+  refused(dir.file("s"), index_path + ": the index nests deeper than 32 levels");
+  ASSERT_TRUE(WriteFileAtomically(index_path, index).ok());
+
+  // A FIFO nobody writes to: opening it would wait for ever.
+  const std::string shard = dir.file("s/model-00002-of-00004.safetensors");
+  const std::string shard_bytes = Slurp(shard);
+  std::filesystem::remove(shard);
+  ASSERT_EQ(mkfifo(shard.c_str(), 0600), 0);
+  refused(dir.file("s"), "weights file " + shard + ": is a FIFO (named pipe), not a regular file");
+  std::filesystem::remove(shard);
+  ASSERT_TRUE(WriteFileAtomically(shard, shard_bytes).ok());
+  std::filesystem::remove(index_path);
+  ASSERT_EQ(mkfifo(index_path.c_str(), 0600), 0);
+  refused(index_path, "weights index " + index_path + ": is a FIFO (named pipe)");
+  std::filesystem::remove(index_path);
+  ASSERT_TRUE(WriteFileAtomically(index_path, index).ok());
+
+  // Offsets that are not whole numbers of bytes.
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, shard_bytes.data(), 8);
+  const std::string data = shard_bytes.substr(8 + header_len);  // offsets count from here
+  std::string header = shard_bytes.substr(8, header_len);
+  const size_t at = header.find("\"data_offsets\":[0,");
+  ASSERT_NE(at, std::string::npos);
+  const size_t end = header.find(']', at);
+  header.replace(at, end - at,
+                 "\"data_offsets\":[0.5," + header.substr(at + 18, end - at - 18) + ".5");
+  header_len = header.size();
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &header_len, 8);
+  bytes += header + data;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  refused(dir.file("s"), "data_offsets [0.5, ");
+  ASSERT_TRUE(WriteFileAtomically(shard, shard_bytes).ok());
+
+  // One tensor of a head gone from a single file: refused naming it, never half-loaded.
+  std::vector<ParamInfo> params = DescribeParams(a.config, *a.model, 3);
+  std::vector<ParamInfo> kept;
+  for (const ParamInfo& p : params) {
+    if (p.readable != "heads.3.0.bias") kept.push_back(p);
+  }
+  ASSERT_EQ(kept.size() + 1, params.size());
+  ASSERT_TRUE(WriteSafetensors(kept, Described(a), dir.file("half.safetensors")).ok());
+  refused(dir.file("half.safetensors"), "has no tensor heads.3.0.bias but holds heads.3.0.weight");
 }
 
 }  // namespace

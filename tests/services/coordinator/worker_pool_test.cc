@@ -11,6 +11,7 @@
 
 #include "common/job/defaults.h"
 #include "common/job/parse.h"
+#include "common/job/spec.h"
 #include "google/protobuf/text_format.h"
 #include "services/common/exit_codes.h"
 #include "tests/services/cluster_util.h"
@@ -70,9 +71,23 @@ TEST(WorkerPool, ConfiguresEveryStageAndReadsItsStatisticsAndWeights) {
   ASSERT_EQ(stats.size(), 2u);
   EXPECT_TRUE(stats[0] && stats[1]);
   EXPECT_EQ(stats[1]->stage(), 1);
+  // The job's tensors are what the weights are checked against.
+  absl::StatusOr<std::vector<std::vector<TensorSpec>>> specs =
+      StageTensorSpecs(ToModelConfig(TwoStages(4)));
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  pool.ExpectWeights(*specs, 10);
   absl::StatusOr<v1::StageWeights> weights = pool.Weights(1);
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->params_size(), 4);  // the layer's weight and bias, the head's
+  // A job that expects other tensors refuses them, naming the stage and the tensor.
+  (*specs)[1][0].shape = {5, 9};
+  pool.ExpectWeights(*specs, 10);
+  weights = pool.Weights(1);
+  ASSERT_FALSE(weights.ok());
+  EXPECT_NE(weights.status().message().find("stage 1 sent weights that do not match the job (" +
+                                            (*specs)[1][0].name + " is ["),
+            std::string::npos)
+      << weights.status();
   EXPECT_EQ(pool.Unreachable(2), "");
 }
 

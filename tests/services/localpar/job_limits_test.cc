@@ -107,15 +107,24 @@ TEST(JobLimits, TheLimitIsAFlagAndTrainCountsTheWholeJob) {
       dir.Write("big.textproto", Job(kSynthetic, kOneStage, "batch_size: 1000000000"));
   r = RunProcess({Bin(), "validate", big, "--memory_limit_mib=1000000000000"}, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // What the flag lets through but the machine cannot hold ends with a clear error, never
+  // abort(): 2^40 synthetic examples (32 TiB).
+  const std::string huge = dir.Write(
+      "huge.textproto", Job("synthetic { train_examples: 1099511627776 shape: [8] }", kOneStage));
+  r = RunProcess({Bin(), "train", huge, "--memory_limit_mib=1000000000000", "--quiet"}, 60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("localpar: out of memory: this machine could not allocate"),
+            std::string::npos)
+      << r.output;
   r = RunProcess({Bin(), "validate", job, "--memory_limit_mib=-1"}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--memory_limit_mib: must be >= 0"), std::string::npos) << r.output;
 }
 
-// "residual { body { ... } }" nested `depth` deep around a relu.
+// `depth` blocks ("residual { body { ... } }") nested around a relu.
 std::string Nested(int depth) {
   std::string open, close;
-  for (int i = 1; i < depth; ++i) {
+  for (int i = 0; i < depth; ++i) {
     open += "residual { body { ";
     close += "} } ";
   }
@@ -124,18 +133,19 @@ std::string Nested(int depth) {
 
 TEST(JobLimits, DeepNestingIsRefusedWithOneLimitInEveryCommand) {
   TempDir dir;
-  // 16 levels are allowed and train.
+  // 16 nested blocks are allowed and train.
   auto r = RunProcess(
       {Bin(), "train", dir.Write("ok.textproto", Job(kSynthetic, Nested(16))), "--quiet"}, 120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // 17 pass the text parser and are refused by validate, naming the layer.
   ExpectRefused(dir.Write("17.textproto", Job(kSynthetic, Nested(17))),
-                {"stages[0].layers[0]: layers nest 17 deep; at most 16"});
+                {"stages[0].layers[0]: blocks nest 17 deep (a residual in a residual's body is 2); "
+                 "at most 16"});
   // 60 levels (which `run` used to lose in the worker's parser) and 100,000 (which
   // overflowed the text parser's stack) stop in the text parser with the limit named.
   for (int depth : {60, 100000}) {
     ExpectRefused(dir.Write("deep.textproto", Job(kSynthetic, Nested(depth))),
-                  {"too deep", "(layers nest at most 16 deep)"});
+                  {"too deep", "(blocks nest at most 16 deep)"});
   }
 }
 

@@ -134,7 +134,7 @@ TEST_P(WorkerComputeWithoutSockets, EveryStageEndsBitwiseEqualToTheReferenceTrai
   const int job_micro = job->micro_batches();
   for (PlanItem item; plan.Next(&item);) {
     if (item.kind != PlanItem::kTrain) continue;
-    batch.Gather(plan.order(), item.begin, item.rows);
+    ASSERT_TRUE(batch.Gather(plan.order(), item.begin, item.rows).ok());
     x.Ensure(*cpu, batch.x_shape(), batch.x_dtype());
     y.Ensure(*cpu, batch.y_shape(), DType::kI32);
     cpu->CopyFromHost(x.raw(), batch.x(), batch.x_bytes());

@@ -863,7 +863,54 @@ def case_weights_in_pieces():
     w.stop()
 
 
-CASES = [case_weights_in_pieces, case_strangers_on_the_collective_port, case_fake_replica_address,
+def case_stalled_set_initial():
+    """A SetInitial that sends one piece and then nothing ends after the worker's bound on
+    silence (--upstream_stall_s) with an error that says so, and a Configure waiting behind
+    it succeeds within that bound plus 5 s: a peer cannot hold the stage."""
+    bound = 2
+    w = Worker("stalled_initial", f"--upstream_stall_s={bound}")
+    w.configure(job("GREEDY"), initial_follows=True)
+    pieces = list(w.stub.StreamWeights(localpar_pb2.WeightsRequest(chunk_bytes=8), timeout=10))
+    release = threading.Event()
+
+    def one_then_nothing():
+        yield pieces[0]
+        release.wait(60)
+
+    outcome = {}
+
+    def send():
+        try:
+            w.stub.SetInitial(one_then_nothing(), timeout=60)
+            outcome["code"] = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            outcome["code"], outcome["details"] = e.code(), e.details()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(0.5)  # the stalled stream holds the stage now
+    start = time.time()
+    try:
+        w.configure(job("GREEDY"))
+        took = time.time() - start
+        check(took < bound + 5, f"Configure behind a stalled SetInitial took {took:.1f} s "
+                                f"(bound {bound} s + 5 s)")
+    except grpc.RpcError as e:
+        check(False, f"Configure behind a stalled SetInitial: {e.code()} {e.details()}")
+    sender.join(timeout=10)
+    release.set()
+    # Cancelling is what unblocks the worker's read, so the client sees CANCELLED; the
+    # worker's log says why.
+    check(outcome.get("code") == grpc.StatusCode.CANCELLED,
+          f"the stalled SetInitial was ended: {outcome}")
+    w.log.flush()
+    check("no piece came for 2 s" in open(os.path.join(w.dir, "log")).read(),
+          "the worker's log names the silence")
+    w.healthy("stalled SetInitial")
+    w.stop()
+
+
+CASES = [case_weights_in_pieces, case_stalled_set_initial, case_strangers_on_the_collective_port, case_fake_replica_address,
          case_replica_bucket_mismatch, case_replica_non_finite_bucket,
          case_unresolvable_collective_host, case_integers_out_of_range, case_async_negative_step, case_no_path_from_the_wire,
          case_failed_configure_keeps_the_stage, case_memory_is_bounded_by_the_job,
