@@ -451,15 +451,39 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
 }
 
 absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::string& weights_path,
-                                              Backend& backend) {
+                                              Backend& backend, bool stages_asked) {
   TrainedModel t;
   t.backend = &backend;
   t.config = ToModelConfig(job);
   std::string error;
   t.model = Model::Create(backend, t.config, &error);
   if (!t.model) return absl::InvalidArgumentError(error);
-  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(weights_path, t.config, *t.model);
+  InitNotes notes;
+  absl::StatusOr<v1::ModelWeights> w = ReadAnyWeightsFile(weights_path, t.config, *t.model, &notes);
   if (!w.ok()) return w.status();
+  if (!notes.fresh_heads.empty()) {
+    // A head the weights never trained would be presented as trained: take the weights'
+    // own split, or refuse one the user asked for.
+    const std::string heads = absl::StrJoin(notes.fresh_heads, ", ");
+    const int trained = notes.file_stages;
+    if (stages_asked || trained <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": as ", job.stages_size(), " stages the model would have heads ", heads,
+          " that these weights never trained",
+          trained > 0
+              ? absl::StrCat(" (they were trained as ", trained, " stages: pass --stages=", trained,
+                             ", or leave it out)")
+              : " (the file does not say its split: pass the --stages it was trained with)"));
+    }
+    absl::StatusOr<v1::Job> theirs = RegroupStages(job, trained);
+    if (!theirs.ok()) return theirs.status();
+    absl::StatusOr<TrainedModel> again = OpenTrainedModel(*theirs, weights_path, backend, true);
+    if (!again.ok()) return again.status();
+    again->layout_note =
+        absl::StrCat(weights_path, " was trained as ", trained, " stage", trained == 1 ? "" : "s",
+                     ": using that split (the job file has ", job.stages_size(), ")");
+    return again;
+  }
   t.weights = *std::move(w);
   if (absl::Status s = LoadWeights(t.weights, weights_path, t.config, *t.model); !s.ok()) return s;
   t.normalization = WeightsNormalization(t.weights);

@@ -85,9 +85,16 @@ struct TrainedModel {
   std::unique_ptr<Model> model;
   v1::ModelWeights weights;  // as read (the parameters' values are in `model`)
   InputNormalization normalization;
+  // Set when the weights were trained with another stage split than the job's and the model
+  // took theirs ("trained as 1 stage: ..."), for the console.
+  std::string layout_note;
 };
+// The job's network with `weights_path` in. The weights carry their layout: trained with
+// another stage split, the model takes theirs (never a head it would have to start fresh),
+// unless `stages_asked` (the user named the split with --stages), which is then refused
+// naming the heads that would be untrained.
 absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::string& weights_path,
-                                              Backend& backend);
+                                              Backend& backend, bool stages_asked = false);
 
 // Reads a weights file for `model` (built from `config`; its values are not changed): a
 // safetensors file (recognised by its content, whatever the name), a sharded set (its

@@ -22,10 +22,11 @@
 namespace localpar {
 namespace {
 
-// Loads the job and its weights on `device`.
+// Loads the job and its weights on `device`; says on `err` when the weights' own stage split
+// was taken.
 absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
                        const std::string& weights_path, const v1::DeviceConfig& device,
-                       std::unique_ptr<Backend>* backend, TrainedModel* model) {
+                       std::ostream& err, std::unique_ptr<Backend>* backend, TrainedModel* model) {
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(job_path, overrides);
   if (!job.ok()) return JobLoadError(job.status());
   DeviceChoice o;
@@ -34,12 +35,14 @@ absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& over
   PickedBackend picked = PickBackend(o);
   if (!picked.backend) return UsageError(picked.error);
   *backend = std::move(picked.backend);
-  absl::StatusOr<TrainedModel> m = OpenTrainedModel(*job, weights_path, **backend);
+  absl::StatusOr<TrainedModel> m =
+      OpenTrainedModel(*job, weights_path, **backend, overrides.stages() > 0);
   if (!m.ok()) {
     const bool missing = m.status().code() == absl::StatusCode::kNotFound;
     return CodedError(missing ? kExitUsage : kExitBadJob, std::string(m.status().message()));
   }
   *model = *std::move(m);
+  if (!model->layout_note.empty()) err << "localpar: " << model->layout_note << "\n";
   return absl::OkStatus();
 }
 
@@ -116,7 +119,8 @@ absl::Status ExportCommand(const Args& args, const Io& io) {
   std::unique_ptr<Backend> backend;
   TrainedModel model;
   const absl::Time start = absl::Now();
-  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], DeviceDefaults(), &backend, &model);
+  if (absl::Status s =
+          OpenModel(pos[0], c.overrides(), pos[1], DeviceDefaults(), io.err, &backend, &model);
       !s.ok()) {
     return s;
   }
@@ -184,7 +188,8 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
   }
   std::unique_ptr<Backend> backend;
   TrainedModel model;
-  if (absl::Status s = OpenModel(pos[0], c.overrides(), pos[1], c.compute(), &backend, &model);
+  if (absl::Status s =
+          OpenModel(pos[0], c.overrides(), pos[1], c.compute(), io.err, &backend, &model);
       !s.ok()) {
     return s;
   }

@@ -232,6 +232,22 @@ def check_init_from(work, weights, st):
               f"--out={back}", "--quiet")
     if "starting fresh (seeded): heads.1, heads.5" not in said:
         raise Failure(f"--init_from of 2 stages into 4 did not name the fresh heads:\n{said}")
+    # The weights carry their split: the 2-stage weights with the 4-stage job file and no
+    # --stages predict as 2 stages (said), exactly as with --stages=2; asking for 4 is refused
+    # naming the heads they never trained, never answered by fresh heads.
+    two = outs[("train", weights)]
+    x = os.path.join(work, "split_x.npy")
+    np.save(x, fashion_test_images(20).astype(np.uint8))
+    taken = lp("predict", j, two, f"--input={x}", f"--out={work}/taken.csv")
+    if "was trained as 2 stages: using that split (the job file has 4)" not in taken:
+        raise Failure(f"predict did not take the weights' own split:\n{taken}")
+    lp("predict", j, two, f"--input={x}", f"--out={work}/asked.csv", "--stages=2")
+    if open(f"{work}/taken.csv").read() != open(f"{work}/asked.csv").read():
+        raise Failure("predict with the weights' own split differs from --stages=2")
+    refused = lp("export", j, two, f"--out={work}/x.safetensors", "--stages=4", expect=3)
+    if "heads heads.1, heads.5 that these weights never trained (they were trained as 2 " \
+            "stages: pass --stages=2" not in refused:
+        raise Failure(f"export --stages=4 of 2-stage weights was not refused:\n{refused}")
     print("export_test: --init_from across splits: 4 stages (shards or weights.pb) into 2, "
           "train and run (weights in 64 KiB pieces) bitwise equal, and 2 into 4 with heads.1 and "
           "heads.5 fresh")

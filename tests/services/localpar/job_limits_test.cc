@@ -4,6 +4,7 @@
 // length_error or SIGSEGV, and nesting that overflowed the text parser's stack).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "tests/services/cluster_util.h"
@@ -108,14 +109,17 @@ TEST(JobLimits, TheLimitIsAFlagAndTrainCountsTheWholeJob) {
   r = RunProcess({Bin(), "validate", big, "--memory_limit_mib=1000000000000"}, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // What the flag lets through but the machine cannot hold ends with a clear error, never
-  // abort(): 2^40 synthetic examples (32 TiB).
-  const std::string huge = dir.Write(
-      "huge.textproto", Job("synthetic { train_examples: 1099511627776 shape: [8] }", kOneStage));
-  r = RunProcess({Bin(), "train", huge, "--memory_limit_mib=1000000000000", "--quiet"}, 60);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("localpar: out of memory: this machine could not allocate"),
-            std::string::npos)
-      << r.output;
+  // abort(): 2^40 synthetic examples (32 TiB). (AddressSanitizer's operator new reports
+  // such a request and exits instead of throwing std::bad_alloc: not checked there.)
+  if (std::getenv("LOCALPAR_SANITIZED") == nullptr) {
+    const std::string huge = dir.Write(
+        "huge.textproto", Job("synthetic { train_examples: 1099511627776 shape: [8] }", kOneStage));
+    r = RunProcess({Bin(), "train", huge, "--memory_limit_mib=1000000000000", "--quiet"}, 60);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("localpar: out of memory: this machine could not allocate"),
+              std::string::npos)
+        << r.output;
+  }
   r = RunProcess({Bin(), "validate", job, "--memory_limit_mib=-1"}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--memory_limit_mib: must be >= 0"), std::string::npos) << r.output;
