@@ -471,7 +471,8 @@ absl::StatusOr<TrainedModel> OpenTrainedModel(const v1::Job& job, const std::str
           weights_path, ": as ", job.stages_size(), " stages the model would have heads ", heads,
           " that these weights never trained",
           trained > 0
-              ? absl::StrCat(" (they were trained as ", trained, " stages: pass --stages=", trained,
+              ? absl::StrCat(" (they were trained as ", trained,
+                             trained == 1 ? " stage" : " stages", ": pass --stages=", trained,
                              ", or leave it out)")
               : " (the file does not say its split: pass the --stages it was trained with)"));
     }

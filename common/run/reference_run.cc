@@ -260,11 +260,11 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   Model& model = *replicas->models[0];
   const int stages = model.num_stages();
   RunFacts facts{options.version, be.Describe(), model.num_parameters(), stages, job.replicas()};
-  log << absl::StrFormat("%s: %s, %d stages%s, %d parameters, %d train / %d %s examples, %s\n",
-                         job.name(), v1::UpdateRule_Name(job.rule()), stages,
-                         job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "",
-                         facts.parameters, data.train.size(), data.test.size(), EvalSplitName(job),
-                         facts.backend);
+  log << absl::StrFormat(
+      "%s: %s, %d stage%s%s, %d parameters, %d train / %d %s examples, %s\n", job.name(),
+      v1::UpdateRule_Name(job.rule()), stages, stages == 1 ? "" : "s",
+      job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "", facts.parameters,
+      data.train.size(), data.test.size(), EvalSplitName(job), facts.backend);
 
   Loop loop(job, data, be, trainer, ledger, stages);
   if (resumed) loop.StartFigures(resumed->progress);
