@@ -2,7 +2,7 @@
 #include "common/run/ledger.h"
 
 #include <algorithm>
-#include <iostream>
+#include <ostream>
 
 #include "common/job/data_spec.h"
 #include "common/nn/optimizer.h"
@@ -27,6 +27,12 @@ ScheduleConfig ScheduleOf(const v1::Job& job) {
   return s;
 }
 
+// Where a ledger without a log prints: nowhere (a stream with no buffer drops everything).
+std::ostream& Discard() {
+  static std::ostream none(nullptr);
+  return none;
+}
+
 }  // namespace
 
 RunLedger::RunLedger(const v1::Job& job, int64_t train_examples, int64_t test_examples,
@@ -38,7 +44,7 @@ RunLedger::RunLedger(const v1::Job& job, int64_t train_examples, int64_t test_ex
       steps_per_epoch_(StepsPerEpoch(job, train_examples)),
       options_(options),
       validation_(std::string(EvalSplitName(job)) == "validation"),
-      progress_(options.log ? *options.log : std::cerr, options.live, options.progress) {
+      progress_(options.log ? *options.log : Discard(), options.live, options.progress) {
   progress_.set_bytes(JobReadsBytes(job));
   progress_.set_split(EvalSplitName(job));
 }

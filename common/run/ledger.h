@@ -24,10 +24,10 @@
 namespace localpar {
 
 struct LedgerOptions {
-  std::string out_dir;   // metrics.jsonl goes here ("": nowhere)
-  bool progress = true;  // the progress line (epoch results are printed regardless)
-  bool live = false;     // `log` is a terminal: the line is rewritten in place
-  std::ostream* log = nullptr;
+  std::string out_dir;          // metrics.jsonl goes here ("": nowhere)
+  bool progress = true;         // the progress line (epoch results are printed regardless)
+  bool live = false;            // `log` is a terminal: the line is rewritten in place
+  std::ostream* log = nullptr;  // where the progress line goes (null: nowhere)
   // metrics.jsonl's "train" lines: at every N-th step (in one process, where every step is
   // seen), or at most every T seconds when the step has moved (a cluster's monitor).
   int64_t train_line_every_steps = 10;
