@@ -3,15 +3,18 @@
 the program's own flag parser (`--check_flags`: parse and check as a run would, without
 reading files or opening ports).
 
-  python3 deploy/check_container_flags.py BIN_DIR FILE...
+  python3 deploy/check_container_flags.py BIN_DIR [--image=NAME[:TAG]]... [--layout=FILE] FILE...
 
 Each FILE is YAML: rendered Kubernetes manifests (`kubectl kustomize` output) or a Compose
 project (`docker-compose config` output). A container's program and arguments follow the
 image's ENTRYPOINT from deploy/Dockerfile, overridden as Kubernetes (command, args) or
 Compose (entrypoint, command) override it; Kubernetes' $(VAR) references become 0.
-Containers of other images, and of our image running another program (the files pod's
-sleep), are left out. Exits 1 naming each container whose flags are refused, with the
-program's message.
+Our containers are those of an image named localpar (any registry path and tag before and
+after it), of each --image, and of the image a k8s/ layout.yaml names (--layout): an overlay
+renamed to a registry image is checked too. Containers of other images, and of our image
+running another program (the files pod's sleep), are left out. Exits 1 naming each container
+whose flags are refused, with the program's message, and 1 with the reason when no container
+of our image was found at all.
 """
 import json
 import os
@@ -44,11 +47,27 @@ def pod_specs(doc):
             yield f"JobSet {name}/{rj['name']}", rj["template"]["spec"]["template"]["spec"]
 
 
-def command_lines(doc, image_entrypoint):
+def repository(image):
+    """The image's name without registry host, path, tag or digest: "localpar" for
+    "registry.example.com:5000/team/localpar:1.2"."""
+    name = str(image).split("@")[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.split(":")[0]
+
+
+def ours(image, names):
+    """Whether a container of `image` runs our programs: named localpar, or one of `names`
+    (NAME:TAG exactly, or NAME with any tag)."""
+    image = str(image)
+    return (repository(image) == "localpar" or image in names
+            or image.rsplit(":", 1)[0] in names)
+
+
+def command_lines(doc, image_entrypoint, names=()):
     """(where, argv) for every container of our image in one YAML document."""
     if "services" in doc and "kind" not in doc:  # a Compose project
         for name, svc in doc["services"].items():
-            if not str(svc.get("image", "")).startswith("localpar:"):
+            if not ours(svc.get("image", ""), names):
                 continue
             ep = svc.get("entrypoint")
             ep = ep.split() if isinstance(ep, str) else ep
@@ -58,7 +77,7 @@ def command_lines(doc, image_entrypoint):
         return
     for where, spec in pod_specs(doc):
         for c in spec.get("containers", []) + spec.get("initContainers", []):
-            if not str(c.get("image", "")).startswith("localpar:"):
+            if not ours(c.get("image", ""), names):
                 continue
             argv = (c["command"] if c.get("command") else image_entrypoint) + c.get("args", [])
             argv = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", "0", a) for a in argv]
@@ -66,17 +85,29 @@ def command_lines(doc, image_entrypoint):
 
 
 def main():
-    if len(sys.argv) < 3:
+    names, files = set(), []
+    for arg in sys.argv[2:]:
+        if arg.startswith("--image="):
+            names.add(arg[len("--image="):])
+        elif arg.startswith("--layout="):
+            layout = yaml.safe_load(open(arg[len("--layout="):])) or {}
+            if not isinstance(layout, dict) or not layout.get("image"):
+                print(f"{arg[len('--layout='):]}: names no image")
+                return 2
+            names.add(str(layout["image"]))
+        else:
+            files.append(arg)
+    if len(sys.argv) < 3 or not files:
         print(__doc__)
         return 2
-    bin_dir, files = sys.argv[1], sys.argv[2:]
+    bin_dir = sys.argv[1]
     image_entrypoint = entrypoint()
     failures = checked = 0
     for path in files:
         for doc in yaml.safe_load_all(open(path)):
             if not doc:
                 continue
-            for where, argv in command_lines(doc, image_entrypoint):
+            for where, argv in command_lines(doc, image_entrypoint, names):
                 program = argv[0]
                 if not program.startswith("localpar_"):
                     continue
@@ -94,6 +125,10 @@ def main():
                           f"{(r.stderr or r.stdout).strip()}")
                     failures += 1
     print(f"check_container_flags: {checked} command lines checked, {failures} refused")
+    if checked == 0:
+        known = ", ".join(sorted(names | {"localpar"}))
+        print(f"check_container_flags: no container of our image ({known}) runs a localpar "
+              "program in these files: name the image with --image=NAME or --layout=layout.yaml")
     return 1 if failures or checked == 0 else 0
 
 
