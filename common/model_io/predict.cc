@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -11,9 +13,41 @@
 #include "common/data/idx.h"
 #include "common/data/image_folder.h"
 #include "common/data/npy.h"
+#include "common/io/regular_file.h"
 
 namespace localpar {
 namespace {
+
+// Whether `path` starts with PNG's signature (whatever its name).
+bool IsPng(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[8] = {};
+  return in.read(head, 8) && std::memcmp(head, "\x89PNG\r\n\x1a\n", 8) == 0;
+}
+
+// One PNG as one example. Its size and channels must be the network's: a colour image for
+// a grey network (or the reverse) is refused, not converted, as in an image folder.
+absl::Status ReadOnePng(const std::string& path, const Shape& expected, Examples* ex) {
+  int64_t height = 0, width = 0;
+  int stored = 0;
+  absl::StatusOr<std::vector<uint8_t>> px = ReadPng(path, 0, &height, &width, &stored);
+  if (!px.ok()) return px.status();
+  const int64_t channels = stored <= 2 ? 1 : 3;  // alpha dropped
+  const Shape got = {height, width, channels};
+  if (expected.size() == 3 && got != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": a ", height, "x", width, channels == 1 ? " grey" : " colour",
+                     " image; the network takes ", expected[0], "x", expected[1],
+                     expected[2] == 1 ? " grey" : " colour", " images ", ShapeString(expected),
+                     ": resize or convert it first"));
+  }
+  ex->count = 1;
+  ex->example_shape = got;
+  ex->raw.assign(px->begin(), px->end());
+  ex->pixel_bytes = true;
+  ex->files = {path};
+  return absl::OkStatus();
+}
 
 Shape ShapeFromDims(const std::vector<int64_t>& dims) {  // without the count
   if (dims.size() == 3) return {dims[1], dims[2], 1};    // [count, rows, cols]: grey images
@@ -108,6 +142,8 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
     ex.pixel_bytes = true;
     ex.files = f->files;
     ex.label_names = f->classes;
+  } else if (CheckRegularFile(input).ok() && IsPng(input)) {
+    if (absl::Status s = ReadOnePng(input, expected, &ex); !s.ok()) return s;
   } else if (absl::EndsWith(input, ".npy")) {
     absl::StatusOr<NpyArray> a = ReadNpyFile(input);
     if (!a.ok()) return a.status();

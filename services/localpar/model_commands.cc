@@ -179,7 +179,8 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
       args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"}, &pos, io.out);
   if (!go.ok() || !*go) return go.status();
   if (c.input().empty())
-    return CodedError(kExitUsage, "--input: name an .npy file, an IDX file or an image folder");
+    return CodedError(kExitUsage,
+                      "--input: name an .npy file, an IDX file, an image folder or a PNG");
   if (c.batch_size() < 1) return CodedError(kExitUsage, "--batch_size must be >= 1");
   if (c.has_stage() && c.stage() < 0) return CodedError(kExitUsage, "--stage must be >= 0");
   if (!c.out().empty() && !absl::EndsWith(c.out(), ".csv") && !absl::EndsWith(c.out(), ".npy")) {

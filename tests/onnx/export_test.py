@@ -366,6 +366,30 @@ def check_errors(work, weights):
     out = lp("predict", job("fashion_mlp"), weights, f"--input={big}", expect=4)
     if "big.png: is 9000x9000, over the 67108864 pixels an example may have" not in out:
         raise Failure(f"a 9000 x 9000 PNG is not refused from its header:\n{out}")
+    # One PNG of your own (found by its signature, whatever its name) predicts exactly as the
+    # same pixels in an array; one of another size or colour is refused saying what fits.
+    def png(path, pixels):
+        h, w = pixels.shape[:2]
+        colour = pixels.ndim == 3
+        rows = b"".join(b"\0" + pixels[r].tobytes() for r in range(h))
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n"
+                    + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2 if colour else 0, 0, 0, 0))
+                    + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    image = fashion_test_images(1).astype(np.uint8)  # [1, 28, 28, 1]
+    one = os.path.join(work, "my_shoe")  # no extension: the signature says PNG
+    png(one, image[0, :, :, 0])
+    lp("predict", job("fashion_mlp"), weights, f"--input={one}", f"--out={work}/png.csv")
+    np.save(os.path.join(work, "one.npy"), image)
+    lp("predict", job("fashion_mlp"), weights, f"--input={work}/one.npy", f"--out={work}/npy.csv")
+    got, want = (open(f"{work}/{n}.csv").read().splitlines()[1:] for n in ("png", "npy"))
+    if [r.split(",")[-10:] for r in got] != [r.split(",")[-10:] for r in want]:
+        raise Failure(f"one PNG predicts otherwise than its pixels as an array:\n{got}\n{want}")
+    png(os.path.join(work, "colour.png"), np.repeat(image[0], 3, axis=2))
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={work}/colour.png", expect=4)
+    if "colour.png: a 28x28 colour image; the network takes 28x28 grey images [28,28,1]" \
+            not in out:
+        raise Failure(f"a colour PNG for a grey network is not refused saying why:\n{out}")
     none = os.path.join(work, "none.npy")
     np.save(none, np.zeros((0, 28, 28, 1), np.float32))
     out = lp("predict", job("fashion_mlp"), weights, f"--input={none}", f"--out={work}/n.npy",
