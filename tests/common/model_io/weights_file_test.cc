@@ -169,14 +169,19 @@ TEST(ShardedSafetensors, AnotherStageSplitCarriesTheLayersAndSaysWhichHeadsStart
   EXPECT_EQ(ByName(two_pb), ByName(two));
 }
 
+// `a` as shards (a stage each) in dir/s; returns the index's path.
+std::string WriteShards(Net& a, DataDir& dir) {
+  EXPECT_TRUE(
+      WriteShardedSafetensors(DescribeParams(a.config, *a.model, 3), Described(a), dir.file("s"), 0)
+          .ok());
+  return dir.file("s/model.safetensors.index.json");
+}
+
 TEST(ShardedSafetensors, AHostileIndexOrHeaderIsRefusedNamingWhatIsWrong) {
   auto cpu = MakeCpuBackend();
   DataDir dir;
   Net a = Build(*cpu, 4, 1);
-  ASSERT_TRUE(
-      WriteShardedSafetensors(DescribeParams(a.config, *a.model, 3), Described(a), dir.file("s"), 0)
-          .ok());
-  const std::string index_path = dir.file("s/model.safetensors.index.json");
+  const std::string index_path = WriteShards(a, dir);
   const std::string index = Slurp(index_path);
   auto refused = [&](const std::string& text, const std::string& needle) {
     ASSERT_TRUE(WriteFileAtomically(index_path, text).ok());
@@ -254,10 +259,7 @@ TEST(ShardedSafetensors, DeepFifoFractionalAndHalfAHeadAreRefusedQuickly) {
   auto cpu = MakeCpuBackend();
   DataDir dir;
   Net a = Build(*cpu, 4, 1);
-  ASSERT_TRUE(
-      WriteShardedSafetensors(DescribeParams(a.config, *a.model, 3), Described(a), dir.file("s"), 0)
-          .ok());
-  const std::string index_path = dir.file("s/model.safetensors.index.json");
+  const std::string index_path = WriteShards(a, dir);
   const std::string index = Slurp(index_path);
   auto refused = [&](const std::string& path, const std::string& needle) {
     Net b = Build(*cpu, 4, 2);
