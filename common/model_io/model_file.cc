@@ -380,9 +380,10 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
   std::error_code ec;
   const bool set = std::filesystem::is_directory(path, ec) || absl::EndsWith(path, ".index.json");
   std::string first(9, '\0');
+  std::ifstream in;
   if (!set) {  // a set's files are opened (and checked) one by one by SafetensorsReader
     if (absl::Status s = CheckRegularFile(path, "weights file"); !s.ok()) return s;
-    std::ifstream in(path, std::ios::binary);
+    in.open(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
     first.resize(static_cast<size_t>(in.read(first.data(), 9).gcount()));
   }
@@ -399,7 +400,8 @@ absl::StatusOr<v1::ModelWeights> ReadAnyWeightsFile(const std::string& path,
     }
     return w;
   }
-  std::ifstream in(path, std::ios::binary);
+  in.clear();
+  in.seekg(0);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   v1::ModelWeights w;
   if (!w.ParseFromString(bytes)) {
