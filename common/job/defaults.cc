@@ -10,7 +10,8 @@ namespace localpar {
 void ApplyJobDefaults(v1::Job& job) {
   if (job.name().empty()) job.set_name("job");
   if (job.batch_size() == 0) job.set_batch_size(128);
-  if (job.epochs() == 0) job.set_epochs(1);
+  // Unset epochs with max_steps set: as many as max_steps takes (TotalSteps).
+  if (job.epochs() == 0 && job.max_steps() <= 0) job.set_epochs(1);
   if (job.micro_batches() == 0) job.set_micro_batches(1);
   if (job.replicas() == 0) job.set_replicas(1);
   if (job.eval_batch_size() == 0) job.set_eval_batch_size(1000);

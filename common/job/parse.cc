@@ -131,7 +131,8 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
   std::vector<std::string> errors_;
 };
 
-absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string& source) {
+// The message as written, before any default is filled in.
+absl::StatusOr<v1::Job> ParseJobAsWritten(const std::string& text, const std::string& source) {
   v1::Job job;
   google::protobuf::TextFormat::Parser parser;
   CollectErrors errors(source, text);
@@ -144,7 +145,12 @@ absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string&
     }
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", why));
   }
-  ApplyJobDefaults(job);
+  return job;
+}
+
+absl::StatusOr<v1::Job> ParseJobText(const std::string& text, const std::string& source) {
+  absl::StatusOr<v1::Job> job = ParseJobAsWritten(text, source);
+  if (job.ok()) ApplyJobDefaults(*job);
   return job;
 }
 
@@ -237,10 +243,15 @@ absl::StatusOr<v1::Job> LoadJobWithOverrides(const std::string& path,
         "invalid job file ", path,
         ": empty file (no settings); deploy/jobs/ has examples, docs/jobs.md every field"));
   }
-  absl::StatusOr<v1::Job> job = ParseJobText(*text, path);
+  absl::StatusOr<v1::Job> job = ParseJobAsWritten(*text, path);
   if (!job.ok()) return job.status();
+  // max_steps alone, in the file or by --max_steps, sets the run's length: epochs stay unset
+  // (as many as it takes) unless the file or --epochs names them.
+  const bool epochs_named = job->epochs() != 0 || overrides.epochs() > 0;
+  ApplyJobDefaults(*job);
   ResolveDataPaths(std::filesystem::absolute(path).parent_path().string(), &*job);
   if (absl::Status s = ApplyOverrides(overrides, &*job); !s.ok()) return s;
+  if (!epochs_named && job->max_steps() > 0) job->set_epochs(0);
   auto invalid = [&](const absl::Status& s) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job file ", path, ": ", s.message()));
   };

@@ -61,13 +61,15 @@ absl::Status ValidateRun(const v1::Job& job) {
     return Invalid("wire", "expected WIRE_F32, WIRE_BF16 or WIRE_F16");
   }
   if (job.batch_size() <= 0) return Invalid("batch_size", "must be > 0");
-  if (job.epochs() <= 0) return Invalid("epochs", "must be > 0");
+  if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
+  if (job.epochs() < 0 || (job.epochs() == 0 && job.max_steps() <= 0)) {
+    return Invalid("epochs", "must be > 0 (or unset, with max_steps setting the run's length)");
+  }
   if (job.eval_batch_size() <= 0) return Invalid("eval_batch_size", "must be > 0");
   if (job.eval_limit() < 0) return Invalid("eval_limit", "must be >= 0 (0: every example)");
   if (job.eval_every_steps() < 0) {
     return Invalid("eval_every_steps", "must be >= 0 (0: only at the end of each epoch)");
   }
-  if (job.max_steps() < 0) return Invalid("max_steps", "must be >= 0");
   if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
   if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {
     std::string splitting;

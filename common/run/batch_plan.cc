@@ -2,7 +2,9 @@
 #include "common/run/batch_plan.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
 #include "common/job/data_spec.h"
 
@@ -13,9 +15,35 @@ int64_t StepsPerEpoch(const v1::Job& job, int64_t train_examples) {
 }
 
 int64_t TotalSteps(const v1::Job& job, int64_t train_examples) {
+  if (job.epochs() <= 0) return std::max<int64_t>(job.max_steps(), 0);
   int64_t total = StepsPerEpoch(job, train_examples) * job.epochs();
   if (job.max_steps() > 0 && job.max_steps() < total) total = job.max_steps();
   return total;
+}
+
+int EpochsOf(const v1::Job& job, int64_t train_examples) {
+  const int64_t per = std::max<int64_t>(StepsPerEpoch(job, train_examples), 1);
+  const int64_t epochs = (TotalSteps(job, train_examples) + per - 1) / per;
+  return static_cast<int>(std::clamp<int64_t>(epochs, 1, std::numeric_limits<int>::max()));
+}
+
+std::string StepsNote(const v1::Job& job, int64_t train_examples) {
+  const int64_t per = StepsPerEpoch(job, train_examples), total = TotalSteps(job, train_examples);
+  auto epochs_of = [per](int64_t n) {
+    return absl::StrCat(n, n == 1 ? " epoch" : " epochs", " of ", per);
+  };
+  if (job.epochs() <= 0) {
+    return absl::StrCat(total, " steps (max_steps; epochs unset, so as many as that takes: ",
+                        epochs_of(EpochsOf(job, train_examples)), ")");
+  }
+  const int64_t whole = per * job.epochs();
+  if (job.max_steps() <= 0) return absl::StrCat(total, " steps (", epochs_of(job.epochs()), ")");
+  if (job.max_steps() < whole) {
+    return absl::StrCat(total, " steps (max_steps; the job's ", epochs_of(job.epochs()),
+                        " would take ", whole, ")");
+  }
+  return absl::StrCat(total, " steps (", epochs_of(job.epochs()), "; max_steps ", job.max_steps(),
+                      " is more)");
 }
 
 BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_examples,
@@ -26,7 +54,7 @@ BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_ex
       test_n_(job.eval_limit() > 0 ? std::min(job.eval_limit(), test_examples) : test_examples),
       total_steps_(TotalSteps(job, train_examples)),
       eval_every_(job.eval_every_steps()),
-      epochs_(job.epochs()),
+      epochs_(EpochsOf(job, train_examples)),
       seed_(job.seed()),
       epoch_(start.epoch),
       step_(start.step),

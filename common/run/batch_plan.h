@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "proto/job.pb.h"
@@ -32,8 +33,13 @@ struct PlanItem {
 
 // Training steps in one epoch of `train_examples` (the last batch may be short).
 int64_t StepsPerEpoch(const v1::Job& job, int64_t train_examples);
-// Total training steps of a job over `train_examples` (epochs, capped by max_steps).
+// Total training steps of a job over `train_examples`: max_steps alone (epochs 0: as many
+// as it takes), its epochs alone, or the smaller of the two.
 int64_t TotalSteps(const v1::Job& job, int64_t train_examples);
+// The epochs the run touches: those its TotalSteps reach (at least 1).
+int EpochsOf(const v1::Job& job, int64_t train_examples);
+// What sets a run's length, for the console: "2000 steps (max_steps; 2 epochs of 1308)".
+std::string StepsNote(const v1::Job& job, int64_t train_examples);
 
 class BatchPlan {
  public:

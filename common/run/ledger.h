@@ -71,6 +71,7 @@ class RunLedger {
   // ---- the plan ------------------------------------------------------------------------
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int epochs() const { return EpochsOf(job_, train_n_); }  // the epochs the run touches
   // The batches in order from `start`: the same for the reference run and the coordinator.
   BatchPlan Plan(const DataCursor& start = {}) const;
 

@@ -162,7 +162,7 @@ class Loop {
   ProgressLine Line(const PlanItem& item) const {
     const double elapsed = Seconds(start_, Clock::now());
     return ProgressLine{item.epoch,
-                        job_.epochs(),
+                        ledger_.epochs(),
                         trainer_.step(),
                         ledger_.total_steps(),
                         examples_ / std::max(elapsed, 1e-9),
@@ -265,6 +265,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
       v1::UpdateRule_Name(job.rule()), stages, stages == 1 ? "" : "s",
       job.replicas() > 1 ? absl::StrCat(" x ", job.replicas(), " replicas") : "", facts.parameters,
       data.train.size(), data.test.size(), EvalSplitName(job), facts.backend);
+  log << "length: " << StepsNote(job, data.train.size()) << "\n";
 
   Loop loop(job, data, be, trainer, ledger, stages);
   if (resumed) loop.StartFigures(resumed->progress);

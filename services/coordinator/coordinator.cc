@@ -263,6 +263,7 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& given, const SecurityOp
   absl::StatusOr<std::unique_ptr<RunLedger>> ledger =
       RunLedger::Open(*job, data->train.size(), data->test.size(), lo);
   if (!ledger.ok()) return UsageError(absl::StrCat("--out: ", ledger.status().message()));
+  if (!c.quiet()) log << "length: " << StepsNote(*job, data->train.size()) << "\n";
   const int replicas = job->replicas();
   const std::string settings = RunSettings(c, initial ? &*initial : nullptr);
   std::string fingerprint = JobFingerprint(*job, settings);

@@ -163,7 +163,7 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
   // A final checkpoint, so a finished run can be extended or evaluated later.
   const int64_t steps = ledger_.fed_steps();
   if (checkpointer_.enabled() && ledger_.last_checkpoint_step() != steps) {
-    DataCursor end{steps, std::min(job_.epochs(), ledger_.epochs_fed()), 0};
+    DataCursor end{steps, std::min(ledger_.epochs(), ledger_.epochs_fed()), 0};
     if (!StartCheckpoint(link, steps, end)) return false;
   }
   return true;

@@ -59,7 +59,7 @@ void RunMonitor::Tick() {
   Publish(stats, workers, uptime);
   const int64_t steps_per_epoch = std::max<int64_t>(ledger_.steps_per_epoch(), 1);
   ProgressLine line;
-  line.epochs = job_.epochs();
+  line.epochs = ledger_.epochs();
   line.total_steps = ledger_.total_steps();
   line.elapsed_seconds = uptime;
   if (!stats.empty() && stats.back()) {
@@ -69,7 +69,7 @@ void RunMonitor::Tick() {
   }
   // The epoch the last stage is in, as the bar and the step are (the feeder runs ahead).
   line.epoch = static_cast<int>(std::min<int64_t>(
-      job_.epochs(), (std::max<int64_t>(line.step, 1) - 1) / steps_per_epoch + 1));
+      ledger_.epochs(), (std::max<int64_t>(line.step, 1) - 1) / steps_per_epoch + 1));
   for (const auto& s : stats) line.recent.push_back(s ? FromProto(s->recent()) : HeadStats());
   // Done with an epoch's training steps and its result not in yet: scoring its test split.
   line.evaluating =
@@ -89,7 +89,7 @@ void RunMonitor::Publish(const std::vector<std::optional<v1::StatsResponse>>& st
   static constexpr const char* kPhases[] = {"configuring", "training", "evaluating", "recovering",
                                             "finishing"};
   out.set_phase(kPhases[feed_.phase.load()]);
-  out.set_epochs(job_.epochs());
+  out.set_epochs(ledger_.epochs());
   const int64_t total = ledger_.total_steps(), fed = ledger_.fed_steps();
   out.set_progress(total > 0 ? static_cast<double>(fed) / total : 0.0);
   out.set_uptime_seconds(uptime);

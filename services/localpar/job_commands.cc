@@ -13,6 +13,7 @@
 #include "common/job/spec.h"
 #include "common/model_io/regroup.h"
 #include "common/nn/rule.h"
+#include "common/run/batch_plan.h"
 #include "common/run/reference_run.h"
 #include "common/run/report.h"
 #include "google/protobuf/struct.pb.h"
@@ -234,6 +235,10 @@ absl::Status ValidateCommand(const Args& args, const Io& io) {
   if (needs.data_bytes > 0) {
     io.out << "#   synthetic data: " << ByteString(needs.data_bytes) << "\n";
   }
+  // The run's length needs the training examples, so the data is read.
+  absl::StatusOr<DataSplit> data = LoadJobData(job);
+  if (!data.ok()) return CodedError(kExitBadData, std::string(data.status().message()));
+  io.out << "# length: " << StepsNote(job, data->train.size()) << "\n";
   if (c.explain()) Explain(job, io.out);
   if (!c.resume().empty()) return ExplainResume(c.resume(), job, io.out);
   return absl::OkStatus();

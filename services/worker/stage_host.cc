@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -141,7 +142,10 @@ static void DescribeStage(const v1::Job& job, const v1::ConfigureRequest& req, C
   l.batch_size = job.batch_size();
   l.eval_batch_size = job.eval_batch_size();
   l.total_steps = req.total_steps();
-  l.epochs = job.epochs();
+  // Epochs unset (max_steps sets the length): each epoch has a step at least.
+  l.epochs = job.epochs() > 0 ? job.epochs()
+                              : static_cast<int32_t>(std::clamp<int64_t>(
+                                    req.total_steps(), 1, std::numeric_limits<int32_t>::max()));
   l.non_finite = req.non_finite();
   const int64_t rows = std::max<int64_t>(job.batch_size(), job.eval_batch_size());
   l.max_item_bytes = rows * (NumElements(l.input_shape) + l.labels_per_example) * 4 + (64 << 10);

@@ -16,6 +16,7 @@
 #include "common/job/validate.h"
 #include "common/nn/rule.h"
 #include "common/plan/plan.h"
+#include "common/run/batch_plan.h"
 #include "common/run/metrics_log.h"
 #include "common/run/progress.h"
 #include "common/run/report.h"
@@ -419,6 +420,39 @@ TEST(JobFiles, OverridesApplyBeforeTheJobIsChecked) {
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(j->epochs(), 4);
   EXPECT_EQ(j->seed(), 0u);
+}
+
+// max_steps alone sets a run's length, in the file or by --max_steps; named epochs cap it.
+TEST(JobFiles, MaxStepsAloneLeavesTheEpochsToIt) {
+  const std::string body =
+      "rule: GREEDY batch_size: 10 data { synthetic { shape: [4] } }\n"
+      "stages { layers { linear { out_features: 4 } } }\n";
+  auto load = [&](const std::string& text, const v1::JobOverrides& o) {
+    const std::string path = ::testing::TempDir() + "/steps.textproto";
+    std::ofstream(path) << text << body;
+    absl::StatusOr<v1::Job> j = LoadJobWithOverrides(path, o);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? *j : v1::Job();
+  };
+  v1::JobOverrides none, steps, both;
+  steps.set_max_steps(25);
+  both.set_max_steps(25);
+  both.set_epochs(1);
+  EXPECT_EQ(load("max_steps: 25\n", none).epochs(), 0);
+  EXPECT_EQ(TotalSteps(load("max_steps: 25\n", none), 100), 25);
+  EXPECT_EQ(EpochsOf(load("max_steps: 25\n", none), 100), 3);
+  EXPECT_EQ(TotalSteps(load("", steps), 100), 25);
+  EXPECT_EQ(TotalSteps(load("", none), 100), 10);  // one epoch by default
+  EXPECT_EQ(TotalSteps(load("", both), 100), 10);  // --epochs=1 named: the smaller wins
+  EXPECT_EQ(TotalSteps(load("epochs: 2\n", steps), 100), 20);
+  EXPECT_EQ(TotalSteps(load("epochs: 5\n", steps), 100), 25);
+  EXPECT_EQ(StepsNote(load("max_steps: 25\n", none), 100),
+            "25 steps (max_steps; epochs unset, so as many as that takes: 3 epochs of 10)");
+  EXPECT_EQ(StepsNote(load("epochs: 5\n", steps), 100),
+            "25 steps (max_steps; the job's 5 epochs of 10 would take 50)");
+  EXPECT_EQ(StepsNote(load("epochs: 2\n", steps), 100),
+            "20 steps (2 epochs of 10; max_steps 25 is more)");
+  EXPECT_EQ(StepsNote(load("", none), 100), "10 steps (1 epoch of 10)");
 }
 
 TEST(JobFiles, BatchSizeLearningRateAndEvaluationOverrides) {

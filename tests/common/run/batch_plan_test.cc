@@ -69,6 +69,20 @@ TEST(BatchPlan, MaxStepsEndsTheRunWithAnEvaluation) {
   EXPECT_EQ(items.back().epoch, 2);
 }
 
+TEST(BatchPlan, MaxStepsWithoutEpochsRunsAsManyEpochsAsItTakes) {
+  std::vector<PlanItem> items = All(BatchPlan(Job(4, /*epochs=*/0, /*max_steps=*/7), 10, 3));
+  int steps = 0, ends = 0;
+  for (const PlanItem& i : items) {
+    steps += i.kind == PlanItem::kTrain;
+    ends += i.kind == PlanItem::kEndOfEpoch;
+  }
+  EXPECT_EQ(steps, 7);
+  EXPECT_EQ(ends, 3);  // 3 + 3 + 1 steps
+  EXPECT_EQ(items.back().epoch, 3);
+  EXPECT_EQ(EpochsOf(Job(4, 0, 7), 10), 3);
+  EXPECT_EQ(EpochsOf(Job(4, 5, 4), 10), 2);  // max_steps ends it in the second of five
+}
+
 TEST(BatchPlan, InterimEvaluationsFollowEveryNthStepThatEndsNothing) {
   std::vector<int64_t> interim_steps;
   for (const PlanItem& i : All(BatchPlan(Job(2, 1, 0, /*eval_every=*/2), 10, 3))) {
