@@ -14,10 +14,10 @@ struct ImageFolder {
   std::vector<std::string> classes;  // folder names, sorted: label i is classes[i]
   int64_t height = 0, width = 0, channels = 0;
   std::vector<uint8_t> pixels;        // count * height * width * channels, NHWC
-  std::vector<int32_t> labels;        // one per image
+  std::vector<int32_t> labels;        // one per image (none in a flat folder)
   std::vector<std::string> files;     // one per image, its path
   std::vector<std::string> warnings;  // files skipped (not PNG), one line per class folder
-  int64_t count() const { return static_cast<int64_t>(labels.size()); }
+  int64_t count() const { return static_cast<int64_t>(files.size()); }
 };
 
 // Reads every *.png under dir/<class>/ (files in name order). The first image fixes the
@@ -31,6 +31,11 @@ struct ImageFolder {
 absl::StatusOr<ImageFolder> ReadImageFolder(const std::string& dir,
                                             const std::vector<std::string>& classes = {},
                                             int64_t expect_height = 0, int64_t expect_width = 0);
+
+// A flat folder of unlabelled images: every *.png directly in `dir` (name order), checked as
+// ReadImageFolder checks them; `classes` and `labels` stay empty.
+absl::StatusOr<ImageFolder> ReadFlatImageFolder(const std::string& dir, int64_t expect_height = 0,
+                                                int64_t expect_width = 0);
 
 // Decodes one PNG to `channels` channels (1 or 3; 0: as stored, alpha dropped); refuses
 // more than 2^26 pixels from the header, before decoding.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -132,8 +133,14 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
   std::error_code ec;
   const bool image = expected.size() == 3;
   if (std::filesystem::is_directory(input, ec)) {
+    // Class folders (labels from their names), or a flat folder of unlabelled images.
+    bool folders = false;
+    for (const auto& e : std::filesystem::directory_iterator(input, ec)) {
+      folders = folders || e.is_directory();
+    }
+    const int64_t h = image ? expected[0] : 0, w = image ? expected[1] : 0;
     absl::StatusOr<ImageFolder> f =
-        ReadImageFolder(input, {}, image ? expected[0] : 0, image ? expected[1] : 0);
+        folders ? ReadImageFolder(input, {}, h, w) : ReadFlatImageFolder(input, h, w);
     if (!f.ok()) return f.status();
     ex.example_shape = {f->height, f->width, f->channels};
     ex.raw.assign(f->pixels.begin(), f->pixels.end());
@@ -203,18 +210,35 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
   return ex;
 }
 
+std::string SafeClassName(const std::string& name) {
+  std::string out = name;
+  for (char& ch : out) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '.') ch = '_';
+  }
+  return out;
+}
+
 absl::Status MatchClassNames(const TrainedModel& model, Examples* ex) {
   const auto& names = model.weights.class_names();
   if (ex->label_names.empty() || names.empty()) return absl::OkStatus();
   std::vector<int32_t> to_model(ex->label_names.size());
   for (size_t c = 0; c < ex->label_names.size(); ++c) {
-    auto it = std::find(names.begin(), names.end(), ex->label_names[c]);
-    if (it == names.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("class folder ", ex->label_names[c],
-                                                     " is not one of the model's classes (",
-                                                     absl::StrJoin(names, ", "), ")"));
+    // The name itself, its safe form (T-shirt/top as T-shirt_top), or the class's number.
+    const std::string& folder = ex->label_names[c];
+    int found = -1;
+    for (int k = 0; k < names.size() && found < 0; ++k) {
+      if (folder == names[k] || folder == SafeClassName(names[k]) || folder == absl::StrCat(k)) {
+        found = k;
+      }
     }
-    to_model[c] = static_cast<int32_t>(it - names.begin());
+    if (found < 0) {
+      std::vector<std::string> safe;
+      for (const std::string& n : names) safe.push_back(SafeClassName(n));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "class folder ", folder, " is not one of the model's classes (",
+          absl::StrJoin(safe, ", "), "; or the class's number 0..", names.size() - 1, ")"));
+    }
+    to_model[c] = found;
   }
   for (int32_t& l : ex->labels) l = to_model[l];
   ex->label_names.assign(names.begin(), names.end());
@@ -238,6 +262,26 @@ absl::Status CheckLabels(const TrainedModel& model, const Examples& ex) {
   return absl::OkStatus();
 }
 
+std::string ToChannelsLast(const Shape& want, Examples* ex) {
+  const Shape got = ex->example_shape;  // a copy: replaced below
+  if (want.size() != 3 || got.size() != 3 || got == want) return "";
+  if (got != Shape{want[2], want[0], want[1]}) return "";
+  const int64_t c = want[2], hw = want[0] * want[1], per = c * hw;
+  std::vector<float> x(ex->raw.size());
+  for (int64_t n = 0; n < ex->count; ++n) {
+    const float* from = ex->raw.data() + n * per;
+    float* to = x.data() + n * per;
+    for (int64_t k = 0; k < c; ++k) {
+      for (int64_t p = 0; p < hw; ++p) to[p * c + k] = from[k * hw + p];
+    }
+  }
+  ex->raw = std::move(x);
+  ex->example_shape = want;
+  return absl::StrCat("read [N, ", got[0], ", ", got[1], ", ", got[2],
+                      "] as channels first (PyTorch's NCHW) and transposed to the network's [N, ",
+                      want[0], ", ", want[1], ", ", want[2], "]");
+}
+
 absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, const Examples& ex,
                                                  bool scaled) {
   const Shape& want = model.config.input_shape;
@@ -249,9 +293,13 @@ absl::StatusOr<std::vector<float>> PrepareInputs(const TrainedModel& model, cons
     got = want;
   }
   if (got != want) {
-    return absl::InvalidArgumentError(absl::StrCat("the examples have shape ",
-                                                   ShapeString(ex.example_shape),
-                                                   ", the network takes ", ShapeString(want)));
+    std::string hint;
+    if (got.size() == want.size() && NumElements(got) == NumElements(want)) {
+      hint = "; the same values in another order: transpose them to the network's";
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("the examples have shape ", ShapeString(ex.example_shape),
+                     ", the network takes ", ShapeString(want), hint));
   }
   std::vector<float> x = ex.raw;
   if (const int64_t vocab = model.model->stage(0).token_vocab(); vocab > 0) {

@@ -24,10 +24,10 @@ struct Examples {
 
 // Reads examples from `input`: an .npy array [count, ...] (float or integer), an IDX images
 // file (gzipped or not), or an image folder (one subfolder of PNGs per class, labels from
-// the folder names in sorted order). `labels` (optional) names an .npy integer array or an
-// IDX labels file. Errors name the file and, for arrays, the index.
-// `expected` (the network's per-example shape; empty: any) is checked against an IDX
-// header or each PNG's header before anything is decoded.
+// the folder names in sorted order), or a flat folder of PNGs (no labels). `labels` (optional)
+// names an .npy integer array or an IDX labels file. Errors name the file and, for arrays, the
+// index. `expected` (the network's per-example shape; empty: any) is checked against an IDX header
+// or each PNG's header before anything is decoded.
 absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::string& labels,
                                       const Shape& expected = {});
 
@@ -36,6 +36,15 @@ absl::StatusOr<Examples> ReadExamples(const std::string& input, const std::strin
 // named in another order, still scores right). A folder name the model does not know is an
 // error naming it. Nothing changes for a model without names or examples without folders.
 absl::Status MatchClassNames(const TrainedModel& model, Examples* examples);
+
+// A class name as a folder may hold it: every character but letters, digits, '-' and '.'
+// becomes '_' ("T-shirt/top" -> "T-shirt_top").
+std::string SafeClassName(const std::string& name);
+
+// Channels-first images ([C, H, W] per example, PyTorch's and ONNX's layout) for a network
+// that takes [H, W, C]: transposed in place, returning what was done ("" when nothing was).
+// The order is unambiguous: [C, H, W] is not [H, W, C] unless both are the same shape.
+std::string ToChannelsLast(const Shape& want, Examples* examples);
 
 // Label i's name: the model's own, or "class i" when it was trained without names.
 std::string ClassName(const TrainedModel& model, int64_t i);

@@ -179,8 +179,10 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
       args, &c, KeepOverrides({"stages", "data_path"}), {"JOB_FILE", "WEIGHTS"}, &pos, io.out);
   if (!go.ok() || !*go) return go.status();
   if (c.input().empty())
-    return CodedError(kExitUsage,
-                      "--input: name an .npy file, an IDX file, an image folder or a PNG");
+    return CodedError(
+        kExitUsage,
+        "--input: name an .npy file, an IDX file, a PNG, or a folder of PNGs (flat, or "
+        "one subfolder per class)");
   if (c.batch_size() < 1) return CodedError(kExitUsage, "--batch_size must be >= 1");
   if (c.has_stage() && c.stage() < 0) return CodedError(kExitUsage, "--stage must be >= 0");
   if (!c.out().empty() && !absl::EndsWith(c.out(), ".csv") && !absl::EndsWith(c.out(), ".npy")) {
@@ -208,6 +210,9 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
   if (absl::Status s = CheckLabels(model, *ex); !s.ok()) {
     return CodedError(kExitBadData,
                       absl::StrCat(c.labels().empty() ? c.input() : c.labels(), ": ", s.message()));
+  }
+  if (std::string note = ToChannelsLast(model.config.input_shape, &*ex); !note.empty()) {
+    io.err << "localpar: " << c.input() << ": " << note << "\n";
   }
   absl::StatusOr<std::vector<float>> inputs = PrepareInputs(model, *ex, c.input_scaled());
   if (!inputs.ok()) {

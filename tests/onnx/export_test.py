@@ -312,6 +312,80 @@ def check_input_range(work, weights):
     print(f"export_test: inputs in [0, 1] refused without --input_scaled; with it, {accuracy[0]}")
 
 
+def chunk(kind, data):
+    return (struct.pack(">I", len(data)) + kind + data +
+            struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+
+def png(path, pixels):
+    """Writes uint8 pixels [H, W] (grey) or [H, W, 3] (colour) as a PNG."""
+    h, w = pixels.shape[:2]
+    colour = pixels.ndim == 3
+    rows = b"".join(b"\0" + pixels[r].tobytes() for r in range(h))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n"
+                + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2 if colour else 0, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def check_own_images(work, weights, every_layer):
+    """What people have: a flat folder of PNGs (no labels) predicts as the same pixels in an
+    array; class folders may be named safely (T-shirt_top) or by number and score as the
+    labels do; channels-first arrays ([N, C, H, W]) give the channels-last predictions."""
+    n = 30
+    images = fashion_test_images(n).astype(np.uint8)  # [n, 28, 28, 1]
+    labels = labels_of_test_set(n)
+    flat = os.path.join(work, "flat")
+    os.makedirs(flat)
+    for i in range(n):
+        png(os.path.join(flat, f"img{i:03d}.png"), images[i, :, :, 0])
+    x, y = os.path.join(work, "own.npy"), os.path.join(work, "own_labels.npy")
+    np.save(x, images)
+    np.save(y, labels)
+    lp("predict", job("fashion_mlp"), weights, f"--input={flat}", f"--out={work}/flat.csv")
+    want = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}",
+              f"--out={work}/own.csv")
+    got, ref = (open(f"{work}/{k}.csv").read().splitlines()[1:] for k in ("flat", "own"))
+    if len(got) != n or [r.split(",")[-11:] for r in got] != [r.split(",")[-11:] for r in ref]:
+        raise Failure(f"a flat folder of PNGs predicts otherwise than its pixels:\n{got}\n{ref}")
+    # Class folders under safe names, and one by its number (9: Ankle boot).
+    names = {0: "T-shirt_top", 1: "Trouser", 9: "9"}
+    named = os.path.join(work, "named")
+    keep = [i for i in range(n) if labels[i] in names]
+    for i in keep:
+        os.makedirs(os.path.join(named, names[labels[i]]), exist_ok=True)
+        png(os.path.join(named, names[labels[i]], f"img{i:03d}.png"), images[i, :, :, 0])
+    np.save(x, images[keep])
+    np.save(y, labels[keep])
+    said = lp("predict", job("fashion_mlp"), weights, f"--input={named}")
+    want = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--labels={y}")
+    acc = [line for line in want.splitlines() if line.startswith("accuracy")]
+    if not acc or acc[0] not in said:
+        raise Failure(f"safely named class folders do not score as their labels:\n{said}\n{want}")
+    os.makedirs(os.path.join(named, "T-shirt"))
+    png(os.path.join(named, "T-shirt", "a.png"), images[0, :, :, 0])
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={named}", expect=4)
+    if "class folder T-shirt is not one of the model's classes (T-shirt_top, Trouser" not in out:
+        raise Failure(f"an unknown class folder is not refused with the safe names:\n{out}")
+    # Channels first: PyTorch's [N, 1, 28, 28] pixels, and [N, 2, 8, 8] floats for a two-channel
+    # network, give the channels-last logits, saying so.
+    np.save(x, images.transpose(0, 3, 1, 2).copy())
+    out = lp("predict", job("fashion_mlp"), weights, f"--input={x}", f"--out={work}/nchw.csv")
+    if "read [N, 1, 28, 28] as channels first" not in out:
+        raise Failure(f"a channels-first array is not said to be transposed:\n{out}")
+    got, ref = (open(f"{work}/{k}.csv").read().splitlines()[1:] for k in ("nchw", "own"))
+    if [r.split(",")[-11:] for r in got] != [r.split(",")[-11:] for r in ref]:
+        raise Failure("[N, 1, 28, 28] predicts otherwise than [N, 28, 28, 1]")
+    xo = os.path.join(work, "every_layer.nchw.npy")
+    lp("predict", job("every_layer"), every_layer, f"--input={xo}", "--logits",
+       f"--out={work}/el_nchw.npy")
+    a, b = np.load(f"{work}/el_nchw.npy"), np.load(os.path.join(work, "every_layer.logits.npy"))
+    if a.shape != b.shape or not np.array_equal(a, b):
+        raise Failure("[N, 2, 8, 8] does not give the logits of [N, 8, 8, 2]")
+    print(f"export_test: a flat folder of {n} PNGs, class folders named T-shirt_top and 9, and "
+          "channels-first arrays predict as the channels-last arrays do")
+
+
 def check_errors(work, weights):
     cnn = job("fashion_cnn")
     out = lp("export", cnn, weights, f"--out={work}/x.onnx", expect=3)
@@ -357,9 +431,6 @@ def check_errors(work, weights):
     w = h = 9000
     raw = zlib.compress(b"\0" * ((w + 1) * h), 9)
 
-    def chunk(kind, data):
-        return (struct.pack(">I", len(data)) + kind + data +
-                struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
     with open(os.path.join(big, "a", "big.png"), "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
                 + chunk(b"IDAT", raw) + chunk(b"IEND", b""))
@@ -368,14 +439,6 @@ def check_errors(work, weights):
         raise Failure(f"a 9000 x 9000 PNG is not refused from its header:\n{out}")
     # One PNG of your own (found by its signature, whatever its name) predicts exactly as the
     # same pixels in an array; one of another size or colour is refused saying what fits.
-    def png(path, pixels):
-        h, w = pixels.shape[:2]
-        colour = pixels.ndim == 3
-        rows = b"".join(b"\0" + pixels[r].tobytes() for r in range(h))
-        with open(path, "wb") as f:
-            f.write(b"\x89PNG\r\n\x1a\n"
-                    + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2 if colour else 0, 0, 0, 0))
-                    + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
     image = fashion_test_images(1).astype(np.uint8)  # [1, 28, 28, 1]
     one = os.path.join(work, "my_shoe")  # no extension: the signature says PNG
     png(one, image[0, :, :, 0])
@@ -413,14 +476,16 @@ def main():
                    labels=labels_of_test_set(3000), external=True)
         check_onnx(work, "fortunes_charlm", 20, fortunes_windows(1000), external=True)
         rng = np.random.default_rng(7)
-        check_onnx(work, "every_layer", 0, rng.normal(0, 1, (500, 8, 8, 2)).astype(np.float32),
-                   stages=[0, 1, 2, None])
+        every = check_onnx(work, "every_layer", 0,
+                           rng.normal(0, 1, (500, 8, 8, 2)).astype(np.float32),
+                           stages=[0, 1, 2, None])
         check_onnx(work, "every_sequence_layer", 30, shakespeare_windows(500), stages=[0, None])
         st = check_safetensors(work, mlp)
         check_init_from(work, mlp, st)
         check_large_model_path(work)
         check_input_range(work, mlp)
         check_errors(work, mlp)
+        check_own_images(work, mlp, every)
     except Failure as e:
         print(f"export_test: FAILED: {e}")
         return 1
