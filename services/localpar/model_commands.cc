@@ -165,6 +165,47 @@ absl::Status ExportCommand(const Args& args, const Io& io) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// predict --out: the probabilities (or logits) as .npy, or a .csv with a row per example
+// (and position): example[,file][,position],predicted, then a column per class by name.
+absl::Status WriteProbabilities(const v1::PredictCommand& c, const TrainedModel& model,
+                                const Examples& ex, const Shape& shape,
+                                const std::vector<float>& values) {
+  const int64_t classes = shape.back();
+  const int64_t rows = static_cast<int64_t>(values.size()) / classes;
+  absl::Status s;
+  if (absl::EndsWith(c.out(), ".npy")) {
+    s = WriteNpyFile(c.out(), std::vector<int64_t>(shape.begin(), shape.end()), values);
+  } else {
+    auto best = [&](int64_t r) {
+      const float* p = values.data() + r * classes;
+      return std::max_element(p, p + classes) - p;
+    };
+    const bool files = !ex.files.empty();
+    std::string csv = "example";
+    if (files) csv += ",file";
+    if (shape.size() > 2) csv += ",position";
+    csv += ",predicted";
+    for (int64_t k = 0; k < classes; ++k) absl::StrAppend(&csv, ",", CsvField(ClassName(model, k)));
+    csv += "\n";
+    const int64_t positions = rows / std::max<int64_t>(1, ex.count);
+    for (int64_t r = 0; r < rows; ++r) {
+      absl::StrAppend(&csv, r / positions);
+      if (files) absl::StrAppend(&csv, ",", CsvField(ex.files[r / positions]));
+      if (shape.size() > 2) absl::StrAppend(&csv, ",", r % positions);
+      absl::StrAppend(&csv, ",", CsvField(ClassName(model, best(r))));
+      for (int64_t k = 0; k < classes; ++k)
+        absl::StrAppend(&csv, absl::StrFormat(",%.6g", values[r * classes + k]));
+      csv += "\n";
+    }
+    s = WriteFileAtomically(c.out(), csv);
+  }
+  return s.ok() ? s : CodedError(kExitFailure, std::string(s.message()));
+}
+
+}  // namespace
+
 absl::Status PredictCommand(const Args& args, const Io& io) {
   v1::PredictCommand c = PredictDefaults();
   std::vector<std::string> pos;
@@ -258,33 +299,10 @@ absl::Status PredictCommand(const Args& args, const Io& io) {
     }
   }
   if (!c.out().empty()) {
-    if (c.logits()) probs = logits;
-    absl::Status s;
-    if (absl::EndsWith(c.out(), ".npy")) {
-      s = WriteNpyFile(c.out(), std::vector<int64_t>(shape.begin(), shape.end()), probs);
-    } else {
-      // example[,file][,position],predicted, then a column per class named after it.
-      const bool files = !ex->files.empty();
-      std::string csv = "example";
-      if (files) csv += ",file";
-      if (shape.size() > 2) csv += ",position";
-      csv += ",predicted";
-      for (int64_t k = 0; k < classes; ++k)
-        absl::StrAppend(&csv, ",", CsvField(ClassName(model, k)));
-      csv += "\n";
-      const int64_t positions = rows / std::max<int64_t>(1, ex->count);
-      for (int64_t r = 0; r < rows; ++r) {
-        absl::StrAppend(&csv, r / positions);
-        if (files) absl::StrAppend(&csv, ",", CsvField(ex->files[r / positions]));
-        if (shape.size() > 2) absl::StrAppend(&csv, ",", r % positions);
-        absl::StrAppend(&csv, ",", CsvField(ClassName(model, best(r))));
-        for (int64_t k = 0; k < classes; ++k)
-          absl::StrAppend(&csv, absl::StrFormat(",%.6g", probs[r * classes + k]));
-        csv += "\n";
-      }
-      s = WriteFileAtomically(c.out(), csv);
+    if (absl::Status s = WriteProbabilities(c, model, *ex, shape, c.logits() ? logits : probs);
+        !s.ok()) {
+      return s;
     }
-    if (!s.ok()) return CodedError(kExitFailure, std::string(s.message()));
     io.out << (c.logits() ? "logits: " : "probabilities: ") << c.out() << "\n";
   }
   return absl::OkStatus();
