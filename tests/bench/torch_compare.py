@@ -68,8 +68,9 @@ def torch_child(args):
     with open(args.job) as f:
         text_format.Parse(f.read(), job)
     nn = torch.nn
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    import torch_twin  # noqa: E402
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT))),
+                                    "python"))
+    import localpar_torch  # noqa: E402
 
     # The data's shape and classes: token windows for a language model, images otherwise.
     source = job.data.WhichOneof("source")
@@ -85,7 +86,7 @@ def torch_child(args):
             st.head.hidden = 256
         if st.head.kind == job_pb2.Head.CONV_POOL_LINEAR and not st.head.channels:
             st.head.channels = 32
-    twin, sequence = torch_twin.build(torch, job, classes, input_shape, job_pb2)
+    twin, sequence = localpar_torch.build(torch, job, classes, input_shape, job_pb2)
     stages, heads = twin.stage_modules(), twin.head_modules()
     params = [p for m in stages + heads for p in m.parameters()]
     # localpar counts batch norm's running statistics among a stage's parameters; PyTorch

@@ -10,7 +10,9 @@ tests/bench/torch_compare.py also uses, built from the job the file carries, tak
 with load_state_dict(strict=True). In eval mode, on [N, C, H, W] images scaled to [0, 1]
 (what torchvision's ToTensor() gives), its logits must agree with `localpar predict
 --logits` within 1e-5. The names must not depend on the split: the MLP trained as 2 stages
-exports the same layer names as trained as 4. Each export is also written as shards of at
+exports the same layer names as trained as 4. The module is the shipped loader,
+python/localpar_torch.py (`localpar_torch.load(path)`, three lines in docs/models.md), also
+on shakespeare_char's token windows. Each export is also written as shards of at
 most 1 MiB (`--shard_mib=1`) and read back through model.safetensors.index.json by a reader
 written here: the tensors are the single file's, bit for bit.
 PyTorch is Debian's python3-torch; where it is missing the test says so and passes skipped.
@@ -88,8 +90,7 @@ def job_path(name):
     return os.path.join(SOURCE, "deploy", "jobs", f"{name}.textproto")
 
 
-def check(torch, np, job_pb2, work, name, steps, images, extra=()):
-    from google.protobuf import text_format
+def check(torch, np, work, name, steps, images, extra=()):
     out = os.path.join(work, name)
     lp("train", job_path(name), f"--max_steps={steps}", f"--out={out}", "--quiet", *extra)
     st = os.path.join(work, f"{name}.safetensors")
@@ -103,17 +104,15 @@ def check(torch, np, job_pb2, work, name, steps, images, extra=()):
     _, sharded, count = read_sharded(torch, shards)
     if set(sharded) != set(tensors) or any(not torch.equal(sharded[k], tensors[k]) for k in tensors):
         raise Failure(f"{name}: the shards' tensors differ from the single file's")
-    job = job_pb2.Job()
-    text_format.Parse(meta["job"], job)
-    input_shape = json.loads(meta["input_shape"])
-    sys.path.insert(0, os.path.join(SOURCE, "tests", "bench"))
-    import torch_twin
-    twin, _ = torch_twin.build(torch, job, int(meta["classes"]), input_shape, job_pb2)
-    missing = set(twin.state_dict()) ^ set(tensors)
-    if missing:
-        raise Failure(f"{name}: names differ from the twin's state_dict: {sorted(missing)[:8]}")
-    twin.load_state_dict(tensors, strict=True)
-    twin.eval()
+    # The shipped loader, as a user calls it: builds the job's network, strict=True.
+    sys.path.insert(0, os.path.join(SOURCE, "python"))
+    import localpar_torch
+    twin = localpar_torch.load(st)
+    if set(twin.state_dict()) != set(tensors):
+        raise Failure(f"{name}: names differ from the module's state_dict")
+    from_shards = localpar_torch.load(shards).state_dict()
+    if any(not torch.equal(from_shards[k], v) for k, v in twin.state_dict().items()):
+        raise Failure(f"{name}: the loader reads other tensors from the shards")
     # The reference: localpar predict on the raw pixels.
     xin = os.path.join(work, f"{name}.x.npy")
     ref = os.path.join(work, f"{name}.logits.npy")
@@ -121,16 +120,19 @@ def check(torch, np, job_pb2, work, name, steps, images, extra=()):
     lp("predict", job_path(name), os.path.join(out, "weights.pb"), f"--input={xin}", "--logits",
        f"--out={ref}", *extra)
     want = np.load(ref)
-    # What a PyTorch user holds: [N, C, H, W] in [0, 1]; the training normalisation on top.
-    x01 = (images * np.float32(meta["input_scale"])).transpose(0, 3, 1, 2).copy()
-    x = (torch.from_numpy(x01) - float(np.float32(meta["input_mean"]))) * float(
-        np.float32(meta["input_inv_std"]))
+    # What a PyTorch user holds: [N, C, H, W] in [0, 1] (ToTensor()), or token ids [N, T];
+    # the loaded module applies the training's normalisation itself.
+    if meta["input_tokens"] == "true":
+        x = torch.from_numpy(images.astype(np.int64))
+    else:
+        x = torch.from_numpy((images * np.float32(meta["input_scale"])).transpose(0, 3, 1, 2)
+                             .copy())
     with torch.no_grad():
         got = twin(x).numpy()
     diff = float(np.abs(got - want).max())
     print(f"torch_state_dict_test: {name}: {len(tensors)} tensors (also as {count} shards through "
           f"the index, identical), load_state_dict(strict=True), logits max |diff| {diff:.2e} "
-          f"over {len(images)} images")
+          f"over {len(images)} examples")
     if not diff <= 1e-5:
         raise Failure(f"{name}: the twin's logits differ from predict's by {diff}")
     return tensors
@@ -147,21 +149,38 @@ def main():
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="localpar-torch-")
     try:
-        subprocess.run(["protoc", "-I", SOURCE, "--python_out", work,
-                        os.path.join(SOURCE, "proto", "job.proto"),
-                        os.path.join(SOURCE, "proto", "options.proto")], check=True)
-        sys.path.insert(0, work)
-        from proto import job_pb2
         raw = gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")).read()
         images = np.frombuffer(raw, np.uint8, offset=16).reshape(-1, 28, 28, 1)[:1000]
         images = images.astype(np.float32)
-        four = check(torch, np, job_pb2, work, "fashion_mlp", 30, images)
-        check(torch, np, job_pb2, work, "fashion_cnn", 10, images[:300])
-        check(torch, np, job_pb2, work, "fashion_resnet", 10, images[:300])
+        four = check(torch, np, work, "fashion_mlp", 30, images)
+        # An export of stages 0..1 only loads as those stages, scoring as predict --stage=1.
+        sys.path.insert(0, os.path.join(SOURCE, "python"))
+        import localpar_torch
+        weights = os.path.join(work, "fashion_mlp", "weights.pb")
+        part = os.path.join(work, "stage1.safetensors")
+        lp("export", job_path("fashion_mlp"), weights, f"--out={part}", "--stage=1")
+        lp("predict", job_path("fashion_mlp"), weights, f"--input={work}/fashion_mlp.x.npy",
+           "--logits", "--stage=1", f"--out={work}/stage1.npy")
+        model = localpar_torch.load(part)
+        x = torch.from_numpy((images / np.float32(255)).transpose(0, 3, 1, 2).copy())
+        with torch.no_grad():
+            diff = float(np.abs(model(x).numpy() - np.load(f"{work}/stage1.npy")).max())
+        if not diff <= 1e-5 or len(model.bounds) != 2:
+            raise Failure(f"an export of stages 0..1 loads as {len(model.bounds)} stages, "
+                          f"|diff| {diff}")
+        print(f"torch_state_dict_test: an export of stages 0..1 loads as 2 stages, logits max "
+              f"|diff| {diff:.2e} against predict --stage=1")
+        check(torch, np, work, "fashion_cnn", 10, images[:300])
+        check(torch, np, work, "fashion_resnet", 10, images[:300])
         rng = np.random.default_rng(7)
-        check(torch, np, job_pb2, work, "every_layer", 20,
+        check(torch, np, work, "every_layer", 20,
               rng.normal(0, 1, (200, 8, 8, 2)).astype(np.float32))
-        two = check(torch, np, job_pb2, work, "fashion_mlp", 30, images[:200], ["--stages=2"])
+        text = open(os.path.join(SOURCE, "..", "shared", "data", "tinyshakespeare.txt"),
+                    "rb").read()
+        starts = rng.integers(0, len(text) - 64, 40)
+        windows = np.array([list(text[s:s + 64]) for s in starts], np.int32)
+        check(torch, np, work, "shakespeare_char", 10, windows)
+        two = check(torch, np, work, "fashion_mlp", 30, images[:200], ["--stages=2"])
         layers4 = sorted(k for k in four if k.startswith("layers."))
         layers2 = sorted(k for k in two if k.startswith("layers."))
         if layers4 != layers2:

@@ -1,18 +1,43 @@
-"""A PyTorch twin of a localpar job's network, built from the job itself.
+"""PyTorch's view of a localpar model: the nn.Module of a job's network, and the loader of
+a safetensors export into it.
 
-Its state_dict has the names localpar's safetensors export writes: the layers numbered
-through the whole network whatever the split (`layers.7.weight`; `layers.3.body.0.weight`
-inside a residual block, whose body is an nn.Sequential), and each stage's head named by
-the layer it follows (`heads.7.0.weight`). A transformer block is the two pre-norm residual
-blocks localpar builds for it. Images are [C, H, W], as PyTorch holds them.
+    import localpar_torch                                   # python/ on sys.path
+    model = localpar_torch.load("model.safetensors")        # or a folder of shards
+    logits = model(x)  # images [N, C, H, W] as ToTensor() gives them; token ids [N, T]
 
-    twin = build(torch, job, classes, input_shape)   # input_shape: localpar's, [H, W, C]
-    twin.stage_modules(), twin.head_modules()         # per stage, for training loops
-    twin(x)                                           # the last stage's head
+`load` reads the export (one file, or a folder with model.safetensors.index.json), builds
+the network of the job the file carries, loads the tensors with strict=True, applies the
+training's input normalisation inside forward, and returns it in eval mode. It needs
+PyTorch, python3-protobuf and protoc (the job is parsed with proto/job.proto); the file
+format is read here, without the safetensors package.
+
+The module's state_dict has the names localpar's safetensors export writes: the layers
+numbered through the whole network whatever the split (`layers.7.weight`;
+`layers.3.body.0.weight` inside a residual block, whose body is an nn.Sequential), and each
+stage's head named by the layer it follows (`heads.7.0.weight`). A transformer block is the
+two pre-norm residual blocks localpar builds for it; GELU is the tanh approximation.
+
+    twin, sequence = build(torch, job, classes, input_shape, job_pb2)  # [H, W, C] as localpar's
+    twin.stage_modules(), twin.head_modules()   # per stage, for training loops
+    twin(x), twin(x, stage=k)                   # the last stage's head, or stage k's
 """
+import atexit
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_JOB_PB2 = []
 
 
-def build(torch, job, classes, input_shape, job_pb2):
+def build(torch, job, classes, input_shape, job_pb2, normalization=None, tokens=False):
+    """The network of `job` (a job_pb2.Job) as an nn.Module, and whether it reads sequences.
+    normalization: (mean, inv_std) applied to the input in forward, or None; tokens: the
+    input is token ids (cast to int64 in forward)."""
     nn = torch.nn
 
     class FlatLinear(nn.Linear):  # localpar's linear: the whole example flattened
@@ -138,7 +163,7 @@ def build(torch, job, classes, input_shape, job_pb2):
                 m, cur = layer(b, cur)
                 body.extend(m)
             return [Residual(body)], shape
-        raise SystemExit(f"torch_twin: no twin for layer kind {kind}")
+        raise ValueError(f"localpar_torch: no PyTorch module for layer kind {kind}")
 
     def head(spec, shape, embedding):  # common/nn/head.cc's layers, one module each
         kind = job_pb2.Head.Kind.Name(spec.kind)
@@ -166,6 +191,7 @@ def build(torch, job, classes, input_shape, job_pb2):
     class Twin(nn.Module):
         def __init__(self):
             super().__init__()
+            self.normalization, self.tokens = normalization, tokens
             self.layers = nn.ModuleList()
             self.heads = nn.ModuleDict()
             self.bounds = []  # each stage's [begin, end) in layers
@@ -182,6 +208,15 @@ def build(torch, job, classes, input_shape, job_pb2):
                 name = str(len(self.layers) - 1) if len(self.layers) else "input"
                 self.heads[name] = head(st.head, cur, embedding)
 
+        def keep_stages(self, count):
+            """Only stages 0..count-1 (an export of stages 0..K has only their tensors)."""
+            end = self.bounds[count - 1][1]
+            for name in [n for n in self.heads if n not in
+                         {str(e - 1) if e else "input" for _, e in self.bounds[:count]}]:
+                del self.heads[name]
+            self.layers = self.layers[:end]
+            self.bounds = self.bounds[:count]
+
         def stage_modules(self):
             return [nn.Sequential(*self.layers[b:e]) for b, e in self.bounds]
 
@@ -190,8 +225,96 @@ def build(torch, job, classes, input_shape, job_pb2):
 
         def forward(self, x, stage=None):
             last = len(self.bounds) - 1 if stage is None else stage
+            if self.tokens:
+                x = x.long()
+            elif self.normalization is not None:
+                x = (x - self.normalization[0]) * self.normalization[1]
             for m in self.layers[:self.bounds[last][1]]:
                 x = m(x)
             return self.head_modules()[last](x)
 
     return Twin(), sequence
+
+
+def job_pb2():
+    """proto/job.proto's Python module, generated by protoc on first use."""
+    if not _JOB_PB2:
+        protoc = shutil.which("protoc")
+        if protoc is None:
+            raise RuntimeError("localpar_torch needs protoc (Debian's protobuf-compiler)")
+        gen = tempfile.mkdtemp(prefix="localpar_torch_pb.")
+        atexit.register(shutil.rmtree, gen, True)
+        out = subprocess.run([protoc, "-I", SOURCE, "--python_out", gen, "proto/job.proto",
+                              "proto/options.proto"], capture_output=True, text=True, cwd=SOURCE)
+        if out.returncode != 0:
+            raise RuntimeError(f"protoc failed on {SOURCE}/proto/job.proto: {out.stderr.strip()}")
+        sys.path.insert(0, gen)
+        from proto import job_pb2 as module
+        _JOB_PB2.append(module)
+    return _JOB_PB2[0]
+
+
+def read_safetensors(torch, path):
+    """(metadata, {name: tensor}) from one safetensors file, or from a folder of shards
+    through its model.safetensors.index.json."""
+    if os.path.isdir(path):
+        with open(os.path.join(path, "model.safetensors.index.json")) as f:
+            weight_map = json.load(f)["weight_map"]
+        meta, tensors = None, {}
+        for shard in sorted(set(weight_map.values())):
+            if os.path.basename(shard) != shard:
+                raise ValueError(f"{path}: shard {shard!r} is not a file name beside the index")
+            m, t = read_safetensors(torch, os.path.join(path, shard))
+            meta = meta or m
+            tensors.update(t)
+        if set(tensors) != set(weight_map):
+            raise ValueError(f"{path}: the shards do not hold what the index names")
+        return meta, tensors
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = memoryview(data)[8 + n:]
+    dtypes = {"F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        if not 0 <= b <= e <= len(body) or info["dtype"] not in dtypes:
+            raise ValueError(f"{path}: tensor {name}: bad offsets or dtype {info['dtype']}")
+        t = torch.frombuffer(bytearray(body[b:e]), dtype=dtypes[info["dtype"]])
+        tensors[name] = t.reshape(info["shape"])
+    return header.get("__metadata__", {}), tensors
+
+
+def load(path):
+    """The exported model at `path` (a .safetensors file or a folder of shards) as an
+    nn.Module in eval mode, its weights loaded with strict=True. Its forward takes images
+    [N, C, H, W] in [0, 1] (pixels as ToTensor() gives them; float data as the training files
+    held it) or token ids [N, T], and returns the last stage's logits; forward(x, stage=k)
+    stage k's. `model.meta` is the file's metadata, `model.class_names` the class names."""
+    import torch
+    from google.protobuf import text_format
+    meta, tensors = read_safetensors(torch, path)
+    if "job" not in meta:
+        raise ValueError(f"{path}: no job in its metadata: not an export of localpar's")
+    pb = job_pb2()
+    job = pb.Job()
+    text_format.Parse(meta["job"], job)
+    input_shape = json.loads(meta["input_shape"])
+    norm = None
+    if meta.get("input_tokens") != "true":
+        norm = (float(meta["input_mean"]), float(meta["input_inv_std"]))
+    model, _ = build(torch, job, int(meta["classes"]), input_shape, pb, norm,
+                     tokens=meta.get("input_tokens") == "true")
+    # An export of stages 0..K (export --stage=K) holds their layers and heads only.
+    heads = {k.split(".")[1] for k in tensors if k.startswith("heads.")}
+    names = [str(e - 1) if e else "input" for _, e in model.bounds]
+    if heads and heads != set(names):
+        count = max(i for i, n in enumerate(names) if n in heads) + 1
+        model.keep_stages(count)
+    model.load_state_dict(tensors, strict=True)
+    model.meta = meta
+    model.class_names = json.loads(meta["class_names"]) if meta.get("class_names") else []
+    return model.eval()
