@@ -80,6 +80,7 @@ void RunLedger::Restore(const v1::RunReport& history, const DataCursor& at) {
   if (history.regroups_size() > 0) regroups_ = history.regroups();
   if (fed_steps_ == 0 && train_examples_ == 0 && resumed_wall_seconds_ == 0) {
     resumed_wall_seconds_ = history.wall_seconds();  // a run resumed in a new process
+    resumed_examples_ = history.train_examples();
   }
   fed_steps_ = at.step;
   epochs_fed_ = at.epoch;
@@ -151,6 +152,10 @@ void RunLedger::ForgetCheckpointInFlight() {
 
 double RunLedger::Uptime() const { return SecondsBetween(started_, Clock::now()); }
 
+double RunLedger::learning_rate(int64_t step) const {
+  return LearningRate(ScheduleOf(job_), step, total_steps_);
+}
+
 MetricsPoint RunLedger::Point(const char* kind, int epoch, int64_t step, double eps) const {
   MetricsPoint p;
   p.kind = kind;
@@ -159,6 +164,7 @@ MetricsPoint RunLedger::Point(const char* kind, int epoch, int64_t step, double 
   p.wall_seconds = Uptime();
   p.lr = LearningRate(ScheduleOf(job_), step, total_steps_);
   p.examples_per_second = eps;
+  p.positions = JobLabelsPerExample(job_);
   return p;
 }
 
@@ -254,8 +260,11 @@ v1::RunReport RunLedger::Report(const RunFacts& facts) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.set_steps(static_cast<int32_t>(fed_steps_));
-    const double seconds = train_seconds_ > 0 ? train_seconds_ : r.wall_seconds();
-    r.set_examples_per_second(train_examples_ / std::max(seconds, 1e-9));
+    // This process's throughput: a resumed run's examples and seconds before it count in
+    // neither.
+    const double seconds = train_seconds_ > 0 ? train_seconds_ : Uptime();
+    r.set_examples_per_second(std::max(train_examples_ - resumed_examples_, 0.0) /
+                              std::max(seconds, 1e-9));
   }
   r.set_eval_split(EvalSplitName(job_));
   for (const std::string& h : options_.init_fresh_heads) r.add_init_fresh_heads(h);

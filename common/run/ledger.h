@@ -72,6 +72,7 @@ class RunLedger {
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int epochs() const { return EpochsOf(job_, train_n_); }  // the epochs the run touches
+  double learning_rate(int64_t step) const;                // the schedule's at 0-based step
   // The batches in order from `start`: the same for the reference run and the coordinator.
   BatchPlan Plan(const DataCursor& start = {}) const;
 
@@ -147,6 +148,7 @@ class RunLedger {
   std::map<int, v1::EpochFigures> epochs_;
   std::map<int64_t, v1::Evaluation> evaluations_;
   double resumed_wall_seconds_ = 0;
+  double resumed_examples_ = 0;  // fed before this process, by the run it resumed
   google::protobuf::RepeatedPtrField<v1::Regroup> regroups_;  // a resumed run's, kept
   double train_seconds_ = 0;
   int64_t logged_step_ = -1;

@@ -37,11 +37,17 @@ MetricsLog::~MetricsLog() { std::fclose(f_); }
 std::string MetricsLog::Line(const MetricsPoint& p, int stage, const HeadStats& s, bool bytes) {
   const std::string bits =
       bytes ? absl::StrCat(",\"bits_per_byte\":", Number(BitsPerByte(s.mean_loss()))) : "";
+  // A sequence's windows are its examples; its positions (tokens) are what a head scores.
+  const std::string tokens =
+      p.positions > 1
+          ? absl::StrCat(",\"tokens_per_second\":",
+                         Number(p.examples_per_second * static_cast<double>(p.positions)))
+          : "";
   return absl::StrFormat(
       "{\"kind\":\"%s\",\"step\":%d,\"epoch\":%d,\"stage\":%d,\"loss\":%s%s,\"accuracy\":%s,"
-      "\"examples\":%d,\"lr\":%s,\"examples_per_second\":%s,\"wall_seconds\":%s}",
+      "\"examples\":%d,\"lr\":%s,\"examples_per_second\":%s%s,\"wall_seconds\":%s}",
       p.kind, p.step, p.epoch, stage, Number(s.mean_loss()), bits, Number(s.accuracy()), s.count,
-      Number(p.lr), Number(p.examples_per_second), Number(p.wall_seconds));
+      Number(p.lr), Number(p.examples_per_second), tokens, Number(p.wall_seconds));
 }
 
 void MetricsLog::Write(const MetricsPoint& p, const std::vector<HeadStats>& stages) {

@@ -22,6 +22,7 @@ struct MetricsPoint {
   double wall_seconds = 0;         // since this process started the run
   double lr = 0;                   // the schedule's learning rate at `step`
   double examples_per_second = 0;  // training throughput so far (on "train" lines; else 0)
+  int64_t positions = 1;           // labels per example: > 1 adds tokens_per_second
 };
 
 class MetricsLog {

@@ -242,7 +242,9 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& given, const SecurityOp
   if (!metrics_server.ok()) return metrics_server.status();
   std::unique_ptr<CoordinatorMetrics> metrics;
   if (*metrics_server) {
-    metrics = std::make_unique<CoordinatorMetrics>((*metrics_server)->registry(), job->name());
+    metrics = std::make_unique<CoordinatorMetrics>((*metrics_server)->registry(), job->name(),
+                                                   !c.checkpoint_dir().empty(),
+                                                   JobLabelsPerExample(*job));
   }
   std::optional<v1::ModelWeights> initial;
   InitNotes notes;

@@ -7,8 +7,10 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const std::string& job)
-    : epoch_(BuildGauge()
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const std::string& job,
+                                       bool checkpoints, int64_t positions)
+    : positions_(positions),
+      epoch_(BuildGauge()
                  .Name("localpar_epoch")
                  .Help("Epoch the coordinator is feeding (1-based)")
                  .Register(r)
@@ -40,13 +42,31 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const std::strin
                               .Add({{labels::kJob, job}},
                                    prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1,
                                                                            3, 10, 30, 100})),
-      last_checkpoint_(BuildGauge()
-                           .Name("localpar_last_checkpoint_timestamp_seconds")
-                           .Help("Unix time of the last committed checkpoint (of the start, before "
-                                 "the first): time() minus it is the work a failure would lose")
-                           .Register(r)
-                           .Add({{labels::kJob, job}})) {
-  last_checkpoint_.SetToCurrentTime();
+      lr_(BuildGauge()
+              .Name("localpar_learning_rate")
+              .Help("The schedule's learning rate at the step the coordinator last fed")
+              .Register(r)
+              .Add({{labels::kJob, job}})) {
+  // Only where checkpoints are written: without them there is no last one to age.
+  if (checkpoints) {
+    last_checkpoint_ =
+        &BuildGauge()
+             .Name("localpar_last_checkpoint_timestamp_seconds")
+             .Help(
+                 "Unix time of the last committed checkpoint (of the start, before the "
+                 "first): time() minus it is the work a failure would lose")
+             .Register(r)
+             .Add({{labels::kJob, job}});
+    last_checkpoint_->SetToCurrentTime();
+  }
+  // A sequence model's examples are windows; its tokens are what rates compare.
+  if (positions > 1) {
+    tokens_ = &BuildCounter()
+                   .Name("localpar_ingested_tokens_total")
+                   .Help("Training tokens (positions of the windows) the coordinator has streamed")
+                   .Register(r)
+                   .Add({{labels::kJob, job}});
+  }
 }
 
 }  // namespace localpar

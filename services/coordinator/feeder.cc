@@ -121,6 +121,7 @@ bool Feeder::Feed(PipelineLink& link, const DataCursor& start) {
       const int64_t done = item.step + 1;
       if (metrics_) {
         metrics_->AddIngested(item.rows);
+        metrics_->SetLearningRate(ledger_.learning_rate(item.step));
         metrics_->SetProgress(static_cast<double>(done) /
                               static_cast<double>(std::max<int64_t>(ledger_.total_steps(), 1)));
       }

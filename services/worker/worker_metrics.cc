@@ -79,9 +79,12 @@ void WorkerMetrics::Configure(const std::string& job, int stage, int replica) {
   eval_examples_ = &examples_.Add(with(labels::kPhase, "eval"));
   step_ = &steps_.Add(base_);
   phase_.clear();
-  for (const char* p :
-       {"receive_wait", "forward", "backward", "update", "send_wait", "allreduce"}) {
+  for (const char* p : {"receive_wait", "forward", "backward", "update", "send_wait"}) {
     phase_[p] = &step_seconds_.Add(with(labels::kPhase, p), StepBuckets());
+  }
+  // Replicas exchanging gradients: a series only where there are replicas.
+  if (replica >= 0) {
+    phase_["allreduce"] = &step_seconds_.Add(with(labels::kPhase, "allreduce"), StepBuckets());
   }
   train_loss_ = &loss_.Add(base_);
   train_accuracy_ = &accuracy_.Add(with(labels::kPhase, "train"));

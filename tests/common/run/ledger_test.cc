@@ -135,6 +135,10 @@ TEST(RunLedger, ARestoreKeepsItsOwnFiguresAndTakesTheRestFromTheCheckpoint) {
   FeedAll(*ledger, ledger->Plan(DataCursor{2, 0, 2}));
   v1::RunReport r = ledger->History();
   EXPECT_EQ(r.train_examples(), 8 + 2 + 10);
+  // Throughput is this process's: the 12 examples it fed over its 2 seconds, not the 20
+  // the run has seen.
+  ledger->AddTrainSeconds(2);
+  EXPECT_DOUBLE_EQ(ledger->Report(RunFacts()).examples_per_second(), 6);
   ASSERT_EQ(r.epochs_size(), 2);
   EXPECT_DOUBLE_EQ(r.epochs(0).seconds(), 1.5);
   ASSERT_EQ(r.evaluations_size(), 2);

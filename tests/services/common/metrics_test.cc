@@ -32,8 +32,17 @@ TEST(Metrics, TheJobIsItsOwnLabelAndEveryProcessExportsItsBuildAndProcessMetrics
   ASSERT_TRUE(server.ok()) << server.status();
   WorkerMetrics worker((*server)->registry());
   worker.Configure("fashion", 2);
-  CoordinatorMetrics coordinator((*server)->registry(), "fashion");
+  CoordinatorMetrics coordinator((*server)->registry(), "fashion", /*checkpoints=*/true,
+                                 /*positions=*/64);
+  coordinator.AddIngested(3);
+  coordinator.SetLearningRate(0.002);
   const std::string text = (*server)->Render();
+  // A sequence model's tokens are counted beside its windows; the rate is exported.
+  EXPECT_EQ(Sample(text, "localpar_ingested_examples_total{"), 3);
+  EXPECT_EQ(Sample(text, "localpar_ingested_tokens_total{"), 192);
+  EXPECT_EQ(Sample(text, "localpar_learning_rate{"), 0.002);
+  // Without replicas there is no gradient exchange to time.
+  EXPECT_EQ(text.find("phase=\"allreduce\""), std::string::npos);
 
   EXPECT_NE(text.find("localpar_job=\"fashion\""), std::string::npos) << text;
   EXPECT_EQ(text.find(",job=\""), std::string::npos) << "a `job` label clashes with Prometheus's";
@@ -46,6 +55,19 @@ TEST(Metrics, TheJobIsItsOwnLabelAndEveryProcessExportsItsBuildAndProcessMetrics
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // Before the first checkpoint: the start, a Unix time, not an age.
   EXPECT_NEAR(Sample(text, "localpar_last_checkpoint_timestamp_seconds{"), now, 60);
+  {
+    // Without checkpoints no timestamp (an age alert would fire on it); images count no
+    // tokens; a replica's worker times its all-reduce.
+    absl::StatusOr<std::unique_ptr<MetricsServer>> other = MetricsServer::Start("127.0.0.1:0");
+    ASSERT_TRUE(other.ok()) << other.status();
+    CoordinatorMetrics plain((*other)->registry(), "fashion", false, 1);
+    WorkerMetrics replica((*other)->registry());
+    replica.Configure("fashion", 1, 0);
+    const std::string t = (*other)->Render();
+    EXPECT_EQ(t.find("localpar_last_checkpoint_timestamp_seconds"), std::string::npos) << t;
+    EXPECT_EQ(t.find("localpar_ingested_tokens_total"), std::string::npos);
+    EXPECT_NE(t.find("phase=\"allreduce\""), std::string::npos);
+  }
 
   const double resident = Sample(text, "process_resident_memory_bytes");
   EXPECT_GT(resident, 0.5 * static_cast<double>(ResidentBytes()));
