@@ -131,14 +131,16 @@ void ProgressPrinter::Result(const std::string& what, const std::vector<HeadStat
       absl::StrAppendFormat(&accs, " s%d -", k);  // no figures: the stage did not answer
     }
   }
-  if (bytes_) {
-    absl::StrAppend(&accs, "; bits/byte");
-    for (size_t k = 0; k < test.size(); ++k) {
-      if (test[k].count > 0) {
-        absl::StrAppendFormat(&accs, " s%d %.3f", k, BitsPerByte(test[k].mean_loss()));
-      } else {
-        absl::StrAppendFormat(&accs, " s%d -", k);
-      }
+  // The loss beside: bits per byte for a byte corpus, nats otherwise (a token model's
+  // accuracy alone says little).
+  absl::StrAppend(&accs, bytes_ ? "; bits/byte" : "; loss");
+  for (size_t k = 0; k < test.size(); ++k) {
+    if (test[k].count > 0) {
+      const double loss = test[k].mean_loss();
+      absl::StrAppendFormat(&accs, bytes_ ? " s%d %.3f" : " s%d %.4f", k,
+                            bytes_ ? BitsPerByte(loss) : loss);
+    } else {
+      absl::StrAppendFormat(&accs, " s%d -", k);
     }
   }
   out_ << (pending_ ? "\r\033[K" : "") << what << ": " << split_ << " accuracy" << accs;

@@ -104,12 +104,12 @@ TEST(ProgressPrinter, ALineWiderThanTheTerminalNarrowsUntilItFits) {
   EXPECT_EQ(tiny.Format(line), "epoch 2/3 step 50/10");
 }
 
-TEST(ProgressPrinter, EpochResultShowsADashForAStageWithoutFigures) {
+TEST(ProgressPrinter, EpochResultShowsAccuracyAndLossAndADashForAStageWithoutFigures) {
   std::ostringstream out;
   ProgressPrinter printer(out, /*live=*/false, /*enabled=*/true);
   HeadStats answered{/*loss_sum=*/1.0, /*correct=*/3.0, /*count=*/4};
   printer.EpochResult(2, {answered, HeadStats{}}, 1.5);
-  EXPECT_EQ(out.str(), "epoch 2: test accuracy s0 75.00% s1 - (1.5s)\n");
+  EXPECT_EQ(out.str(), "epoch 2: test accuracy s0 75.00% s1 -; loss s0 0.2500 s1 - (1.5s)\n");
 }
 
 }  // namespace
