@@ -30,7 +30,7 @@ trap 'rm -rf "$renders" ${schema_dir:+"$schema_dir"}' EXIT
 # Two other layouts, generated in a copy: a JobSet of 2 stages x 2 replicas and a
 # StatefulSet of 2 stages x 3 replicas, both regrouped; their replicas' connections, pod
 # counts and flags pass the same checks as the committed overlays.
-mkdir -p "$renders/layout/deploy" && cp -r k8s "$renders/layout/" && cp -r deploy/jobs "$renders/layout/deploy/"
+mkdir -p "$renders/layout/deploy" && cp -r k8s experiments proto "$renders/layout/" && cp -r deploy/jobs "$renders/layout/deploy/"
 relayout() {  # OVERLAY STAGES REPLICAS
   sed -i -e "s/^stages: .*/stages: $2/" -e "s/^replicas: .*/replicas: $3/" \
     -e "s/^regroup: .*/regroup: true/" "$renders/layout/k8s/overlays/$1/layout.yaml"

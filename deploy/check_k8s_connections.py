@@ -22,12 +22,21 @@ and that:
   - the status port is declared on the coordinator's container and its Service;
   - every probe's port, every metrics port, every volume mount, claim and ConfigMap
     resolves;
-  - --workers names every worker pod once, and K x R of them (K from --stages if given).
+  - --workers names every worker pod once, and K x R of them (K from --stages if given);
+  - every file or folder the job reads (its data paths, from the job ConfigMap, defaults
+    filled in, relative ones from the job file's folder) lies under a volume mounted in the
+    coordinator, the one pod that reads data: a claim, or a ConfigMap holding that file.
 Exits 1 naming each connection or object that fails.
 """
+import os
+import posixpath
 import sys
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import jobs  # noqa: E402  (job files through protobuf's text format)
+from experiments.common import Failure  # noqa: E402
 
 EPHEMERAL = 40000  # a port the replicas' mesh might listen on
 
@@ -184,6 +193,66 @@ def check_resources(docs, pod, problems):
             problems.append(f"{pod.name}: ConfigMap {cm} is not in the overlay")
 
 
+def check_data(docs, coord, problems):
+    """Every data path of the coordinator's job lies in a volume that can hold it."""
+    job_file = flag(coord.args, "job")
+    if not job_file:
+        problems.append("the coordinator has no --job")
+        return
+    volumes = {v["name"]: v for v in coord.spec.get("volumes", [])}
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    mounts = coord.container.get("volumeMounts", [])
+
+    def mount_of(path):
+        """(mount, the rest of the path below it), the deepest mount holding `path`."""
+        best = None
+        for m in mounts:
+            at = m["mountPath"].rstrip("/")
+            if (path == at or path.startswith(at + "/")) and (
+                    best is None or len(at) > len(best[0]["mountPath"].rstrip("/"))):
+                best = (m, path[len(at):].lstrip("/"))
+        return best
+
+    def configmap_file(m, rest):
+        """The ConfigMap file a path under mount `m` names, or None (not a ConfigMap)."""
+        cm = (volumes.get(m["name"], {}).get("configMap") or {}).get("name")
+        if cm is None:
+            return None, None
+        sub = m.get("subPath", "")
+        key = posixpath.join(sub, rest) if sub and rest else (sub or rest)
+        held = maps.get(cm, {})
+        return cm, key if key in (held.get("data") or {}) or key in (
+            held.get("binaryData") or {}) else ""
+
+    found = mount_of(job_file)
+    cm, key = configmap_file(*found) if found else (None, None)
+    if not key:
+        problems.append(f"the coordinator's --job={job_file} is in no ConfigMap it mounts")
+        return
+    text = maps[cm].get("data", {}).get(key)
+    try:
+        job = jobs.parse_job(text, f"ConfigMap {cm} {key}")
+    except Failure as e:
+        problems.append(f"the job does not parse: {e}")
+        return
+    for field, path, _ in jobs.data_paths(job):
+        where = posixpath.normpath(posixpath.join(posixpath.dirname(job_file), path))
+        what = f"the coordinator reads {field} at {where}"
+        found = mount_of(where)
+        if found is None:
+            problems.append(f"{what}, which no volume of its pod mounts (mounts: "
+                            f"{', '.join(m['mountPath'] for m in mounts)})")
+            continue
+        m, rest = found
+        volume = volumes.get(m["name"], {})
+        cm, key = configmap_file(m, rest)
+        if cm is not None and not key:
+            problems.append(f"{what}, in ConfigMap {cm}, which holds no such file")
+        elif cm is None and "persistentVolumeClaim" not in volume:
+            problems.append(f"{what}, on volume {m['name']}, which is neither a claim nor a "
+                            "ConfigMap: nothing would be there")
+
+
 def main():
     name = sys.argv[1] if len(sys.argv) > 1 else "overlay"
     docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
@@ -287,12 +356,14 @@ def main():
         if metrics:
             need(pod, None, metrics, "Prometheus")
         check_resources(docs, pod, problems)
+    check_data(docs, coord, problems)
     for p in problems:
         print(f"{name}: {p}")
     if problems:
         return 1
     print(f"{name}: {checked} connections admitted ({len(workers)} workers, replicas {replicas}); "
-          "names, probes, ports, volumes resolve; the coordinator runs to completion")
+          "names, probes, ports, volumes resolve; the coordinator runs to completion and its "
+          "volumes hold the job's data paths")
     return 0
 
 

@@ -138,3 +138,50 @@ def write_job(path, job):
         f.write(text)
     os.replace(path + ".tmp", path)
     return path
+
+
+# Where each data source reads from (common/job/sources/): its path fields, each a file or a
+# folder, and the default a source falls back to when the job names none.
+_DATA_PATHS = {
+    "fashion_mnist": [("dir", True)],
+    "cifar10": [("dir", True)],
+    "text": [("paths", None), ("validation_paths", None)],
+    "tokens": [("train_paths", False), ("validation_paths", False)],
+    "numpy": [("npz", False), ("x_train", False), ("y_train", False), ("x_test", False),
+              ("y_test", False)],
+    "image_folder": [("train_dir", True), ("test_dir", True)],
+}
+_DATA_DEFAULTS = {("fashion_mnist", "dir"): "/usr/share/datasets/fashion-mnist",
+                  ("text", "paths"): "/usr/share/games/fortunes"}
+
+
+def data_paths(job):
+    """[(field, path, folder)] for every file or folder the job's data reads, defaults
+    filled in: field as `data.text.paths[0]`, folder True/False (None: either, as a text
+    corpus path may be). A synthetic source reads none."""
+    source = job.data.WhichOneof("source") or "fashion_mnist"
+    message = getattr(job.data, source)
+    out = []
+    for name, folder in _DATA_PATHS.get(source, []):
+        value = getattr(message, name)
+        values = list(value) if not isinstance(value, str) else ([value] if value else [])
+        if not values and (source, name) in _DATA_DEFAULTS:
+            values = [_DATA_DEFAULTS[(source, name)]]
+        repeated = not isinstance(value, str)
+        for i, v in enumerate(values):
+            out.append((f"data.{source}.{name}" + (f"[{i}]" if repeated else ""), v, folder))
+    return out
+
+
+def set_data_path(job, field, path):
+    """Sets the data field `field` (as data_paths names it) to `path`."""
+    source, name = field.split(".")[1:3]
+    message = getattr(job.data, source)
+    if "[" in name:
+        name, index = name[:-1].split("[")
+        values = getattr(message, name)
+        while len(values) <= int(index):
+            values.append("")
+        values[int(index)] = path
+    else:
+        setattr(message, name, path)

@@ -15,6 +15,18 @@ layout.yaml is a YAML mapping with exactly these keys, each once:
             overlay)
   image:    NAME:TAG of the localpar image (a registry host and path may lead the name)
   device:   cpu (one core per worker) | cuda (one GPU per worker)
+and optionally
+  data:     where the job's data comes from, mounted in the coordinator (the one pod that
+            reads data). Each file or folder the job reads is the volume's entry of the
+            same last name: a relative path moves under `path` (default /data), where the
+            volume is mounted; an absolute one stays, with that entry mounted there:
+              {claim: NAME, size: 20Gi, path: /data}  a PersistentVolumeClaim (default: the
+                  base's localpar-data, 1Gi; size resizes it; another name gets a claim of
+                  its own, 1Gi unless size says); copy the files and folders the generated
+                  job.textproto lists into its root before the run
+              {configmap: NAME, path: /data}  the job's data files themselves, copied into
+                  the overlay's data/ and served as a ConfigMap (at most 1 MiB in all)
+            A job without data files (synthetic) mounts none.
 
 It writes into the overlay kustomization.yaml, job.textproto (the job, for the job
 ConfigMap) and:
@@ -41,11 +53,20 @@ import yaml
 
 K8S = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(K8S)
+sys.path.insert(0, ROOT)
+from experiments import jobs  # noqa: E402  (the job through protobuf's text format)
+from experiments.common import Failure  # noqa: E402
 JOBSET = "localpar"
 GRPC, METRICS, STATUS = 50051, 9100, 50052
 MAX_PODS = 256
 KEYS = {"workload": ("statefulset", "jobset"), "stages": int, "replicas": int,
-        "regroup": bool, "job": str, "image": str, "device": ("cpu", "cuda")}
+        "regroup": bool, "job": str, "image": str, "device": ("cpu", "cuda"), "data": dict}
+OPTIONAL = {"data"}
+BASE_CLAIM = "localpar-data"
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a Kubernetes object name
+SIZE = re.compile(r"^[1-9][0-9]{0,5}(Mi|Gi|Ti)$")
+MOUNT = re.compile(r"^/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+CONFIGMAP_BYTES = 1000000  # a ConfigMap holds at most 1 MiB, keys included
 # An image reference NAME:TAG: an optional registry host (with a port), path components of
 # lower-case letters, digits and separators, and a tag of at most 128 word characters.
 COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -99,9 +120,12 @@ def read_layout(path):
         elif kind is str:
             if not isinstance(value, str):
                 raise LayoutError(f"{path}: {key} must be a string, not {value!r}")
+        elif kind is dict:
+            if not isinstance(value, dict):
+                raise LayoutError(f"{path}: {key} must be a mapping, not {value!r}")
         elif value not in kind:
             raise LayoutError(f"{path}: {key} must be one of {', '.join(kind)}, not {value!r}")
-    missing = [k for k in KEYS if k not in layout]
+    missing = [k for k in KEYS if k not in layout and k not in OPTIONAL]
     if missing:
         raise LayoutError(f"{path}: missing {', '.join(missing)}")
     if layout["stages"] * layout["replicas"] > MAX_PODS:
@@ -111,7 +135,120 @@ def read_layout(path):
         raise LayoutError(f"{path}: image must be NAME:TAG (a registry host and path may lead "
                           f"the name; letters, digits, . _ - only), not {layout['image']!r}")
     layout["job_path"] = job_path(path, layout["job"])
+    layout["data"] = data_setting(path, layout.get("data"))
     return layout
+
+
+def data_setting(path, data):
+    """layout.yaml's data, checked, with its defaults."""
+    data = dict(data or {"claim": BASE_CLAIM})
+    for key in data:
+        if key not in ("claim", "configmap", "size", "path"):
+            raise LayoutError(f"{path}: data.{key}: not a key (claim, configmap, size, path)")
+    if ("claim" in data) == ("configmap" in data):
+        raise LayoutError(f"{path}: data needs one of claim (a PersistentVolumeClaim) or "
+                          "configmap (small files, served from the overlay)")
+    for key in ("claim", "configmap"):
+        if key in data and not (isinstance(data[key], str) and NAME.match(data[key])):
+            raise LayoutError(f"{path}: data.{key} must be a Kubernetes name (lower-case "
+                              f"letters, digits, -), not {data[key]!r}")
+    if "size" in data and ("claim" not in data or not isinstance(data["size"], str)
+                           or not SIZE.match(data["size"])):
+        raise LayoutError(f"{path}: data.size is a claim's size, such as 20Gi (Mi, Gi or Ti), "
+                          f"not {data['size']!r}")
+    data.setdefault("path", "/data")
+    mount = data["path"]
+    if not isinstance(mount, str) or not MOUNT.match(mount) or ".." in mount.split("/"):
+        raise LayoutError(f"{path}: data.path must be an absolute path (letters, digits, "
+                          f"_ . -), not {mount!r}")
+    for taken in ("/etc/localpar/job", "/checkpoints"):
+        if mount == taken or mount.startswith(taken + "/") or taken.startswith(mount + "/"):
+            raise LayoutError(f"{path}: data.path {mount} overlaps {taken}, where the "
+                              "coordinator has another volume")
+    return data
+
+
+def job_data(overlay, layout):
+    """(the job's text for the ConfigMap, {overlay file: bytes} of a data ConfigMap, the
+    coordinator's data mounts). Each data file or folder is named in the volume by its last
+    part: a relative path (from the job file) moves under data.path, where the volume is
+    mounted whole; an absolute one stays as it is and gets that entry of the volume mounted
+    there (subPath), so a source's default folder keeps its meaning."""
+    data, where = layout["data"], os.path.join(overlay, "layout.yaml")
+    try:
+        job = jobs.read_job(layout["job_path"])
+    except Failure as e:
+        raise LayoutError(f"{where}: job {layout['job']}: {e}")
+    here = os.path.dirname(layout["job_path"])
+    files, names, lines, mounts = {}, {}, [], []
+    for field, path, _ in jobs.data_paths(job):
+        name = os.path.basename(path.rstrip("/"))
+        if name in names:
+            raise LayoutError(f"{where}: {field} and {names[name]} are both named {name}; in "
+                              "the data volume one would hide the other")
+        names[name] = field
+        if os.path.isabs(path):
+            at = os.path.normpath(path)
+            for taken in ("/etc/localpar/job", "/checkpoints", data["path"]):
+                if at == taken or at.startswith(taken + "/") or taken.startswith(at + "/"):
+                    raise LayoutError(f"{where}: {field} is {path}, which overlaps {taken}, "
+                                      "where the coordinator has another volume")
+            mounts.append({"name": "data", "mountPath": at, "subPath": name, "readOnly": True})
+        else:
+            at = f"{data['path']}/{name}"
+            jobs.set_data_path(job, field, at)
+            if not any("subPath" not in m for m in mounts):
+                mounts.append({"name": "data", "mountPath": data["path"], "readOnly": True})
+        lines.append(f"#   {name}: at {at} ({field}; the job file has {path})")
+        if "configmap" in data:
+            source = os.path.join(here, path)
+            if not os.path.isfile(source):
+                raise LayoutError(f"{where}: data.configmap: {field} is {path}, which is no "
+                                  "file: a ConfigMap holds files; use a claim for a folder")
+            with open(source, "rb") as f:
+                files[f"data/{name}"] = f.read()
+    total = sum(len(b) for b in files.values())
+    if total > CONFIGMAP_BYTES:
+        raise LayoutError(f"{where}: data.configmap: the job's data is {total} bytes, over the "
+                          f"{CONFIGMAP_BYTES} a ConfigMap holds: use a claim")
+    head = [f"# The job {layout['job']}, generated by k8s/generate.py from "
+            f"{overlay}/layout.yaml."]
+    if lines and "claim" in data:
+        head.append(f"# Before the run, copy into the root of the claim {data['claim']}:")
+    elif lines:
+        head.append(f"# The ConfigMap {data['configmap']} (this overlay's data/) holds:")
+    return "\n".join(head + lines) + "\n" + jobs.job_text(job), files, mounts
+
+
+def data_volume(layout):
+    """The coordinator's data volume."""
+    data = layout["data"]
+    if "claim" in data:
+        return {"name": "data", "persistentVolumeClaim": {"claimName": data["claim"],
+                                                          "readOnly": True}}
+    return {"name": "data", "configMap": {"name": data["configmap"]}}
+
+
+def data_objects(layout, files):
+    """What the overlay adds for its data: (resources, kustomization fields)."""
+    data = layout["data"]
+    if "configmap" in data:
+        return {}, {"configMapGenerator": [{"name": data["configmap"],
+                                            "files": sorted(files)}]}
+    if data["claim"] == BASE_CLAIM:
+        if "size" not in data:
+            return {}, {}
+        patch = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": BASE_CLAIM},
+                 "spec": {"resources": {"requests": {"storage": data["size"]}}}}
+        return {}, {"patches": [{"target": {"kind": "PersistentVolumeClaim", "name": BASE_CLAIM},
+                                 "patch": yaml.dump(patch, Dumper=_Dumper,
+                                                    sort_keys=False).rstrip()}]}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": data["claim"]},
+             "spec": {"accessModes": ["ReadWriteOnce"],
+                      "resources": {"requests": {"storage": data.get("size", "1Gi")}}}}
+    return {"data-pvc.yaml": claim}, {}
 
 
 def job_path(path, job):
@@ -169,13 +306,16 @@ def coordinator_args(layout, workers):
 GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def kustomization(layout, resources, extra):
+def kustomization(layout, resources, extra, data_extra):
     name, _, tag = layout["image"].rpartition(":")
-    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-            "resources": resources,
-            "images": [{"name": "localpar", "newName": name, "newTag": tag}],
-            "configMapGenerator": [{"name": "localpar-job", "behavior": "replace",
-                                    "files": ["job.textproto"]}], **extra}
+    out = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+           "resources": resources,
+           "images": [{"name": "localpar", "newName": name, "newTag": tag}],
+           "configMapGenerator": [{"name": "localpar-job", "behavior": "replace",
+                                   "files": ["job.textproto"]}], **extra}
+    for key, value in data_extra.items():
+        out[key] = out.get(key, []) + value
+    return out
 
 
 def ingress_policy(name, pod_labels, sources, peers):
@@ -200,7 +340,7 @@ def sts_pod(layout, stage, replica):
     return f"localpar-worker-{stage * layout['replicas'] + replica}"
 
 
-def sts_patch(layout):
+def sts_patch(layout, mounts):
     k, r = layout["stages"], layout["replicas"]
     workers = [f"{sts_pod(layout, s, q)}.localpar-worker:{GRPC}"
                for s in range(k) for q in range(r)]
@@ -212,10 +352,14 @@ def sts_patch(layout):
     workers_set = {"apiVersion": "apps/v1", "kind": "StatefulSet",
                    "metadata": {"name": "localpar-worker"},
                    "spec": {"replicas": k * r, "template": {"spec": pod}}}
+    container = {"name": "coordinator", "args": coordinator_args(layout, workers)}
+    pod = {"containers": [container]}
+    if mounts:
+        container["volumeMounts"] = mounts
+        pod["volumes"] = [data_volume(layout)]
     coordinator = {"apiVersion": "batch/v1", "kind": "Job",
                    "metadata": {"name": "localpar-coordinator"},
-                   "spec": {"template": {"spec": {"containers": [
-                       {"name": "coordinator", "args": coordinator_args(layout, workers)}]}}}}
+                   "spec": {"template": {"spec": pod}}}
     return workers_set, coordinator
 
 
@@ -235,13 +379,15 @@ def sts_policies(layout):
     return out
 
 
-def statefulset_files(overlay, layout):
+def statefulset_files(overlay, layout, mounts, data_files):
     k, r = layout["stages"], layout["replicas"]
-    patch = dump(overlay, *sts_patch(layout))
+    patch = dump(overlay, *sts_patch(layout, mounts))
+    added, data_extra = data_objects(layout, data_files) if mounts else ({}, {})
     return {
+        **{name: dump(overlay, doc) for name, doc in added.items()},
         "kustomization.yaml": dump(overlay, kustomization(
-            layout, ["../../base", "networkpolicy.yaml"],
-            {"patches": [{"path": "layout-patch.yaml"}]})),
+            layout, ["../../base", "networkpolicy.yaml", *added],
+            {"patches": [{"path": "layout-patch.yaml"}]}, data_extra)),
         "layout-patch.yaml": patch.replace(
             "\n", f"\n# {k} stage(s) x {r} replica(s): {k * r} worker pods.\n", 1),
         "networkpolicy.yaml": dump(overlay, *sts_policies(layout)),
@@ -285,7 +431,7 @@ def worker_job(layout, stage):
     return replicated_job(f"stage-{stage}", layout["replicas"], labels, pod, indexed=True)
 
 
-def coordinator_job(layout):
+def coordinator_job(layout, mounts):
     workers = [f"{JOBSET}-stage-{s}-0-{q}.{JOBSET}:{GRPC}"
                for s in range(layout["stages"]) for q in range(layout["replicas"])]
     container = {
@@ -297,21 +443,21 @@ def coordinator_job(layout):
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [
             {"name": "job", "mountPath": "/etc/localpar/job", "readOnly": True},
-            {"name": "checkpoints", "mountPath": "/checkpoints"},
-            {"name": "data", "mountPath": "/usr/share/datasets/fashion-mnist", "readOnly": True}]}
+            {"name": "checkpoints", "mountPath": "/checkpoints"}]}
     pod = {"restartPolicy": "OnFailure", "securityContext": SECURITY, "containers": [container],
            "volumes": [
                {"name": "job", "configMap": {"name": "localpar-job"}},
                {"name": "checkpoints",
-                "persistentVolumeClaim": {"claimName": "localpar-checkpoints"}},
-               {"name": "data", "persistentVolumeClaim": {"claimName": "localpar-data",
-                                                          "readOnly": True}}]}
+                "persistentVolumeClaim": {"claimName": "localpar-checkpoints"}}]}
+    if mounts:
+        container["volumeMounts"] += mounts
+        pod["volumes"].append(data_volume(layout))
     labels = {"app.kubernetes.io/name": "localpar-coordinator",
               "app.kubernetes.io/component": "coordinator"}
     return replicated_job("coordinator", 1, labels, pod, indexed=False)
 
 
-def jobset(layout):
+def jobset(layout, mounts):
     snapshots = {"metadata": {"name": "snapshots"},
                  "spec": {"accessModes": ["ReadWriteMany"],
                           "resources": {"requests": {"storage": "20Gi"}}}}
@@ -327,7 +473,7 @@ def jobset(layout):
             "volumeClaimPolicies": [{"templates": [snapshots],
                                      "retentionPolicy": {"whenDeleted": "Retain"}}],
             "replicatedJobs": [worker_job(layout, s) for s in range(layout["stages"])]
-            + [coordinator_job(layout)]}}
+            + [coordinator_job(layout, mounts)]}}
 
 
 def jobset_policies(layout):
@@ -350,16 +496,42 @@ def delete_patch(kind, api_version):
                       "metadata": {"name": "any"}}, Dumper=_Dumper, sort_keys=False).rstrip()
 
 
-def jobset_files(overlay, layout):
+# kustomize does not know a JobSet: where its images and the names it refers to are.
+JOBSET_KUSTOMIZECONFIG = """# Where kustomize's `images` finds the containers of a JobSet (a custom resource it does not
+# know): under every replicated job's pod template.
+images:
+  - path: spec/replicatedJobs/template/spec/template/spec/containers/image
+    kind: JobSet
+# ...and the names its pod templates refer to, so that the job ConfigMap's generated name
+# (with its content hash) and any name prefix reach them.
+nameReference:
+  - kind: ConfigMap
+    version: v1
+    fieldSpecs:
+      - path: spec/replicatedJobs/template/spec/template/spec/volumes/configMap/name
+        kind: JobSet
+  - kind: PersistentVolumeClaim
+    version: v1
+    fieldSpecs:
+      - path: spec/replicatedJobs/template/spec/template/spec/volumes/persistentVolumeClaim/claimName
+        kind: JobSet
+"""
+
+
+def jobset_files(overlay, layout, mounts, data_files):
+    added, data_extra = data_objects(layout, data_files) if mounts else ({}, {})
     extra = {"configurations": ["kustomizeconfig.yaml"], "patches": [
         {"target": {"kind": "StatefulSet", "name": "localpar-worker"},
          "patch": delete_patch("StatefulSet", "apps/v1")},
         {"target": {"kind": "Job", "name": "localpar-coordinator"},
          "patch": delete_patch("Job", "batch/v1")}]}
     return {
+        **{name: dump(overlay, doc) for name, doc in added.items()},
         "kustomization.yaml": dump(overlay, kustomization(
-            layout, ["../../base", "jobset.yaml", "networkpolicy-jobset.yaml"], extra)),
-        "jobset.yaml": dump(overlay, jobset(layout)),
+            layout, ["../../base", "jobset.yaml", "networkpolicy-jobset.yaml", *added], extra,
+            data_extra)),
+        "jobset.yaml": dump(overlay, jobset(layout, mounts)),
+        "kustomizeconfig.yaml": JOBSET_KUSTOMIZECONFIG,
         "networkpolicy-jobset.yaml": dump(overlay, *jobset_policies(layout)),
     }
 
@@ -368,19 +540,22 @@ def generate(directory, check):
     """Writes (or, with check, compares) one overlay's files; returns the stale ones."""
     overlay = os.path.relpath(os.path.abspath(directory), ROOT)
     layout = read_layout(os.path.join(directory, "layout.yaml"))
+    job_text, data_files, mounts = job_data(overlay, layout)
     files = (statefulset_files if layout["workload"] == "statefulset" else jobset_files)(
-        overlay, layout)
-    with open(layout["job_path"]) as f:
-        files["job.textproto"] = f.read()
+        overlay, layout, mounts, data_files)
+    files["job.textproto"] = job_text
+    files.update(data_files)
     stale = []
-    for name, text in files.items():
+    for name, content in files.items():
         path = os.path.join(directory, name)
+        data = content.encode() if isinstance(content, str) else content
         if check:
-            if not os.path.exists(path) or open(path).read() != text:
+            if not os.path.exists(path) or open(path, "rb").read() != data:
                 stale.append(path)
         else:
-            with open(path, "w") as f:
-                f.write(text)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
     return stale
 
 

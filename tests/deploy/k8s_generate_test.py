@@ -43,7 +43,15 @@ def main():
         shutil.copytree(os.path.join(SOURCE, "k8s"), os.path.join(root, "k8s"))
         shutil.copytree(os.path.join(SOURCE, "deploy", "jobs"),
                         os.path.join(root, "deploy", "jobs"))
+        for d in ("experiments", "proto"):  # the generator reads jobs with proto/job.proto
+            shutil.copytree(os.path.join(SOURCE, d), os.path.join(root, d))
         os.symlink("/etc/hostname", os.path.join(root, "deploy", "jobs", "escape.textproto"))
+        with open(os.path.join(root, "deploy", "jobs", "big_corpus.textproto"), "w") as f:
+            big = os.path.join(root, "big.txt")
+            with open(big, "w") as b:
+                b.write("to be or not to be\n" * 60000)  # 1.1 MB
+            f.write(f'rule: GREEDY data {{ text {{ paths: "{big}" }} }}\n'
+                    'stages { layers { embedding { vocab: 256 dim: 8 } } }\n')
         kust = os.path.join(root, "k8s", "overlays", "jobset", "kustomization.yaml")
         before = open(kust).read()
         cases = [
@@ -64,6 +72,24 @@ def main():
             ("not YAML", "stages: [\n", "not YAML"),
             ("a key missing", yaml.safe_dump({k: v for k, v in GOOD.items() if k != "image"}),
              "missing image"),
+            ("data from a claim and a ConfigMap", layout(data={"claim": "a", "configmap": "b"}),
+             "data needs one of claim"),
+            ("data mounted over the checkpoints", layout(data={"claim": "a",
+                                                               "path": "/checkpoints/x"}),
+             "overlaps /checkpoints"),
+            ("a claim named in YAML", layout(data={"claim": "a: {b"}),
+             "data.claim must be a Kubernetes name"),
+            ("a claim sized in apples", layout(data={"claim": "a", "size": "3 apples"}),
+             "data.size is a claim's size"),
+            ("a data path up and out", layout(data={"claim": "a", "path": "/data/../etc"}),
+             "data.path must be an absolute path"),
+            ("an unknown data key", layout(data={"claim": "a", "mount": "/x"}),
+             "data.mount: not a key"),
+            ("a corpus over a ConfigMap's 1 MiB",
+             layout(job="deploy/jobs/big_corpus.textproto", data={"configmap": "corpus"}),
+             "over the 1000000 a ConfigMap holds"),
+            ("a folder in a ConfigMap", layout(data={"configmap": "images"}),
+             "a ConfigMap holds files"),
         ]
         for what, text, said in cases:
             r = generate(root, text)
