@@ -55,12 +55,17 @@ absl::StatusOr<v1::Job> RegroupStages(const v1::Job& job, int stages) {
 }
 
 std::string JobFingerprint(const v1::Job& job, const std::string& settings) {
+  // A run's length is not its identity: a finished run extended with a larger max_steps
+  // (or more epochs) is the same run, and resumes from its own snapshots.
+  v1::Job identity = job;
+  identity.clear_epochs();
+  identity.clear_max_steps();
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);
     google::protobuf::io::CodedOutputStream out(&stream);
     out.SetSerializationDeterministic(true);
-    job.SerializeToCodedStream(&out);
+    identity.SerializeToCodedStream(&out);
   }
   bytes += settings;
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
@@ -76,6 +81,9 @@ v1::Job NetworkOf(const v1::Job& job) {
   // taken where no gradient is in flight, so the rule may change on resume too.
   out.clear_rule();
   out.clear_micro_batches();
+  // A finished run may be extended: the length changes the plan ahead, not the state.
+  out.clear_epochs();
+  out.clear_max_steps();
   out.clear_stages();
   v1::Stage* all = out.add_stages();
   for (const v1::Stage& st : job.stages()) {

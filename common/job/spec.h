@@ -26,9 +26,10 @@ std::string JobFingerprint(const v1::Job& job, const std::string& settings);
 // The job with its layout taken out: every stage's layers in one list, without heads, stage
 // names, declared input shapes, the replica count, the rule, micro-batches or the job's
 // name. Two jobs with the same network (the same layers in the same order, trained the same
-// way) but another stage split, replica count or rule give the same.
+// way) but another stage split, replica count, rule or length give the same.
 v1::Job NetworkOf(const v1::Job& job);
-// JobFingerprint of NetworkOf(job): what a resume with another layout must keep.
+// JobFingerprint of NetworkOf(job): what a resume with another layout must keep. Neither
+// fingerprint counts the run's length (epochs, max_steps): a resume may extend a run.
 std::string NetworkFingerprint(const v1::Job& job, const std::string& settings);
 
 ModelConfig ToModelConfig(const v1::Job& job);

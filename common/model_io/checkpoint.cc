@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -61,16 +62,32 @@ std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root) {
   return out;
 }
 
+std::pair<std::string, uint64_t> SplitResumePath(const std::string& path) {
+  const std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  const std::string name = (p.has_filename() ? p : p.parent_path()).filename().string();
+  uint64_t id = 0;
+  if (name.size() == 11 && absl::StartsWith(name, "ckpt-") &&
+      absl::SimpleAtoi(name.substr(5), &id) && id > 0) {
+    const std::filesystem::path dir = (p.has_filename() ? p : p.parent_path()).parent_path();
+    return {dir.empty() ? std::string(".") : dir.string(), id};
+  }
+  return {path, 0};
+}
+
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
                                                      const std::string& fingerprint,
-                                                     const std::string& network) {
+                                                     const std::string& network, uint64_t only) {
   std::error_code ec;
   if (!std::filesystem::is_directory(root, ec)) {
     return absl::NotFoundError(absl::StrCat(root, ": no such directory"));
   }
   FoundCheckpoint found;
   for (const auto& [id, dir] : CheckpointDirectories(root)) {
+    if (only != 0 && id != only) continue;
     if (!std::filesystem::exists(dir + "/MANIFEST")) {
+      if (only != 0) {
+        return absl::NotFoundError(absl::StrCat(dir, ": never committed (no MANIFEST)"));
+      }
       ++found.uncommitted;
       continue;
     }
@@ -95,6 +112,10 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
     return found;
   }
   std::string why = found.skipped.empty() ? "" : absl::StrCat(" (refused: ", found.skipped[0], ")");
+  if (only != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(root, "/", CheckpointDirName(only), ": no such complete checkpoint", why));
+  }
   return absl::NotFoundError(absl::StrCat(root, ": no complete checkpoint", why));
 }
 

@@ -31,9 +31,15 @@ struct FoundCheckpoint {
 // this run's (others are skipped, saying what differs), or with `network` set also one of the
 // same network in another layout (CheckpointManifest.network). Stage snapshots are the
 // workers' to verify when they restore.
+// `only` (a checkpoint id, 0: any) rolls back to that checkpoint: it is the one found, or
+// NotFound says why not.
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& root,
                                                      const std::string& fingerprint = "",
-                                                     const std::string& network = "");
+                                                     const std::string& network = "",
+                                                     uint64_t only = 0);
+// --resume=PATH: a checkpoint directory (the newest checkpoint in it: {PATH, 0}) or one
+// checkpoint, DIR/ckpt-NNNNNN ({DIR, N}).
+std::pair<std::string, uint64_t> SplitResumePath(const std::string& path);
 // Every committed checkpoint under `root` with a verifying manifest, newest first.
 std::vector<FoundCheckpoint> CommittedCheckpoints(const std::string& root);
 // A fresh run's check: FailedPrecondition naming the newest checkpoint (job, rule, seed,

@@ -364,9 +364,16 @@ absl::StatusOr<FoundCheckpoint> WriteRegroupedCheckpoint(
 absl::StatusOr<FoundCheckpoint> FindCheckpointToResume(const std::string& root,
                                                        const std::string& fingerprint,
                                                        const std::string& network,
-                                                       const v1::Job& job) {
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(root, fingerprint, network);
+                                                       const v1::Job& job, uint64_t only) {
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(root, fingerprint, network, only);
   if (found.ok() || !absl::IsNotFound(found.status())) return found;
+  if (only != 0) {
+    // That one, of another network: say what differs, as for the newest.
+    absl::StatusOr<FoundCheckpoint> named = FindLatestCheckpoint(root, "", "", only);
+    if (!named.ok()) return named.status();
+    absl::StatusOr<RegroupPlan> plan = PlanRegroup(named->manifest, named->dir, job);
+    return plan.ok() ? found.status() : plan.status();
+  }
   // None fits: say why the newest one does not, when its job is known.
   std::vector<FoundCheckpoint> all = CommittedCheckpoints(root);
   if (all.empty()) return found.status();

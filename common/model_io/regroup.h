@@ -82,9 +82,10 @@ absl::StatusOr<FoundCheckpoint> WriteRegroupedCheckpoint(
 // The checkpoint a resume of `job` continues: the newest committed one under `root` that is
 // this run's (`fingerprint`) or the same network's in another layout (`network`). When there
 // is none, the error says why the newest other one does not fit.
+// `only`: that checkpoint id alone (--resume=DIR/ckpt-N), 0: the newest that fits.
 absl::StatusOr<FoundCheckpoint> FindCheckpointToResume(const std::string& root,
                                                        const std::string& fingerprint,
                                                        const std::string& network,
-                                                       const v1::Job& job);
+                                                       const v1::Job& job, uint64_t only = 0);
 
 }  // namespace localpar

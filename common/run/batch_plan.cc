@@ -59,7 +59,16 @@ BatchPlan::BatchPlan(const v1::Job& job, int64_t train_examples, int64_t test_ex
       epoch_(start.epoch),
       step_(start.step),
       row_(start.batch_in_epoch * job.batch_size()),
-      shuffle_(JobShufflesExamples(job)) {}
+      shuffle_(JobShufflesExamples(job)) {
+  // A run its length cut short within an epoch ends with that epoch scored, so its final
+  // checkpoint says the next epoch. Extended (a larger max_steps), it goes on where it
+  // stopped, in that epoch's order: as if it had been this long from the start.
+  const int64_t per = std::max<int64_t>(StepsPerEpoch(job, train_examples), 1);
+  if (start.batch_in_epoch == 0 && step_ % per != 0 && step_ < total_steps_) {
+    epoch_ = static_cast<int>(step_ / per);
+    row_ = (step_ % per) * batch_;
+  }
+}
 
 bool BatchPlan::Next(PlanItem* item) {
   *item = PlanItem();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <ostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/job/data_spec.h"
 #include "common/nn/optimizer.h"
 #include "common/run/report.h"
@@ -151,6 +152,24 @@ void RunLedger::ForgetCheckpointInFlight() {
 // ---- figures ----------------------------------------------------------------------------
 
 double RunLedger::Uptime() const { return SecondsBetween(started_, Clock::now()); }
+
+std::string RunLedger::ResumeNote(const v1::Job& before, int64_t step) const {
+  const int64_t was = TotalSteps(before, train_n_);
+  if (was == total_steps_) return "";
+  std::string s =
+      absl::StrCat("the run is ", total_steps_, " steps now; the checkpoint's run had ", was);
+  if (step >= total_steps_) {
+    return absl::StrCat(s, ", and the checkpoint is at step ", step, ": nothing is left to train");
+  }
+  const double rate_was = LearningRate(ScheduleOf(before), step, was);
+  const double rate_is = learning_rate(step);
+  if (job_.schedule().kind() == v1::Schedule::CONSTANT) {
+    return absl::StrCat(s, "; the constant schedule goes on as it was (rate ", rate_is, ")");
+  }
+  return absl::StrCat(s, "; the ", v1::Schedule::Kind_Name(job_.schedule().kind()),
+                      " schedule is stretched over ", total_steps_, " steps: at step ", step,
+                      " the rate is ", rate_is, " (", rate_was, " in the checkpoint's run)");
+}
 
 double RunLedger::learning_rate(int64_t step) const {
   return LearningRate(ScheduleOf(job_), step, total_steps_);

@@ -73,6 +73,9 @@ class RunLedger {
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int epochs() const { return EpochsOf(job_, train_n_); }  // the epochs the run touches
   double learning_rate(int64_t step) const;                // the schedule's at 0-based step
+  // Resuming at `step` a checkpoint of `before` (the job it was written with): what a change
+  // of the run's length does, or "" when the length is the same.
+  std::string ResumeNote(const v1::Job& before, int64_t step) const;
   // The batches in order from `start`: the same for the reference run and the coordinator.
   BatchPlan Plan(const DataCursor& start = {}) const;
 

@@ -73,7 +73,8 @@ struct Resumed {
 
 absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Replicas& replicas,
                                std::ostream& log) {
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(root);
+  const auto [dir, only] = SplitResumePath(root);
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir, "", "", only);
   if (!found.ok()) return found.status();
   absl::StatusOr<RegroupPlan> plan = PlanRegroup(found->manifest, found->dir, job);
   if (!plan.ok()) return plan.status();
@@ -81,7 +82,7 @@ absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Repl
   const int from_replicas = plan->from_replicas;
   if (absl::Status s = LoadCheckpointInto(
           found->manifest, found->dir,
-          [&](int k, int r) { return LocalSnapshotDir(root, k, r, from_replicas); }, job,
+          [&](int k, int r) { return LocalSnapshotDir(dir, k, r, from_replicas); }, job,
           *replicas.models[0], &out.progress);
       !s.ok()) {
     return s;
@@ -257,6 +258,14 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   RunLedger& ledger = **opened;
   ReferenceTrainer trainer(replicas->pointers(), ToStepSettings(job, ledger.total_steps()));
   const DataCursor cursor = resumed ? StartAt(*resumed, ledger, trainer) : DataCursor{};
+  if (resumed) {
+    absl::StatusOr<v1::Job> before = CheckpointJob(resumed->found.manifest, resumed->found.dir);
+    if (before.ok()) {
+      if (std::string note = ledger.ResumeNote(*before, cursor.step); !note.empty()) {
+        log << note << "\n";
+      }
+    }
+  }
   Model& model = *replicas->models[0];
   const int stages = model.num_stages();
   RunFacts facts{options.version, be.Describe(), model.num_parameters(), stages, job.replicas()};

@@ -145,8 +145,10 @@ absl::StatusOr<bool> ParseProgramFlags(const std::string& program, const std::st
 
 absl::Status CheckRunSettings(const v1::CoordinatorConfig& c) {
   // --resume=DIR checkpoints into DIR unless --checkpoint_dir names it too.
-  const std::string& dir = c.checkpoint_dir().empty() ? c.resume() : c.checkpoint_dir();
-  if (!c.resume().empty() && !c.checkpoint_dir().empty() && c.resume() != c.checkpoint_dir()) {
+  // --resume=DIR/ckpt-N rolls back to that checkpoint of DIR.
+  const std::string resume_dir = SplitResumePath(c.resume()).first;
+  const std::string& dir = c.checkpoint_dir().empty() ? resume_dir : c.checkpoint_dir();
+  if (!c.resume().empty() && !c.checkpoint_dir().empty() && resume_dir != c.checkpoint_dir()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--resume=", c.resume(),
                      " continues the checkpoints in that directory, but "

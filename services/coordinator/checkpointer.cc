@@ -20,6 +20,7 @@ Checkpointer::Checkpointer(const v1::CoordinatorConfig& c, const v1::Job& job,
       job_(job),
       fingerprint_(std::move(fingerprint)),
       local_snapshots_(c.local_snapshots()),
+      resume_id_(SplitResumePath(c.resume()).second),
       metrics_(metrics),
       ledger_(ledger),
       log_(log) {}
@@ -31,7 +32,7 @@ absl::Status Checkpointer::CheckFresh() const {
 
 absl::StatusOr<FoundCheckpoint> Checkpointer::FindResume(std::ostream& log) {
   absl::StatusOr<FoundCheckpoint> found =
-      FindCheckpointToResume(dir_, fingerprint_, network_, job_);
+      FindCheckpointToResume(dir_, fingerprint_, network_, job_, resume_id_);
   if (!found.ok()) return found.status();
   for (const std::string& why : found->skipped)
     log << "localpar: skipping checkpoint " << why << "\n";

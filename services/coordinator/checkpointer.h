@@ -106,6 +106,7 @@ class Checkpointer {
   const std::string fingerprint_;
   std::string network_;
   const bool local_snapshots_;
+  const uint64_t resume_id_;  // --resume=DIR/ckpt-N: that checkpoint (0: the newest)
   CoordinatorMetrics* const metrics_;
   RunLedger& ledger_;
   std::ostream& log_;

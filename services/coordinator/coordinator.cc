@@ -17,6 +17,7 @@
 #include "common/job/parse.h"
 #include "common/job/spec.h"
 #include "common/model_io/model_file.h"
+#include "common/model_io/regroup.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/rule.h"
 #include "common/run/job_data.h"
@@ -82,7 +83,8 @@ std::string RendezvousAddress(const v1::CoordinatorConfig& c, int port) {
 // Resumes when asked to (or, with resume_if_present, when there is something to resume).
 // A fresh run refuses a directory with checkpoints in it (a usage error: another
 // --checkpoint_dir, or --resume).
-absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std::ostream& log) {
+absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner,
+                          const RunLedger& ledger, std::ostream& log) {
   Checkpointer& checkpointer = runner.checkpointer();
   bool resume = !c.resume().empty();
   if (c.resume_if_present() && !c.checkpoint_dir().empty()) {
@@ -111,6 +113,12 @@ absl::Status DecideResume(const v1::CoordinatorConfig& c, JobRunner& runner, std
                         kExitFailure);
   }
   log << "localpar: resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
+  // A longer (or shorter) run than the checkpoint's: what that does to the schedule.
+  if (absl::StatusOr<v1::Job> before = CheckpointJob(found->manifest, found->dir); before.ok()) {
+    if (std::string note = ledger.ResumeNote(*before, found->manifest.step()); !note.empty()) {
+      log << "localpar: " << note << "\n";
+    }
+  }
   runner.ResumeFrom(*std::move(found));
   return absl::OkStatus();
 }
@@ -225,7 +233,9 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& given, const SecurityOp
   ConfigureAllocatorForMessages();
   // --resume=DIR continues the checkpoints there: DIR is the checkpoint directory.
   v1::CoordinatorConfig c = given;
-  if (!c.resume().empty() && c.checkpoint_dir().empty()) c.set_checkpoint_dir(c.resume());
+  if (!c.resume().empty() && c.checkpoint_dir().empty()) {
+    c.set_checkpoint_dir(SplitResumePath(c.resume()).first);  // DIR, or DIR of DIR/ckpt-N
+  }
   if (absl::Status s = CheckRunSettings(c); !s.ok()) return UsageError(s.message());
   absl::StatusOr<v1::Job> job = LoadJobWithOverrides(c.job(), c.overrides());
   if (!job.ok()) {
@@ -286,7 +296,7 @@ absl::Status RunCoordinator(const v1::CoordinatorConfig& given, const SecurityOp
   if (rendezvous) runner.UseRendezvous(rendezvous.get(), RendezvousAddress(c, status_port));
   if (initial) runner.InitFrom(*std::move(initial));
   runner.checkpointer().SetNetwork(std::move(network));
-  if (absl::Status s = DecideResume(c, runner, log); !s.ok()) return s;
+  if (absl::Status s = DecideResume(c, runner, **ledger, log); !s.ok()) return s;
   return runner.Run();
 }
 

@@ -139,7 +139,8 @@ namespace {
 
 // validate --resume=DIR: what a resume of `job` from DIR's newest checkpoint would do.
 absl::Status ExplainResume(const std::string& dir, const v1::Job& job, std::ostream& out) {
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir);
+  const auto [root, only] = SplitResumePath(dir);
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(root, "", "", only);
   if (!found.ok())
     return CodedError(kExitUsage, absl::StrCat("--resume: ", found.status().message()));
   const v1::CheckpointManifest& m = found->manifest;

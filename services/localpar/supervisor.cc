@@ -113,8 +113,9 @@ class Supervisor {
     // then, whatever its exit code, is lost and restarted (a restarted coordinator needs it).
     w.set_stay_after_shutdown(true);
     // Each worker owns its storage, as on separate hosts: one directory per stage.
-    std::string dir = r.coordinator().checkpoint_dir().empty() ? r.coordinator().resume()
-                                                               : r.coordinator().checkpoint_dir();
+    std::string dir = r.coordinator().checkpoint_dir().empty()
+                          ? SplitResumePath(r.coordinator().resume()).first
+                          : r.coordinator().checkpoint_dir();
     if (!dir.empty())
       w.set_checkpoint_dir(LocalSnapshotDir(dir, k / replicas_, k % replicas_, replicas_));
     return w;
@@ -183,7 +184,7 @@ class Supervisor {
     for (const std::string& a : addresses_) c.add_workers(a);
     c.set_metrics_port_file(run_dir_ + "/coordinator.metrics_port");
     c.set_status_port_file(run_dir_ + "/coordinator.status_port");
-    if (c.checkpoint_dir().empty()) c.set_checkpoint_dir(c.resume());
+    if (c.checkpoint_dir().empty()) c.set_checkpoint_dir(SplitResumePath(c.resume()).first);
     // Every worker's storage is under the checkpoint directory (WorkerConfigFor), so a resume
     // with another --stages or --replicas can regroup the snapshots.
     c.set_local_snapshots(!c.checkpoint_dir().empty());

@@ -63,6 +63,70 @@ TEST_P(ResumeMatchesUninterrupted, StopCorruptResumeEndsBitwiseEqual) {
   ExpectWeightsFileEquals(dir.path() + "/resumed/weights.pb", *want);
 }
 
+// A finished run extended with a larger max_steps, and a rollback to an older checkpoint
+// (--resume=DIR/ckpt-N): each ends bitwise equal to a run that long from the start (a
+// constant schedule), and says what the new length does to the schedule.
+TEST(Resume, AFinishedRunExtendsAndRollsBackBitwiseEqual) {
+  TempDir dir;
+  std::string text = SmallJob("GREEDY", 1);
+  const std::string cosine = "schedule { kind: COSINE lr: 0.01 warmup_steps: 3 }";
+  ASSERT_NE(text.find(cosine), std::string::npos);
+  text.replace(text.find(cosine), cosine.size(), "schedule { lr: 0.01 }");
+  const std::string job = dir.Write("job.textproto", text);
+  const std::string bin = testing::BinDir() + "/localpar", ckpt = dir.path() + "/ckpt";
+  auto straight = RunProcess(
+      {bin, "train", job, "--quiet", "--max_steps=10", "--out=" + dir.path() + "/straight"}, 120);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/straight/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  // 4 steps, checkpoints at step 3 and (the final one, within the first epoch of 7) 4.
+  auto first = RunProcess({bin, "run", job, "--quiet", "--max_steps=4", "--checkpoint_dir=" + ckpt,
+                           "--checkpoint_every_steps=3"},
+                          120);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto longer = RunProcess({bin, "run", job, "--quiet", "--max_steps=10", "--resume=" + ckpt,
+                            "--out=" + dir.path() + "/longer"},
+                           120);
+  ASSERT_EQ(longer.exit_code, 0) << longer.output;
+  EXPECT_NE(longer.output.find("resuming from " + ckpt + "/ckpt-000002 at step 4"),
+            std::string::npos)
+      << longer.output;
+  EXPECT_NE(longer.output.find("the run is 10 steps now; the checkpoint's run had 4; the "
+                               "constant schedule goes on as it was"),
+            std::string::npos)
+      << longer.output;
+  ExpectWeightsFileEquals(dir.path() + "/longer/weights.pb", *want);
+  // Back to step 3, then on to 10 again.
+  auto back = RunProcess({bin, "run", job, "--quiet", "--max_steps=10",
+                          "--resume=" + ckpt + "/ckpt-000001", "--out=" + dir.path() + "/back"},
+                         120);
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_NE(back.output.find("resuming from " + ckpt + "/ckpt-000001 at step 3"), std::string::npos)
+      << back.output;
+  ExpectWeightsFileEquals(dir.path() + "/back/weights.pb", *want);
+  auto missing =
+      RunProcess({bin, "train", job, "--quiet", "--resume=" + ckpt + "/ckpt-000009"}, 60);
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find(ckpt + "/ckpt-000009: no such complete checkpoint"),
+            std::string::npos)
+      << missing.output;
+  // A decaying schedule is stretched, and says so.
+  const std::string decaying = dir.Write("cosine.textproto", SmallJob("GREEDY", 1));
+  const std::string ckpt2 = dir.path() + "/ckpt2";
+  ASSERT_EQ(
+      RunProcess({bin, "run", decaying, "--quiet", "--max_steps=4", "--checkpoint_dir=" + ckpt2},
+                 120)
+          .exit_code,
+      0);
+  auto stretched = RunProcess({bin, "train", decaying, "--quiet", "--max_steps=10",
+                               "--resume=" + ckpt2, "--out=" + dir.path() + "/stretched"},
+                              120);
+  ASSERT_EQ(stretched.exit_code, 0) << stretched.output;
+  EXPECT_NE(stretched.output.find("the COSINE schedule is stretched over 10 steps: at step 4"),
+            std::string::npos)
+      << stretched.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(Rules, ResumeMatchesUninterrupted,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
