@@ -77,7 +77,10 @@ stages { layers { linear { out_features: 64 } } layers { relu {} } }
     targets_ = dir_.path() + "/targets.json";
     cluster_ =
         testing::StartProcess({testing::BinDir() + "/localpar", "run", job, "--quiet",
-                               "--slow_stage=3", "--slow_ms=5", "--metrics_targets=" + targets_},
+                               "--slow_stage=3", "--slow_ms=5", "--metrics_targets=" + targets_,
+                               // The dashboard's checkpoint panels read metrics that exist
+                               // only where checkpoints are written.
+                               "--checkpoint_dir=" + dir_.path() + "/ckpt"},
                               dir_.path() + "/cluster.log");
     port_ = FreePort();
     std::string config = dir_.Write("prometheus.yml", R"(
