@@ -42,7 +42,9 @@ Prometheus every metrics port. deploy/check-deploy.sh runs --check and renders e
 
 Every file is built as data and written by PyYAML (Debian's python3-yaml), so no value of
 layout.yaml can become YAML syntax in the output; values that are not plain names, paths or
-tags are refused anyway, naming the key.
+tags are refused anyway, naming the key. The job is read and written through protobuf's
+text format with proto/job.proto (python3-protobuf and protoc, as the experiment runner
+does), so its data paths are fields, not text to search.
 """
 import argparse
 import os
