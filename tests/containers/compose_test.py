@@ -408,8 +408,12 @@ def check_prometheus(port, at):
         dashboard = json.load(f)
     exprs = [(p.get("title", "?"), t["expr"]) for p in dashboard["panels"]
              for t in p.get("targets", []) if t.get("expr")]
-    empty = []
+    empty, replica_only = [], 0
     for title, expr in exprs:
+        # The all-reduce series exist only where stages have replicas; this cluster has none.
+        if 'phase="allreduce"' in expr:
+            replica_only += 1
+            continue
         # The dashboard's $job variable, with every job selected.
         concrete = expr.replace("$job", ".+")
         reply = prom_query(port, concrete, at)
@@ -419,7 +423,8 @@ def check_prometheus(port, at):
             empty.append(f"{title}: {concrete}")
     if empty:
         raise Failure("dashboard expressions that returned no series:\n  " + "\n  ".join(empty))
-    log(f"prometheus: all {len(exprs)} dashboard expressions succeed and return series")
+    log(f"prometheus: all {len(exprs) - replica_only} dashboard expressions succeed and return "
+        f"series ({replica_only} of replicas' all-reduce time left out: no replicas here)")
 
 
 # ---- the scenarios ----------------------------------------------------------------------------
