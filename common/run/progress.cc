@@ -137,8 +137,11 @@ void ProgressPrinter::Result(const std::string& what, const std::vector<HeadStat
   for (size_t k = 0; k < test.size(); ++k) {
     if (test[k].count > 0) {
       const double loss = test[k].mean_loss();
-      absl::StrAppendFormat(&accs, bytes_ ? " s%d %.3f" : " s%d %.4f", k,
-                            bytes_ ? BitsPerByte(loss) : loss);
+      if (bytes_) {
+        absl::StrAppendFormat(&accs, " s%d %.3f", k, BitsPerByte(loss));
+      } else {
+        absl::StrAppendFormat(&accs, " s%d %.4f", k, loss);
+      }
     } else {
       absl::StrAppendFormat(&accs, " s%d -", k);
     }
