@@ -73,7 +73,10 @@ struct Resumed {
 
 absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Replicas& replicas,
                                std::ostream& log) {
-  const auto [dir, only] = SplitResumePath(root);
+  // A lambda below takes `dir`: a plain variable, not a structured binding.
+  const std::pair<std::string, uint64_t> split = SplitResumePath(root);
+  const std::string dir = split.first;
+  const uint64_t only = split.second;
   absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir, "", "", only);
   if (!found.ok()) return found.status();
   absl::StatusOr<RegroupPlan> plan = PlanRegroup(found->manifest, found->dir, job);
@@ -119,8 +122,7 @@ class Loop {
  public:
   Loop(const v1::Job& job, const DataSplit& data, Backend& be, ReferenceTrainer& trainer,
        RunLedger& ledger, int stages)
-      : job_(job),
-        be_(be),
+      : be_(be),
         trainer_(trainer),
         ledger_(ledger),
         stages_(stages),
@@ -217,7 +219,6 @@ class Loop {
     test_stats_.assign(stages_, HeadStats());
   }
 
-  const v1::Job& job_;
   Backend& be_;
   ReferenceTrainer& trainer_;
   RunLedger& ledger_;

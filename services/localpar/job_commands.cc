@@ -139,8 +139,8 @@ namespace {
 
 // validate --resume=DIR: what a resume of `job` from DIR's newest checkpoint would do.
 absl::Status ExplainResume(const std::string& dir, const v1::Job& job, std::ostream& out) {
-  const auto [root, only] = SplitResumePath(dir);
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(root, "", "", only);
+  const std::pair<std::string, uint64_t> split = SplitResumePath(dir);
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(split.first, "", "", split.second);
   if (!found.ok())
     return CodedError(kExitUsage, absl::StrCat("--resume: ", found.status().message()));
   const v1::CheckpointManifest& m = found->manifest;
