@@ -11,13 +11,16 @@ devices, on the frontier's model, for every method, device count, link and seed.
     "device_batch": 16,               # rows one device computes per step (the frontier's)
     "tune_seeds": [1], "seeds": [2, 3, 4],
     "length": 393216,                 # each run's schedule length and budget, in examples
+    "length_by_batch": {"64": 786432},# a longer one at the batches that need it
     "coordinator_cpu": 0.25,          # the coordinator's share of a core where quotas apply
     "max_seconds": 1800               # a run still short of its target then is a miss
   }
 
 At N devices every method keeps each device at `device_batch` rows a step: data parallelism
 and GPipe train batches of N x device_batch, a local rule with N stages batches of
-device_batch. Each method's learning rate is tuned on the tune seeds with the reference
+device_batch. Larger batches take more examples to reach a target: `length_by_batch` gives
+the batches that need it a longer schedule (and budget), so that no baseline misses for want of
+examples. Each method's learning rate is tuned on the tune seeds with the reference
 trainer (untimed; the frontier's own tuning runs answer where they are the same run), for the
 strictest target, over the frontier model's grid.
 """
@@ -48,6 +51,11 @@ class Spec:
     seeds: list = sf.setting("a non-empty list of positive integers", sf.positive_ints,
                              factory=lambda: [2, 3, 4])
     length: Optional[int] = sf.setting("a number of examples", sf.positive_int, None)
+    length_by_batch: dict = sf.setting(
+        "an object from batch sizes (as strings) to numbers of examples",
+        lambda v: isinstance(v, dict) and all(
+            k.isdigit() and int(k) > 0 and sf.positive_int(x) for k, x in v.items()),
+        factory=dict)
     coordinator_cpu: float = sf.setting("a fraction of a core in (0, 1]",
                                         lambda v: isinstance(v, (int, float)) and 0 < v <= 1, 0.25)
     max_seconds: float = sf.setting("a positive number of seconds", sf.positive_number, 1800)
@@ -57,6 +65,7 @@ def load_spec(path):
     data, base = sf.load(path)
     spec = sf.build(Spec, data, path)
     spec.frontier = sf.job_path(base, spec.frontier, f"{path}: frontier")
+    spec.length_by_batch = {int(k): x for k, x in spec.length_by_batch.items()}
     if set(spec.tune_seeds) & set(spec.seeds):
         from experiments.common import fail
         fail(f"{path}: seeds: must be fresh, none of tune_seeds {spec.tune_seeds}")

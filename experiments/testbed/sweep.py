@@ -31,6 +31,10 @@ class TestbedSweep:
         self.strictest = (min if self.model.text else max)(self.model.targets)
         self.chosen = {}  # (method, devices) -> lr
 
+    def length_for(self, batch):
+        """The schedule length (and budget), in examples, of a run at `batch`."""
+        return self.spec.length_by_batch.get(batch, self.length)
+
     # --- what each method trains -----------------------------------------------------------
 
     def trained(self, method, n):
@@ -57,17 +61,21 @@ class TestbedSweep:
         configs = []
         for meth, n in self.pairs():
             a, b = self.trained(meth, n)
-            configs += [fs.config(m, a, b, lr, self.length, seed)
+            configs += [fs.config(m, a, b, lr, self.length_for(b), seed)
                         for lr in lr_grid(m.lr, b) for seed in self.spec.tune_seeds]
         fs.run_all(configs, "testbed tuning (the reference trainer, untimed)")
         for meth, n in self.pairs():
             a, b = self.trained(meth, n)
             grid = lr_grid(m.lr, b)
-            candidates = [(lr, {s: fs.hit(m, a, b, lr, self.length, s, self.strictest)
+            candidates = [(lr, {s: fs.hit(m, a, b, lr, self.length_for(b), s,
+                                             self.strictest)
                                 for s in self.spec.tune_seeds}) for lr in grid]
-            index, lr, _ = choose_setting(candidates)
+            index, lr, steps = choose_setting(candidates)
             self.chosen[(meth, n)] = lr
             edge = " (edge of the grid)" if index in (0, len(grid) - 1) else ""
+            if all(v is None for v in steps.values()):
+                edge += (f"; no learning rate reached {self.strictest:g} within "
+                         f"{self.length_for(b)} examples (raise length_by_batch[{b}])")
             say(f"tuned: {meth} at {n} devices, B = {b}: lr {lr:.3g}{edge}")
 
     # --- the measured runs ------------------------------------------------------------------
@@ -94,7 +102,7 @@ class TestbedSweep:
         return cluster.Config(
             job=os.path.relpath(job, self.args.out), job_hash=jobs.job_hash(job), method=meth,
             rule=lay.rule, stages=lay.stages, replicas=lay.replicas, batch=b,
-            lr=self.chosen[(meth, n)], seed=seed, max_steps=max(1, self.length // b),
+            lr=self.chosen[(meth, n)], seed=seed, max_steps=max(1, self.length_for(b) // b),
             eval_every_steps=max(1, self.model.eval_every_examples // b), hold=self.model.hold,
             strictest=self.strictest, text=self.model.text, devices=n, link_mbit=link,
             worker_cpu=None, coordinator_cpu=self.spec.coordinator_cpu)
