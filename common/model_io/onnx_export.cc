@@ -114,12 +114,55 @@ class ProtoGraph final : public OnnxGraph {
   std::map<std::pair<const Param*, bool>, std::string> written_;
 };
 
-void SetType(ox::ValueInfoProto* v, int elem, const std::vector<int64_t>& dims) {
+// [N, dims...]; with `positions`, dims[0] is T, any length up to dims[0].
+void SetType(ox::ValueInfoProto* v, int elem, const std::vector<int64_t>& dims, bool positions) {
   ox::TypeProto::Tensor* t = v->mutable_type()->mutable_tensor_type();
   t->set_elem_type(elem);
   ox::TensorShapeProto::Dimension* n = t->mutable_shape()->add_dim();
   n->set_dim_param("N");
-  for (int64_t d : dims) t->mutable_shape()->add_dim()->set_dim_value(d);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (positions && i == 0) {
+      t->mutable_shape()->add_dim()->set_dim_param("T");
+    } else {
+      t->mutable_shape()->add_dim()->set_dim_value(dims[i]);
+    }
+  }
+}
+
+// Moves the large initializers' bytes into external.path, in graph order, each at an aligned
+// offset; the graph keeps only references.
+absl::Status MoveToExternalData(ox::GraphProto* g, const OnnxExternalData& external) {
+  // Move the large initializers' bytes out, in graph order, each at an aligned offset.
+  std::vector<ox::TensorProto*> moved;
+  uint64_t at = 0;
+  for (ox::TensorProto& t : *g->mutable_initializer()) {
+    if (t.raw_data().size() < external.min_bytes) continue;
+    at = (at + 4095) / 4096 * 4096;
+    auto entry = [&](const char* key, const std::string& value) {
+      ox::StringStringEntryProto* e = t.add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    };
+    entry("location", external.location);
+    entry("offset", absl::StrCat(at));
+    entry("length", absl::StrCat(t.raw_data().size()));
+    t.set_data_location(ox::TensorProto::EXTERNAL);
+    at += t.raw_data().size();
+    moved.push_back(&t);
+  }
+  absl::Status written = WriteFileAtomicallyFrom(external.path, [&](const ByteSink& sink) {
+    uint64_t pos = 0;
+    const std::string zeros(4096, '\0');
+    for (ox::TensorProto* t : moved) {
+      const uint64_t pad = (pos + 4095) / 4096 * 4096 - pos;
+      if (absl::Status s = sink(std::string_view(zeros.data(), pad)); !s.ok()) return s;
+      if (absl::Status s = sink(t->raw_data()); !s.ok()) return s;
+      pos += pad + t->raw_data().size();
+      t->clear_raw_data();  // the graph keeps only the reference
+    }
+    return absl::OkStatus();
+  });
+  return written;
 }
 
 }  // namespace
@@ -156,7 +199,7 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   if (image) dims = {in[2], in[0], in[1]};
   ox::ValueInfoProto* input = g->add_input();
   input->set_name("input");
-  SetType(input, tokens ? ox::TensorProto::INT64 : ox::TensorProto::FLOAT, dims);
+  SetType(input, tokens ? ox::TensorProto::INT64 : ox::TensorProto::FLOAT, dims, tokens);
   std::string x = "input";
   const bool pixels = norm.scale != 1.0f;  // trained on pixel bytes, which it scaled itself
   std::string described;
@@ -173,7 +216,8 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
                               norm.scale)
             : ", values as the training files held them; normalised inside the graph");
   } else {
-    described = "int64 token ids [N, T]";
+    described = absl::StrCat("int64 token ids [N, T], T any length up to the context (", in[0],
+                             "); causal, so position t's logits are those of the first t + 1");
   }
   input->set_doc_string(described);
   ox::StringStringEntryProto* what = m.add_metadata_props();
@@ -196,7 +240,8 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   id->add_output("logits");
   ox::ValueInfoProto* out = g->add_output();
   out->set_name("logits");
-  SetType(out, ox::TensorProto::FLOAT, std::vector<int64_t>(cur.begin(), cur.end()));
+  SetType(out, ox::TensorProto::FLOAT, std::vector<int64_t>(cur.begin(), cur.end()),
+          tokens && cur.size() > 1);
   ox::StringStringEntryProto* meta = m.add_metadata_props();
   meta->set_key("localpar.stage");
   meta->set_value(absl::StrCat(stage));
@@ -204,37 +249,7 @@ absl::StatusOr<std::string> ExportOnnx(TrainedModel& trained, int stage, const s
   names->set_key("localpar.class_names");  // logit i is class i, by name
   names->set_value(ClassNamesJson(trained.weights));
   if (external) {
-    // Move the large initializers' bytes out, in graph order, each at an aligned offset.
-    std::vector<ox::TensorProto*> moved;
-    uint64_t at = 0;
-    for (ox::TensorProto& t : *g->mutable_initializer()) {
-      if (t.raw_data().size() < external->min_bytes) continue;
-      at = (at + 4095) / 4096 * 4096;
-      auto entry = [&](const char* key, const std::string& value) {
-        ox::StringStringEntryProto* e = t.add_external_data();
-        e->set_key(key);
-        e->set_value(value);
-      };
-      entry("location", external->location);
-      entry("offset", absl::StrCat(at));
-      entry("length", absl::StrCat(t.raw_data().size()));
-      t.set_data_location(ox::TensorProto::EXTERNAL);
-      at += t.raw_data().size();
-      moved.push_back(&t);
-    }
-    absl::Status written = WriteFileAtomicallyFrom(external->path, [&](const ByteSink& sink) {
-      uint64_t pos = 0;
-      const std::string zeros(4096, '\0');
-      for (ox::TensorProto* t : moved) {
-        const uint64_t pad = (pos + 4095) / 4096 * 4096 - pos;
-        if (absl::Status s = sink(std::string_view(zeros.data(), pad)); !s.ok()) return s;
-        if (absl::Status s = sink(t->raw_data()); !s.ok()) return s;
-        pos += pad + t->raw_data().size();
-        t->clear_raw_data();  // the graph keeps only the reference
-      }
-      return absl::OkStatus();
-    });
-    if (!written.ok()) return written;
+    if (absl::Status s = MoveToExternalData(g, *external); !s.ok()) return s;
   }
   std::string bytes;
   if (!m.SerializeToString(&bytes)) {

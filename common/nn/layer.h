@@ -36,6 +36,15 @@ struct LayerCache {
   std::vector<Tensor> saved;  // layers that keep more than two tensors (attention)
 };
 
+// What a layer keeps while one sequence is decoded a few positions at a time (sampling a
+// language model): `out` is the last call's output [count, output features]; attention keeps
+// every earlier position's keys and values in `kept`; composite layers their children's.
+struct DecodeCache {
+  Tensor out;
+  std::vector<Tensor> kept;
+  std::vector<DecodeCache> sub;
+};
+
 struct ForwardContext {
   bool train = true;
   uint64_t seed = 0;  // varies per step: drives dropout masks
@@ -99,6 +108,13 @@ class Layer {
   // is non-null, sets it to the gradient with respect to x (it may alias dy's storage).
   virtual void Backward(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) = 0;
   virtual std::vector<Param*> params() { return {}; }
+  // Decoding (evaluation semantics): the forward pass of positions [start, start + count)
+  // of one sequence, from their inputs x [count, input features per position] (token ids for
+  // an embedding) and what `cache` kept from the earlier ones; writes cache.out. Callers
+  // either start a sequence (start 0) or add one position (count 1). A layer that acts on
+  // each position alone keeps nothing. False: this layer has no such form (a sampler then
+  // runs the whole window for every token).
+  virtual bool ForwardPositions(const Tensor&, int64_t, DecodeCache&) { return false; }
   // Composite layers: the layers inside, in order (their parameters are this one's).
   virtual std::vector<const Layer*> children() const { return {}; }
   // The vocabulary of a layer that reads int32 token ids (an embedding), 0 for one that

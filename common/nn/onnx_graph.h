@@ -48,6 +48,20 @@ class OnnxGraph {
   std::string Transpose(const std::string& x, std::vector<int64_t> perm) {
     return Op("Transpose", {x}, {IntsAttr("perm", std::move(perm))});
   }
+  // Sequences are [N, T, ...] with T known only at run time (any length up to the context):
+  // T as a 1-D int64 tensor of one element, and the leading T entries of a constant laid out
+  // for the whole context, along each of `axes` (a position table, a causal mask).
+  std::string PositionsOf(const std::string& x) {
+    return Op("Shape", {x}, {IntAttr("start", 1), IntAttr("end", 2)});
+  }
+  std::string Leading(const std::string& table, const std::string& positions,
+                      const std::vector<int64_t>& axes) {
+    std::string ends = positions;
+    if (axes.size() > 1) {
+      ends = Op("Concat", std::vector<std::string>(axes.size(), positions), {IntAttr("axis", 0)});
+    }
+    return Op("Slice", {table, Ints(std::vector<int64_t>(axes.size(), 0)), ends, Ints(axes)});
+  }
   std::string ToNchw(const std::string& x) { return Transpose(x, {0, 3, 1, 2}); }
   std::string ToNhwc(const std::string& x) { return Transpose(x, {0, 2, 3, 1}); }
 };

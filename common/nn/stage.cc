@@ -1,6 +1,8 @@
 // Stage: forward, head loss, backward and update for one block of layers.
 #include "common/nn/stage.h"
 
+#include <algorithm>
+
 #include "common/core/check.h"
 #include "common/core/rng.h"
 
@@ -120,6 +122,19 @@ const Tensor& Stage::HeadLogits(int slot_index, const ForwardContext& ctx) {
     in = &s.head_caches[i].out;
   }
   return *in;
+}
+
+const Tensor* Stage::DecodePositions(const Tensor& x, int64_t start, bool head,
+                                     std::vector<DecodeCache>* caches) {
+  const size_t n = layers_.size() + (head ? head_.size() : 0);
+  caches->resize(std::max(caches->size(), n));
+  const Tensor* in = &x;
+  for (size_t i = 0; i < n; ++i) {
+    Layer& l = i < layers_.size() ? *layers_[i] : *head_[i - layers_.size()];
+    if (!l.ForwardPositions(*in, start, (*caches)[i])) return nullptr;
+    in = &(*caches)[i].out;
+  }
+  return in;
 }
 
 HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float grad_scale,

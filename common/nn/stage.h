@@ -67,6 +67,12 @@ class Stage {
   // Runs the head forward only on the slot's output (after Forward) and returns its logits,
   // [N, classes] or [N, positions, classes]: what predict and export reproduce.
   const Tensor& HeadLogits(int slot, const ForwardContext& ctx);
+  // Decoding one sequence (Layer::ForwardPositions): positions [start, start + count) of x
+  // through the layers and, with `head`, the head; `caches` keeps one entry per layer and
+  // head layer between calls. Returns the last output ([count, features], or the head's
+  // logits), or nullptr when some layer has no decoding form.
+  const Tensor* DecodePositions(const Tensor& x, int64_t start, bool head,
+                                std::vector<DecodeCache>* caches);
   // d(head loss)/d(stage output) from the last kLocal Head call on this slot.
   const Tensor& head_grad(int slot) const { return slots_[slot].head_dx; }
   // Backpropagates dy (w.r.t. the slot's output) through the layers, accumulating

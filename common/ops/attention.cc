@@ -1,4 +1,5 @@
-// Attention helpers on the CPU: head split/merge permutations and the causal softmax.
+// Attention helpers on the CPU: head split/merge permutations and the causal softmax (of
+// whole score matrices, and of their last rows for decoding with a key-value cache).
 #include <cmath>
 #include <cstring>
 
@@ -42,8 +43,18 @@ void CpuBackend::MergeHeads(const float* y, float* x, int64_t b, int64_t t, int6
 
 void CpuBackend::CausalSoftmaxForward(const float* s, float* p, int64_t mats, int64_t t,
                                       float scale) {
-  for (int64_t row = 0; row < mats * t; ++row) {
-    int64_t i = row % t;  // query position: keys 0..i are visible
+  CachedCausalSoftmaxForward(s, p, mats, t, t, scale);
+}
+
+void CpuBackend::CausalSoftmaxBackward(const float* p, const float* dp, float* ds, int64_t mats,
+                                       int64_t t, float scale) {
+  CachedCausalSoftmaxBackward(p, dp, ds, mats, t, t, scale);
+}
+
+void CpuBackend::CachedCausalSoftmaxForward(const float* s, float* p, int64_t mats, int64_t queries,
+                                            int64_t t, float scale) {
+  for (int64_t row = 0; row < mats * queries; ++row) {
+    int64_t i = t - queries + row % queries;  // query position: keys 0..i are visible
     const float* sr = s + row * t;
     float* pr = p + row * t;
     float mx = sr[0] * scale;
@@ -59,9 +70,10 @@ void CpuBackend::CausalSoftmaxForward(const float* s, float* p, int64_t mats, in
   }
 }
 
-void CpuBackend::CausalSoftmaxBackward(const float* p, const float* dp, float* ds, int64_t mats,
-                                       int64_t t, float scale) {
-  for (int64_t row = 0; row < mats * t; ++row) {
+void CpuBackend::CachedCausalSoftmaxBackward(const float* p, const float* dp, float* ds,
+                                             int64_t mats, int64_t queries, int64_t t,
+                                             float scale) {
+  for (int64_t row = 0; row < mats * queries; ++row) {
     const float* pr = p + row * t;
     const float* dpr = dp + row * t;
     float* dsr = ds + row * t;

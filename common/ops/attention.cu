@@ -25,11 +25,12 @@ __global__ void PermuteHeadsKernel(const float* src, float* dst, long long b, lo
   }
 }
 
-// One block per row of one score matrix.
-__global__ void CausalSoftmaxForwardKernel(const float* s, float* p, long long t, float scale) {
+// One block per row of one score matrix; the rows are the last `queries` of [t, t].
+__global__ void CausalSoftmaxForwardKernel(const float* s, float* p, long long queries, long long t,
+                                           float scale) {
   __shared__ float shm[kBlock];
   long long row = blockIdx.x;
-  long long i = row % t;
+  long long i = t - queries + row % queries;
   const float* sr = s + row * t;
   float* pr = p + row * t;
   float mx = -INFINITY;
@@ -83,16 +84,27 @@ void CudaBackend::MergeHeads(const float* y, float* x, int64_t b, int64_t t, int
 
 void CudaBackend::CausalSoftmaxForward(const float* s, float* p, int64_t mats, int64_t t,
                                        float scale) {
-  if (mats * t == 0) return;
-  CausalSoftmaxForwardKernel<<<static_cast<unsigned>(mats * t), kBlock, 0, StreamOf(this)>>>(
-      s, p, t, scale);
-  LP_CUDA_LAUNCH_CHECK();
+  CachedCausalSoftmaxForward(s, p, mats, t, t, scale);
 }
 
 void CudaBackend::CausalSoftmaxBackward(const float* p, const float* dp, float* ds, int64_t mats,
                                         int64_t t, float scale) {
-  if (mats * t == 0) return;
-  CausalSoftmaxBackwardKernel<<<static_cast<unsigned>(mats * t), kBlock, 0, StreamOf(this)>>>(
+  CachedCausalSoftmaxBackward(p, dp, ds, mats, t, t, scale);
+}
+
+void CudaBackend::CachedCausalSoftmaxForward(const float* s, float* p, int64_t mats,
+                                             int64_t queries, int64_t t, float scale) {
+  if (mats * queries * t == 0) return;
+  CausalSoftmaxForwardKernel<<<static_cast<unsigned>(mats * queries), kBlock, 0, StreamOf(this)>>>(
+      s, p, queries, t, scale);
+  LP_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::CachedCausalSoftmaxBackward(const float* p, const float* dp, float* ds,
+                                              int64_t mats, int64_t queries, int64_t t,
+                                              float scale) {
+  if (mats * queries * t == 0) return;
+  CausalSoftmaxBackwardKernel<<<static_cast<unsigned>(mats * queries), kBlock, 0, StreamOf(this)>>>(
       p, dp, ds, t, scale);
   LP_CUDA_LAUNCH_CHECK();
 }

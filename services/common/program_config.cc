@@ -77,6 +77,16 @@ v1::PredictCommand PredictDefaults() {
   return p;
 }
 
+v1::SampleCommand SampleDefaults() {
+  v1::SampleCommand s;
+  *s.mutable_compute() = DeviceDefaults();
+  s.set_tokens(200);
+  s.set_temperature(1.0);
+  s.set_seed(1);
+  s.set_cache(true);
+  return s;
+}
+
 v1::ClientCommand ClientDefaults() {
   v1::ClientCommand c;
   c.set_timeout_ms(2000);

@@ -26,6 +26,7 @@ v1::RunCommand RunDefaults();
 v1::TrainCommand TrainDefaults();
 v1::ProfileCommand ProfileDefaults();
 v1::PredictCommand PredictDefaults();
+v1::SampleCommand SampleDefaults();
 v1::ClientCommand ClientDefaults();
 
 // Reads the files a SecurityConfig names (certificates, key, CA, token).

@@ -30,5 +30,6 @@ absl::Status StatusCommand(const Args& args, const Io& io);      // status: a ru
 absl::Status CheckpointCommand(const Args& args, const Io& io);  // checkpoint: ask for one now
 absl::Status ExportCommand(const Args& args, const Io& io);      // export: safetensors or ONNX
 absl::Status PredictCommand(const Args& args, const Io& io);     // predict: probabilities
+absl::Status SampleCommand(const Args& args, const Io& io);      // sample: text from an LM
 
 }  // namespace localpar

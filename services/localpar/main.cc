@@ -48,6 +48,9 @@ constexpr Command kCommands[] = {
     {"predict", "JOB_FILE WEIGHTS",
      "class probabilities (and accuracy) of a trained model on your examples",
      localpar::PredictCommand},
+    {"sample", "JOB_FILE WEIGHTS",
+     "continue a prompt with a trained language model (--prompt, --tokens, --seed)",
+     localpar::SampleCommand},
 };
 
 void Usage(std::ostream& out) {

@@ -18,12 +18,10 @@
 #include "common/run/reference_run.h"
 #include "services/common/exit_codes.h"
 #include "services/localpar/command_flags.h"
+#include "services/localpar/open_model.h"
 
 namespace localpar {
-namespace {
 
-// Loads the job and its weights on `device`; says on `err` when the weights' own stage split
-// was taken.
 absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& overrides,
                        const std::string& weights_path, const v1::DeviceConfig& device,
                        std::ostream& err, std::unique_ptr<Backend>* backend, TrainedModel* model) {
@@ -45,6 +43,8 @@ absl::Status OpenModel(const std::string& job_path, const v1::JobOverrides& over
   if (!model->layout_note.empty()) err << "localpar: " << model->layout_note << "\n";
   return absl::OkStatus();
 }
+
+namespace {
 
 int LastStage(const TrainedModel& m) { return static_cast<int>(m.config.stages.size()) - 1; }
 

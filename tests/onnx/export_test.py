@@ -138,6 +138,21 @@ def check_onnx(work, name, steps, inputs, stages=None, pixels=False, labels=None
     return weights
 
 
+def check_shorter_windows(work, name, lengths):
+    """A sequence model's export takes any length T up to the context: ONNX Runtime on the
+    first T positions of each window gives the logits predict gave those positions of the
+    whole window (attention is causal)."""
+    x = np.load(os.path.join(work, f"{name}.input.npy"))
+    logits = np.load(os.path.join(work, f"{name}.logits.npy"))
+    for t in lengths:
+        xs, ls = os.path.join(work, f"{name}.t{t}.npy"), os.path.join(work, f"{name}.t{t}.logits.npy")
+        np.save(xs, np.ascontiguousarray(x[:, :t]))
+        np.save(ls, np.ascontiguousarray(logits[:, :t]))
+        f = run_ort(os.path.join(work, f"{name}.onnx"), xs, ls)
+        print(f"export_test: {name} at T = {t} of {x.shape[1]}: {f['rows']} rows, max |diff| "
+              f"{f['max_abs_diff']:.2e} against the whole windows' first {t} positions")
+
+
 def read_safetensors(path):
     with open(path, "rb") as f:
         data = f.read()
@@ -475,11 +490,13 @@ def main():
         check_onnx(work, "fashion_resnet", 20, images[:3000], stages=[0, 1, 2, None], pixels=True,
                    labels=labels_of_test_set(3000), external=True)
         check_onnx(work, "fortunes_charlm", 20, fortunes_windows(1000), external=True)
+        check_shorter_windows(work, "fortunes_charlm", [1, 17])
         rng = np.random.default_rng(7)
         every = check_onnx(work, "every_layer", 0,
                            rng.normal(0, 1, (500, 8, 8, 2)).astype(np.float32),
                            stages=[0, 1, 2, None])
         check_onnx(work, "every_sequence_layer", 30, shakespeare_windows(500), stages=[0, None])
+        check_shorter_windows(work, "every_sequence_layer", [5, 31])
         st = check_safetensors(work, mlp)
         check_init_from(work, mlp, st)
         check_large_model_path(work)

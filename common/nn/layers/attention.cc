@@ -109,6 +109,47 @@ class CausalSelfAttention final : public Layer {
   }
   std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &out_proj_, &out_bias_}; }
 
+  // Decoding with a key-value cache: kept[0] and kept[1] hold every position's keys and
+  // values so far, [heads, positions, head width]; the new positions' queries attend to
+  // them. kept[2..] are scratch.
+  bool ForwardPositions(const Tensor& x, int64_t start, DecodeCache& c) override {
+    const int64_t count = x.numel() / width_, keys = start + count, dh = head_width_;
+    if (start < 0 || keys > positions_ || (start > 0 && count != 1)) return false;
+    c.kept.resize(8);
+    Tensor &kc = c.kept[0], &vc = c.kept[1], &qkv = c.kept[2], &heads = c.kept[3];
+    Tensor &scores = c.kept[4], &probs = c.kept[5], &ctx = c.kept[6], &merged = c.kept[7];
+    if (start == 0) {
+      kc.Ensure(backend_, {heads_ * positions_, dh});
+      vc.Ensure(backend_, {heads_ * positions_, dh});
+    }
+    qkv.Ensure(backend_, {count, 3 * width_});
+    backend_.Gemm(false, false, count, 3 * width_, width_, 1.0f, x.f32(), wqkv_.value.f32(), 0.0f,
+                  qkv.f32());
+    backend_.AddRowVector(qkv.f32(), bqkv_.value.f32(), count, 3 * width_);
+    heads.Ensure(backend_, {3 * heads_ * count, dh});  // [3, heads, count, dh]
+    backend_.SplitHeads(qkv.f32(), heads.f32(), 1, count, 3, heads_, dh);
+    for (int64_t h = 0; h < heads_; ++h) {
+      kc.Slice(h * positions_ + start, count).CopyFrom(heads.Slice((heads_ + h) * count, count));
+      vc.Slice(h * positions_ + start, count)
+          .CopyFrom(heads.Slice((2 * heads_ + h) * count, count));
+    }
+    scores.Ensure(backend_, {heads_ * count, keys});
+    backend_.GemmBatched(false, true, count, keys, dh, 1.0f, heads.f32(), count * dh, kc.f32(),
+                         positions_ * dh, 0.0f, scores.f32(), count * keys, heads_);
+    probs.Ensure(backend_, {heads_ * count, keys});
+    backend_.CachedCausalSoftmaxForward(scores.f32(), probs.f32(), heads_, count, keys, Scale());
+    ctx.Ensure(backend_, {heads_ * count, dh});
+    backend_.GemmBatched(false, false, count, dh, keys, 1.0f, probs.f32(), count * keys, vc.f32(),
+                         positions_ * dh, 0.0f, ctx.f32(), count * dh, heads_);
+    merged.Ensure(backend_, {count, width_});
+    backend_.MergeHeads(ctx.f32(), merged.f32(), 1, count, 1, heads_, dh);
+    c.out.Ensure(backend_, {count, width_});
+    backend_.Gemm(false, false, count, width_, width_, 1.0f, merged.f32(), out_proj_.value.f32(),
+                  0.0f, c.out.f32());
+    backend_.AddRowVector(c.out.f32(), out_bias_.value.f32(), count, width_);
+    return true;
+  }
+
   ExportLayout TorchLayout(const Param& p, const Shape& nchw) const override {
     if (&p == &wqkv_) return TransposedLayout(width_, 3 * width_);
     if (&p == &out_proj_) return TransposedLayout(width_, width_);
@@ -122,13 +163,13 @@ class CausalSelfAttention final : public Layer {
     return "out.bias";
   }
 
-  // [N, T, D]: qkv split into heads, softmax(q k^T * scale) over earlier positions,
-  // merged, then the output projection.
+  // [N, T, D] for any T up to the context: qkv split into heads, softmax(q k^T * scale)
+  // over earlier positions, merged, then the output projection.
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
     const int64_t t = positions_, d = width_, h = heads_, dh = head_width_;
     std::string qkv = OnnxAffine(g, *this, wqkv_, bqkv_, x);  // [N, T, 3D]; columns (part, head, j)
     std::string split =
-        g.Transpose(g.Op("Reshape", {qkv, g.Ints({0, t, 3, h, dh})}), {2, 0, 3, 1, 4});
+        g.Transpose(g.Op("Reshape", {qkv, g.Ints({0, 0, 3, h, dh})}), {2, 0, 3, 1, 4});
     std::vector<std::string> parts;
     for (int64_t p = 0; p < 3; ++p) {
       parts.push_back(g.Op("Gather", {split, g.Index(p)}, {IntAttr("axis", 0)}));  // [N, H, T, dh]
@@ -139,11 +180,12 @@ class CausalSelfAttention final : public Layer {
     for (int64_t i = 0; i < t; ++i) {
       for (int64_t j = i + 1; j < t; ++j) mask[i * t + j] = -INFINITY;
     }
-    scores = g.Op("Add", {scores, g.Floats("causal_mask", {t, t}, mask)});
+    const std::string causal = g.Floats("causal_mask", {t, t}, mask);
+    scores = g.Op("Add", {scores, g.Leading(causal, g.PositionsOf(x), {0, 1})});
     std::string probs = g.Op("Softmax", {scores}, {IntAttr("axis", -1)});
     std::string ctx = g.Op("MatMul", {probs, parts[2]});  // [N, H, T, dh]
     std::string merged =
-        g.Op("Reshape", {g.Transpose(ctx, {0, 2, 1, 3}), g.Ints({0, t, d})});  // [N, T, D]
+        g.Op("Reshape", {g.Transpose(ctx, {0, 2, 1, 3}), g.Ints({0, 0, d})});  // [N, T, D]
     return OnnxAffine(g, *this, out_proj_, out_bias_, merged);
   }
 

@@ -25,6 +25,15 @@ class Relu final : public Layer {
     dx->Ensure(backend_, x.shape());
     backend_.ReluBackward(c.out.f32(), dy.f32(), dx->f32(), x.numel());
   }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    if (applied_by_previous_) {
+      c.out = x;
+      return true;
+    }
+    c.out.Ensure(backend_, x.shape());
+    backend_.ReluForward(x.f32(), c.out.f32(), x.numel());
+    return true;
+  }
   Epilogue as_epilogue() const override { return Epilogue::kRelu; }
   void PassThrough() override { applied_by_previous_ = true; }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
@@ -48,6 +57,11 @@ class Gelu final : public Layer {
     if (!dx) return;
     dx->Ensure(backend_, x.shape());
     backend_.GeluBackward(x.f32(), dy.f32(), dx->f32(), x.numel());
+  }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    c.out.Ensure(backend_, x.shape());
+    backend_.GeluForward(x.f32(), c.out.f32(), x.numel());
+    return true;
   }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as localpar computes it.
@@ -89,6 +103,10 @@ class Dropout final : public Layer {
     }
     dx->Ensure(backend_, x.shape());
     backend_.Mul(dy.f32(), c.aux0.f32(), dx->f32(), x.numel());
+  }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    c.out = x;  // evaluation: the identity
+    return true;
   }
   std::string EmitOnnx(OnnxGraph&, const std::string& x) const override { return x; }
 

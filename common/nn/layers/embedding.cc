@@ -45,6 +45,14 @@ class TiedOutput final : public Layer {
                     dx->f32());
     }
   }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    const int64_t rows = x.numel() / width_;
+    c.out.Ensure(backend_, {rows, vocab_});
+    backend_.Gemm(false, true, rows, vocab_, width_, 1.0f, x.f32(), table_->value.f32(), 0.0f,
+                  c.out.f32());
+    backend_.AddRowVector(c.out.f32(), bias_.value.f32(), rows, vocab_);
+    return true;
+  }
   std::vector<Param*> params() override { return {&bias_}; }  // the table is its owner's
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
     const std::string weight = g.Transpose(g.Parameter(owner_, *table_), {1, 0});
@@ -78,6 +86,11 @@ class Embedding final : public Layer {
   void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor*) override {
     // Token ids have no gradient.
     backend_.EmbeddingBackward(x.i32(), dy.f32(), table_.grad.f32(), x.numel(), dim_, vocab_);
+  }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    c.out.Ensure(backend_, {x.numel(), dim_});
+    backend_.EmbeddingForward(x.i32(), table_.value.f32(), c.out.f32(), x.numel(), dim_, vocab_);
+    return true;
   }
   std::vector<Param*> params() override { return {&table_}; }
   int64_t token_vocab() const override { return vocab_; }
@@ -130,9 +143,17 @@ class PositionalEncoding final : public Layer {
   void Backward(const Tensor&, const Tensor& dy, LayerCache&, Tensor* dx) override {
     if (dx) *dx = dy;
   }
+  bool ForwardPositions(const Tensor& x, int64_t start, DecodeCache& c) override {
+    const int64_t dim = out_shape_[1], count = x.numel() / dim;
+    if (start < 0 || start + count > out_shape_[0]) return false;
+    c.out.Ensure(backend_, {count, dim});
+    backend_.Add(x.f32(), table_.f32() + start * dim, c.out.f32(), count * dim);
+    return true;
+  }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
-    return g.Op("Add", {x, g.Floats("positional_encoding", {out_shape_[0], out_shape_[1]},
-                                    SinusoidTable(out_shape_[0], out_shape_[1]))});
+    const std::string table = g.Floats("positional_encoding", {out_shape_[0], out_shape_[1]},
+                                       SinusoidTable(out_shape_[0], out_shape_[1]));
+    return g.Op("Add", {x, g.Leading(table, g.PositionsOf(x), {0})});
   }
 
  private:

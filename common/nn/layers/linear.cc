@@ -45,6 +45,14 @@ class Linear final : public Layer {
     }
   }
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    if (!tokenwise_) return false;  // it mixes the positions
+    const int64_t n = x.numel() / in_;
+    c.out.Ensure(backend_, {n, out_});
+    backend_.GemmBias(n, out_, in_, x.f32(), weight_.value.f32(), bias_.value.f32(), c.out.f32(),
+                      fused_relu_);
+    return true;
+  }
 
   // The ReLU after this layer runs in its GEMM's epilogue. Its backward needs only x and
   // dy, so the output may be post-ReLU.

@@ -38,6 +38,16 @@ class LayerNorm final : public Layer {
                                cols_);
   }
   std::vector<Param*> params() override { return {&gamma_, &beta_}; }
+  bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {
+    const int64_t rows = x.numel() / cols_;
+    c.out.Ensure(backend_, {rows, cols_});
+    c.kept.resize(2);
+    c.kept[0].Ensure(backend_, {rows});
+    c.kept[1].Ensure(backend_, {rows});
+    backend_.LayerNormForward(x.f32(), gamma_.value.f32(), beta_.value.f32(), c.out.f32(),
+                              c.kept[0].f32(), c.kept[1].f32(), rows, cols_, eps_);
+    return true;
+  }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
     return g.Op("LayerNormalization", {x, g.Parameter(*this, gamma_), g.Parameter(*this, beta_)},
                 {IntAttr("axis", -1), FloatAttr("epsilon", eps_)});

@@ -27,9 +27,16 @@ class PositionEmbedding final : public Layer {
     backend_.SumRows(dy.f32(), table_.grad.f32(), dy.rows(), table_.value.numel());
     if (dx) *dx = dy;
   }
+  bool ForwardPositions(const Tensor& x, int64_t start, DecodeCache& c) override {
+    const int64_t dim = out_shape_[1], count = x.numel() / dim;
+    if (start < 0 || start + count > out_shape_[0]) return false;
+    c.out.Ensure(backend_, {count, dim});
+    backend_.Add(x.f32(), table_.value.f32() + start * dim, c.out.f32(), count * dim);
+    return true;
+  }
   std::vector<Param*> params() override { return {&table_}; }
   std::string EmitOnnx(OnnxGraph& g, const std::string& x) const override {
-    return g.Op("Add", {x, g.Parameter(*this, table_)});
+    return g.Op("Add", {x, g.Leading(g.Parameter(*this, table_), g.PositionsOf(x), {0})});
   }
 
  private:

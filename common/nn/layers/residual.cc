@@ -39,6 +39,17 @@ class Residual final : public Layer {
       backend_.Add(dy.f32(), g->f32(), dx->f32(), x.numel());
     }
   }
+  bool ForwardPositions(const Tensor& x, int64_t start, DecodeCache& c) override {
+    c.sub.resize(body_.size());
+    const Tensor* in = &x;
+    for (size_t i = 0; i < body_.size(); ++i) {
+      if (!body_[i]->ForwardPositions(*in, start, c.sub[i])) return false;
+      in = &c.sub[i].out;
+    }
+    c.out.Ensure(backend_, in->shape());
+    backend_.Add(x.f32(), in->f32(), c.out.f32(), x.numel());
+    return true;
+  }
   std::vector<Param*> params() override {
     std::vector<Param*> out;
     for (auto& l : body_) {
