@@ -1,6 +1,8 @@
 """The testbed sweep: tune each method's learning rate with the reference trainer (untimed),
 then run every (devices, link, method, seed) as a real cluster on a fresh testbed, one at a
-time and beside nothing else, each cached by its configuration so the sweep resumes."""
+time and beside nothing else, each cached by its configuration so the sweep resumes. Runs go
+link by link in the spec's order (the fast links first), every device count at each, so that
+a sweep cut short has whole links measured."""
 
 import os
 import sys
@@ -113,8 +115,8 @@ class TestbedSweep:
 
     def measured(self):
         todo = []
-        for n in self.spec.devices:
-            for link in self.spec.links_mbit:
+        for link in self.spec.links_mbit:
+            for n in self.spec.devices:
                 for seed in self.spec.seeds:
                     for meth in self.spec.methods:
                         cfg = self.config(meth, n, link, seed)
@@ -151,8 +153,8 @@ class TestbedSweep:
     def results(self):
         """Every measured run's config and result, in sweep order."""
         out = []
-        for n in self.spec.devices:
-            for link in self.spec.links_mbit:
+        for link in self.spec.links_mbit:
+            for n in self.spec.devices:
                 for seed in self.spec.seeds:
                     for meth in self.spec.methods:
                         cfg = self.config(meth, n, link, seed)

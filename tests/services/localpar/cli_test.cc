@@ -203,9 +203,8 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
             Set({"data_path", "external_data", "format", "out", "shard_mib", "stage", "stages"}));
   EXPECT_EQ(flags("predict"), Set({"batch_size", "data_path", "device", "input", "input_scaled",
                                    "labels", "logits", "out", "stage", "stages", "threads"}));
-  EXPECT_EQ(flags("sample"),
-            Set({"cache", "data_path", "device", "prompt", "seed", "stages", "temperature",
-                 "threads", "tokens", "top_k", "vocabulary"}));
+  EXPECT_EQ(flags("sample"), Set({"cache", "data_path", "device", "prompt", "seed", "stages",
+                                  "temperature", "threads", "tokens", "top_k", "vocabulary"}));
   EXPECT_EQ(flags("plan"),
             Set({"batch_size", "data_path", "device", "naive", "rule", "stages", "threads"}));
   EXPECT_EQ(flags("project"),
