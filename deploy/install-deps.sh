@@ -12,6 +12,8 @@ packages=(
   fortunes gnuplot-nox python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
   # PyTorch: the export test loads the safetensors export with load_state_dict(strict=True)
   python3-torch
+  # SciPy: the testbed's calibrated cost model (least squares with bounds)
+  python3-scipy
 )
 
 missing=()

@@ -90,6 +90,8 @@ def parser():
                    "name what is left")
     w.add_argument("--csv", default=None, help="also write the per-run table here "
                    "(docs/results/testbed.csv)")
+    w.add_argument("--results", default=None, help="also write the testbed's section of this "
+                   "results file (RESULTS.md), between its markers")
     w.add_argument("--localpar", default="build/ci/localpar")
     sub.add_parser("clean", help="remove what killed testbeds left behind",
                    description="Removes the namespaces and cgroups of testbeds whose process is "
@@ -99,23 +101,34 @@ def parser():
 
 def sweep_command(args):
     from experiments.cache import RunCache
-    from experiments.testbed import report, spec as specs, sweep
+    from experiments.testbed import calibrate, report, spec as specs, sweep
     spec = specs.load_spec(args.spec)
     if not args.plan:
         devices.require_root()
     cache = RunCache(args.cache, also=[args.frontier_cache])
     run, finished = sweep.main_sweep(args, spec, cache)
-    if not finished:
+    if not finished and not args.plan:
         return 0
+    # The tables of every run done so far (all of them once the sweep has finished).
     profiles = {k: run.frontier.profile(run.model, k, spec.device_batch)["stages"]
                 for k in sorted({1} | set(spec.devices))}
-    rows = report.rows(run.results(), run.model, profiles, spec.device_batch)
+    results = run.results()
+    fit_seed = min(spec.seeds)
+    cal = calibrate.Calibration(results, profiles, lambda cfg: cfg.seed == fit_seed)
+    rows = report.rows(results, run.model, profiles, spec.device_batch, cal)
     report.write(rows, os.path.join(args.out, "testbed.csv"))
     if args.csv:
         report.write(rows, args.csv)
+    md = report.section(rows, cal, fit_seed, run.model.text, len(results),
+                        len(spec.devices) * len(spec.links_mbit) * len(spec.seeds)
+                        * len(spec.methods), args.spec)
     with open(os.path.join(args.out, "TESTBED.md"), "w") as f:
-        f.write(report.markdown(rows, run.model.text))
-    print(f"testbed: {len(rows)} rows; {os.path.join(args.out, 'TESTBED.md')}")
+        f.write(md)
+    if args.results:
+        from experiments.common import replace_testbed_section, rewrite
+        rewrite(args.results, lambda old: replace_testbed_section(old, md))
+    print(f"testbed: {len(rows)} rows from {len(results)} runs; "
+          f"{os.path.join(args.out, 'TESTBED.md')}")
     return 0
 
 

@@ -102,6 +102,26 @@ def replace_experiment_section(old, name, text):
     return (old.rstrip("\n") + "\n\n" if old.strip() else "") + block
 
 
+TESTBED_BEGIN = "<!-- testbed: begin (written by deploy/testbed.py) -->"
+TESTBED_END = "<!-- testbed: end -->"
+
+
+def replace_testbed_section(old, md):
+    """The results file with `md` between the testbed markers; absent, the section goes
+    before the first experiment's (the measured results lead)."""
+    block = f"{TESTBED_BEGIN}\n{md.rstrip()}\n{TESTBED_END}\n"
+    if TESTBED_BEGIN in old and TESTBED_END in old:
+        head, rest = old.split(TESTBED_BEGIN, 1)
+        tail = rest.split(TESTBED_END, 1)[1].lstrip("\n")
+        return head + block + "\n" + tail
+    first = old.find("<!-- experiment ")
+    if first < 0:
+        first = old.find(FRONTIER_BEGIN)
+    if first < 0:
+        return old.rstrip("\n") + ("\n\n" if old else "") + block
+    return old[:first] + block + "\n" + old[first:]
+
+
 def replace_frontier_section(old, md):
     """The results file with `md` between the frontier markers (appended when absent)."""
     block = f"{FRONTIER_BEGIN}\n{md}\n{FRONTIER_END}\n"

@@ -11,7 +11,7 @@ from experiments.stats import median
 
 COLUMNS = ["devices", "link_mbit", "method", "stages", "replicas", "batch", "seed", "target",
            "measured_s", "steps", "model_s", "calibrated_model_s", "measured_step_ms",
-           "model_step_ms", "worker_cpu"]
+           "model_step_ms", "calibrated_step_ms", "calibration", "worker_cpu"]
 COST = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop", "CHUNKED": "local",
         "GREEDY": "local", "OVERLAP": "overlap"}
 UNSHAPED_BYTES_PER_S = 100e9 / 8  # the frontier's ideal link, for unshaped veths
@@ -31,17 +31,21 @@ def model_step(cfg, profile_stages, share, latency_s=5e-6):
     return step_seconds(cost, scaled(profile_stages, share), cfg.replicas, micro, link, latency_s)
 
 
-def rows(results, model, profiles, device_batch, calibrated=None):
+def rows(results, model, profiles, device_batch, calibration=None):
     """One row per run and target. `profiles` maps a stage count to the frontier profile's
-    stages at `device_batch` rows; `calibrated(cfg, result, steps)`, when given, the
-    calibrated model's seconds."""
+    stages at `device_batch` rows; `calibration` (calibrate.Calibration), when given, adds
+    the calibrated model's step and time, and whether the run was fitted or held out. The
+    measured step is the slope of wall time over steps (evaluations included)."""
+    from experiments.testbed.calibrate import measured_step_seconds
     out = []
+    fitted = {id(c): used for c, _, _, used in (calibration.rows if calibration else [])}
     for cfg, res in results:
         share = min(v for k, v in res["cpu_fractions"].items() if k != "coordinator")
         prof = profiles[1 if cfg.method == "data_parallel" else cfg.stages]
         step_s = model_step(cfg, prof, share)
         points = res["points"]
-        eps = res.get("examples_per_second") or 0
+        measured_step = measured_step_seconds(points)
+        cal_step = calibration.step_seconds(cfg, prof, share) if calibration else None
         for target in sorted(model.targets, reverse=model.text):
             hit = first_reaching([(p["step"], p["metrics"][-1]) for p in points], target,
                                  not model.text, model.hold)
@@ -49,15 +53,20 @@ def rows(results, model, profiles, device_batch, calibrated=None):
                    "stages": cfg.stages, "replicas": cfg.replicas, "batch": cfg.batch,
                    "seed": cfg.seed, "target": target, "measured_s": "", "steps": "",
                    "model_s": "", "calibrated_model_s": "",
-                   "measured_step_ms": f"{1e3 * cfg.batch / eps:.3f}" if eps else "",
-                   "model_step_ms": f"{1e3 * step_s:.3f}", "worker_cpu": f"{share:.3f}"}
+                   "measured_step_ms": f"{1e3 * measured_step:.3f}" if measured_step else "",
+                   "model_step_ms": f"{1e3 * step_s:.3f}",
+                   "calibrated_step_ms": f"{1e3 * cal_step:.3f}" if cal_step else "",
+                   "calibration": ("fit" if fitted.get(id(cfg)) else "held out")
+                   if id(cfg) in fitted else "",
+                   "worker_cpu": f"{share:.3f}"}
             if hit is not None:
                 wall = next(p["wall_seconds"] for p in points if p["step"] == hit[0])
                 steps = hit[0]
                 row.update(measured_s=f"{wall:.2f}", steps=steps,
                            model_s=f"{(steps + pipeline_fill(COST[cfg.method], cfg.stages)) * step_s:.2f}")
-                if calibrated is not None:
-                    row["calibrated_model_s"] = f"{calibrated(cfg, res, steps):.2f}"
+                if cal_step:
+                    fill = pipeline_fill(COST[cfg.method], cfg.stages)
+                    row["calibrated_model_s"] = f"{(steps + fill) * cal_step:.2f}"
             out.append(row)
     return out
 
@@ -90,3 +99,43 @@ def markdown(rows_, text):
         md.append(f"| {n} | {f'{link:g} Mbit/s' if link else 'unshaped'} | {meth} | "
                   + " | ".join(cells) + " |")
     return "\n".join(md) + "\n"
+
+
+def calibration_markdown(calibration, fit_seed):
+    """The calibrated model's parameters and every held-out run's error."""
+    md = [f"Calibrated on the seed-{fit_seed} runs: {calibration.describe()}.", ""]
+    held = calibration.held_out()
+    if not held:
+        return "\n".join(md + ["No held-out runs yet.", ""])
+    worst = max(abs(e) for *_, e in held)
+    over = [h for h in held if abs(h[3]) > 0.15]
+    md += [f"Held out: {len(held)} runs; largest error {100 * worst:.1f}%; "
+           f"{len(over)} beyond 15%.", "",
+           "| devices | link | method | seed | measured ms a step | calibrated | error |",
+           "|---|---|---|---|---|---|---|"]
+    for cfg, m, c, e in sorted(held, key=lambda h: (h[0].devices, h[0].link_mbit,
+                                                     h[0].method, h[0].seed)):
+        link = f"{cfg.link_mbit:g} Mbit/s" if cfg.link_mbit else "unshaped"
+        md.append(f"| {cfg.devices} | {link} | {cfg.method} | {cfg.seed} | {1e3 * m:.2f} | "
+                  f"{1e3 * c:.2f} | {100 * e:+.1f}% |")
+    return "\n".join(md) + "\n"
+
+
+def section(rows_, calibration, fit_seed, text, done, total, spec_path):
+    """The testbed's section of RESULTS.md: how it was made, the measured table, the
+    calibrated model against the held-out runs."""
+    head = [
+        "# The testbed: measured time to target at equal devices",
+        "",
+        f"Written by `deploy/testbed.py sweep {spec_path} --out OUT --results RESULTS.md "
+        "--csv docs/results/testbed.csv` from `experiments/cache/testbed.jsonl` "
+        f"({done} of {total} runs measured so far; `--plan` lists the rest). Each run is a real "
+        "`localpar run` cluster on emulated devices: every worker and the coordinator in its own "
+        "network namespace, a `tc tbf` rate on each device's egress, a CPU share each "
+        "(docs/experiments.md). Every time in this section is **measured** wall-clock time "
+        "on the testbed unless it says *model*; a method's seconds are the median over its "
+        "seeds, with how many of them reached the target (a miss counts as longer than any).",
+        "",
+    ]
+    return "\n".join(head) + markdown(rows_, text) + "\n" + \
+        calibration_markdown(calibration, fit_seed)

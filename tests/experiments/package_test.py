@@ -187,6 +187,55 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(stats.mean_sd([2.0]), (2.0, 0.0))
 
 
+class CalibrationTest(unittest.TestCase):
+    """The testbed's calibrated cost model recovers the parameters that made synthetic runs,
+    and predicts runs it was not fitted on."""
+
+    def runs(self, params):
+        from experiments.testbed import calibrate
+        from experiments.testbed.cluster import Config
+        prof = {1: [{"seconds": 0.008, "head_seconds": 0.001, "parameter_bytes": 4e5}],
+                2: [{"seconds": 0.004, "head_seconds": 0.0005, "hop_bytes": 6e4,
+                     "parameter_bytes": 2e5, "input_grad_seconds": 0.001},
+                    {"seconds": 0.004, "head_seconds": 0.0005, "hop_bytes": 0,
+                     "parameter_bytes": 2e5, "input_grad_seconds": 0.001}]}
+        out = []
+        for seed in (2, 3):
+            for link in (0, 1000, 100, 10):
+                for method, stages, replicas in (("data_parallel", 1, 2), ("gpipe", 2, 1),
+                                                 ("CHUNKED", 2, 1), ("OVERLAP", 2, 1)):
+                    cfg = Config(job="j", job_hash="h", method=method, rule="r", stages=stages,
+                                 replicas=replicas, batch=16, lr=0.1, seed=seed, max_steps=1,
+                                 eval_every_steps=1, hold=1, strictest=1, text=True, devices=2,
+                                 link_mbit=link, worker_cpu=None, coordinator_cpu=0.25)
+                    f = calibrate.features(cfg, prof[1 if method == "data_parallel" else 2],
+                                           0.9)
+                    step = calibrate.predict(params, f) * (1.01 if seed == 3 else 1.0)
+                    points = [{"step": k, "wall_seconds": 1.0 + k * step} for k in range(0, 50, 10)]
+                    out.append((cfg, {"points": points, "cpu_fractions": {"d0": 0.9}}))
+        return out, prof
+
+    def test_the_fit_recovers_the_parameters_and_predicts_held_out_runs(self):
+        from experiments.testbed import calibrate
+        truth = [1.2, 2e-3, 5e-4, 3e-9, 1.1]
+        runs, prof = self.runs(truth)
+        cal = calibrate.Calibration(runs, prof, lambda cfg: cfg.seed == 2)
+        for got, want in zip(cal.params, truth):
+            self.assertAlmostEqual(got / want, 1.0, places=2)
+        held = cal.held_out()
+        self.assertEqual(len(held), 16)
+        for *_, err in held:  # the held-out runs are 1% slower than the truth
+            self.assertAlmostEqual(err, 1 / 1.01 - 1, places=3)
+
+    def test_the_mesh_sends_every_other_replica_its_bucket(self):
+        from experiments.testbed import calibrate
+        from types import SimpleNamespace
+        cfg = SimpleNamespace(method="data_parallel", replicas=4, stages=1, devices=4)
+        self.assertEqual(calibrate.traffic(cfg, [{"parameter_bytes": 100.0}]), (3, 300.0))
+        cfg = SimpleNamespace(method="gpipe", replicas=1, stages=4, devices=4)
+        self.assertEqual(calibrate.traffic(cfg, [{"hop_bytes": 10.0}] * 4), (8, 80.0))
+
+
 class ShippedCacheTest(unittest.TestCase):
     """The committed caches answer for every run the shipped sweeps ask for."""
 
