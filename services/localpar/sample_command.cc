@@ -109,6 +109,11 @@ absl::Status SampleCommand(const Args& args, const Io& io) {
   o.top_k = c.top_k();
   o.seed = static_cast<uint64_t>(c.seed());
   o.cache = c.cache();
+  const int64_t context = model.config.input_shape.empty() ? 0 : model.config.input_shape[0];
+  if (context > 0 && static_cast<int64_t>(o.prompt.size()) > context) {
+    io.err << "localpar: the prompt's " << o.prompt.size() << " tokens are more than the "
+           << "network's context (" << context << "): it sees the last " << context << "\n";
+  }
   bool first = true;
   for (int32_t id : o.prompt) {
     io.out << tokens.Decode(id, first);

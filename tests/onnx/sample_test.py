@@ -13,6 +13,7 @@
   safetensors export) computes for the same window, the window starting again from its last
   half when the sequence outgrows the context, as docs/models.md says.
 - A vocabulary pickled by Python's own pickle (nanoGPT's meta.pkl layout) gives the same text.
+- A prompt longer than the context is continued from its last 64 tokens, and stderr says so.
 - Refused, each with its exit code and the field named: a network that is no language model,
   a negative temperature, a missing vocabulary file, a prompt the vocabulary cannot spell.
 PyTorch is Debian's python3-torch; where it is missing that part says so and is skipped.
@@ -135,6 +136,13 @@ def main():
                     f"--vocabulary={meta}")
         if max(a) < 128 and via != a:
             raise Failure(f"with --vocabulary=meta.pkl:\n{via!r}\nwithout:\n{a!r}")
+
+        # A prompt past the context: the network sees its last 64 tokens, and says so.
+        long_prompt = "ROMEO: " * 15
+        out, err = lp("sample", JOB, weights, f"--prompt={long_prompt}", "--tokens=10")
+        if "more than the network's context (64)" not in err or \
+                not out.startswith(long_prompt.encode()) or len(out) != len(long_prompt) + 11:
+            raise Failure(f"a {len(long_prompt)}-byte prompt: {out!r}\n{err}")
 
         # Refusals.
         lp("train", os.path.join(SOURCE, "deploy", "jobs", "fashion_mlp.textproto"),
