@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/core/rng.h"
+#include "common/model_io/predict.h"
 
 namespace localpar {
 namespace {
@@ -40,20 +41,14 @@ absl::Status CheckSampling(const TrainedModel& m, Model& model, const SampleOpti
   return absl::OkStatus();
 }
 
-// The logits of the window's last position, running every stage whole on the window
-// [start, end) of `seq` (padded to the context: causal attention never looks right).
+// The logits of the window's last position: predict's whole forward pass over the window
+// [start, end) of `seq`, padded to the context (causal attention never looks right).
 std::vector<float> WholeWindow(TrainedModel& m, const std::vector<int32_t>& seq, int64_t start,
                                int64_t context) {
-  Model& model = *m.model;
-  std::vector<int32_t> window(static_cast<size_t>(context), 0);
+  std::vector<float> window(static_cast<size_t>(context), 0.0f);
   std::copy(seq.begin() + start, seq.end(), window.begin());
-  Tensor x = Tensor::FromHostI32(*m.backend, {1, context}, window);
-  ForwardContext ctx;
-  ctx.train = false;
-  const Tensor* cur = &x;
-  const int last = model.num_stages() - 1;
-  for (int k = 0; k <= last; ++k) cur = &model.stage(k).Forward(*cur, 0, ctx);
-  std::vector<float> all = model.stage(last).HeadLogits(0, ctx).ToHost();
+  Shape shape;
+  std::vector<float> all = PredictLogits(m, m.model->num_stages() - 1, window, 1, 1, &shape);
   const int64_t classes = m.config.classes, row = static_cast<int64_t>(seq.size()) - 1 - start;
   return {all.begin() + row * classes, all.begin() + (row + 1) * classes};
 }
