@@ -127,6 +127,13 @@ def set_rule(job, name):
     job.rule = field.enum_type.values_by_name[name].number
 
 
+def set_pipeline_schedule(job, schedule):
+    """Sets BACKPROP's pipeline schedule by its flag name ("gpipe", "1f1b"); GPipe, the
+    default, leaves the field unset so that the job's text (and its hash) do not change."""
+    field = job.DESCRIPTOR.fields_by_name["pipeline_schedule"]
+    job.pipeline_schedule = field.enum_type.values_by_name[f"PIPELINE_{schedule.upper()}"].number
+
+
 def write_job(path, job):
     """Writes `job` as text to `path` unless the file already says exactly that."""
     text = job_text(job)

@@ -176,6 +176,16 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
   if (o.max_steps() > 0) job->set_max_steps(o.max_steps());
   if (o.has_seed()) job->set_seed(static_cast<uint64_t>(o.seed()));
   if (o.replicas() > 0) job->set_replicas(o.replicas());
+  if (o.micro_batches() < 0) return absl::InvalidArgumentError("--micro_batches: must be >= 0");
+  if (o.micro_batches() > 0) job->set_micro_batches(o.micro_batches());
+  if (o.schedule() == "gpipe") {
+    job->set_pipeline_schedule(v1::PIPELINE_GPIPE);
+  } else if (o.schedule() == "1f1b") {
+    job->set_pipeline_schedule(v1::PIPELINE_1F1B);
+  } else if (!o.schedule().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule=", o.schedule(), ": expected gpipe or 1f1b"));
+  }
   if (o.batch_size() < 0) return absl::InvalidArgumentError("--batch_size: must be >= 0");
   if (o.batch_size() > 0) job->set_batch_size(o.batch_size());
   if (!(o.lr() >= 0) || !std::isfinite(o.lr())) {

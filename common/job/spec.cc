@@ -81,6 +81,7 @@ v1::Job NetworkOf(const v1::Job& job) {
   // taken where no gradient is in flight, so the rule may change on resume too.
   out.clear_rule();
   out.clear_micro_batches();
+  out.clear_pipeline_schedule();
   // A finished run may be extended: the length changes the plan ahead, not the state.
   out.clear_epochs();
   out.clear_max_steps();
@@ -159,6 +160,7 @@ StepSettings ToStepSettings(const v1::Job& job, int64_t total_steps) {
   StepSettings o;
   o.rule = ToUpdateRule(job.rule());
   o.micro_batches = job.micro_batches();
+  o.pipeline = static_cast<PipelineSchedule>(job.pipeline_schedule());
   o.replicas = std::max(1, job.replicas());
   o.total_steps = total_steps;
   o.seed = job.seed();

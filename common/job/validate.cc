@@ -71,15 +71,23 @@ absl::Status ValidateRun(const v1::Job& job) {
     return Invalid("eval_every_steps", "must be >= 0 (0: only at the end of each epoch)");
   }
   if (job.micro_batches() <= 0) return Invalid("micro_batches", "must be > 0");
-  if (job.micro_batches() > 1 && !Rule(ToUpdateRule(job.rule())).splits_micro_batches) {
-    std::string splitting;
-    for (const RuleSpec* r : AllRules()) {
-      if (r->splits_micro_batches) {
-        absl::StrAppend(&splitting, splitting.empty() ? "" : " or ", r->name);
-      }
-    }
+  const RuleSpec& rule = Rule(ToUpdateRule(job.rule()));
+  std::string splitting;
+  for (const RuleSpec* r : AllRules()) {
+    if (r->splits_micro_batches)
+      absl::StrAppend(&splitting, splitting.empty() ? "" : " or ", r->name);
+  }
+  if (job.micro_batches() > 1 && !rule.splits_micro_batches) {
     return Invalid("micro_batches",
                    absl::StrCat("only ", splitting, " splits a batch into micro-batches"));
+  }
+  if (!v1::PipelineSchedule_IsValid(job.pipeline_schedule())) {
+    return Invalid("pipeline_schedule", "expected PIPELINE_GPIPE or PIPELINE_1F1B");
+  }
+  if (job.pipeline_schedule() != v1::PIPELINE_GPIPE && !rule.splits_micro_batches) {
+    return Invalid("pipeline_schedule",
+                   absl::StrCat("orders micro-batches, and ", rule.name, " has none (only ",
+                                splitting, " splits a batch into micro-batches)"));
   }
   if (job.micro_batches() > job.batch_size()) {
     return Invalid("micro_batches",

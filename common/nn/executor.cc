@@ -16,7 +16,7 @@ double Since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 int StageExecutor::SlotsNeeded(const ProgramSpec& spec) {
-  return std::max(spec.micro_batches, spec.max_delay + 1) + 1;
+  return std::max(MicroBatchesInFlight(spec), spec.max_delay + 1) + 1;
 }
 
 StageExecutor::StageExecutor(Stage& stage, const ProgramSpec& spec)
@@ -55,7 +55,8 @@ void StageExecutor::Begin(const StepContext& ctx) {
 int StageExecutor::SlotFor(int micro_batch) const {
   if (!ctx_.train) return eval_slot_;
   if (spec_.max_delay > 0) return static_cast<int>(ctx_.step % (spec_.max_delay + 1));
-  return micro_batch;
+  // 1F1B: micro-batch m + K - s starts its forward pass only after m's backward pass.
+  return micro_batch % MicroBatchesInFlight(spec_);
 }
 
 ForwardContext StageExecutor::Context(int micro_batch) const {
@@ -72,6 +73,8 @@ StageExecutor::Result StageExecutor::Run(StagePorts& ports) {
     double took = Since(start);
     if (a.op == Op::kReceive || a.op == Op::kForward) {
       times_.forward += took;
+    } else if (a.op == Op::kAwaitGradient) {
+      times_.gradient_wait += took;
     } else if (a.op == Op::kStep) {
       times_.update += took - exchange_took_;
     } else if (a.op != Op::kSendActivations) {

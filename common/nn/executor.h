@@ -69,10 +69,11 @@ struct StepContext {
 };
 
 struct StepTimes {
-  double forward = 0;   // receiving and the forward pass
-  double backward = 0;  // heads, backward passes, waiting for and sending gradients
-  double update = 0;    // the optimizer step
-  double exchange = 0;  // replicas: exchanging gradients before the step
+  double forward = 0;        // receiving and the forward pass
+  double backward = 0;       // heads, backward passes, sending gradients
+  double gradient_wait = 0;  // waiting for the gradients the next stage returns
+  double update = 0;         // the optimizer step
+  double exchange = 0;       // replicas: exchanging gradients before the step
 };
 
 // Gradients applied late under asynchronous OVERLAP.
@@ -87,8 +88,9 @@ class StageExecutor {
   // spec.micro_batches is the job's; a step may use fewer (a short last batch).
   StageExecutor(Stage& stage, const ProgramSpec& spec);
 
-  // Activation slots a stage needs: micro-batches or delayed steps in flight, plus one
-  // kept for evaluation so that it never disturbs a step still waiting for gradients.
+  // Activation slots a stage needs: micro-batches (MicroBatchesInFlight) or delayed steps
+  // in flight, plus one kept for evaluation so that it never disturbs a step still waiting
+  // for gradients.
   static int SlotsNeeded(const ProgramSpec& spec);
 
   void Begin(const StepContext& ctx);

@@ -1,6 +1,7 @@
 // Stage programs: the evaluation program and printing.
 #include "common/nn/program.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "common/nn/rule.h"
@@ -8,6 +9,17 @@
 namespace localpar {
 
 StageProgram TrainProgram(const ProgramSpec& spec) { return Rule(spec.rule).train_program(spec); }
+
+int MicroBatchesInFlight(const ProgramSpec& spec) {
+  if (spec.pipeline == PipelineSchedule::k1F1B) {
+    return std::max(1, std::min(spec.micro_batches, spec.num_stages - spec.stage));
+  }
+  return spec.micro_batches;
+}
+
+const char* PipelineScheduleName(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::k1F1B ? "1F1B" : "GPipe";
+}
 
 StageProgram EvalProgram() {
   return {{Op::kReceive}, {Op::kForward}, {Op::kSendActivations}, {Op::kHead, 0, HeadMode::kEval}};

@@ -18,6 +18,12 @@ enum class UpdateRule {
   kOverlap = 4,   // a stage's loss also reaches one stage back
 };                // the numbers are job.proto's, so a job's rule converts by value
 
+// The order of a BACKPROP pipeline's micro-batches (job.proto's PipelineSchedule, by value).
+enum class PipelineSchedule {
+  kGpipe = 0,  // every forward, then every backward
+  k1F1B = 1,   // min(M, K - s - 1) forwards ahead, then one forward and one backward
+};
+
 enum class Op {
   kReceive,            // take micro-batch m's input (activations and labels) from upstream
   kForward,            // run the stage's layers on it
@@ -48,9 +54,16 @@ struct ProgramSpec {
   int num_stages = 1;
   int micro_batches = 1;  // in this step (BACKPROP splits a batch; other rules take 1)
   int max_delay = 0;      // asynchronous OVERLAP: how late a returned gradient may be applied
+  PipelineSchedule pipeline = PipelineSchedule::kGpipe;  // rules that split micro-batches
   bool last() const { return stage + 1 == num_stages; }
   bool first() const { return stage == 0; }
 };
+
+// Micro-batches whose activations a stage holds at once in a training step: all of them
+// under GPipe, at most K - s under 1F1B.
+int MicroBatchesInFlight(const ProgramSpec& spec);
+// "GPipe" or "1F1B".
+const char* PipelineScheduleName(PipelineSchedule schedule);
 
 // The training step of stage spec.stage under spec.rule.
 StageProgram TrainProgram(const ProgramSpec& spec);

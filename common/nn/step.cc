@@ -37,6 +37,7 @@ ProgramSpec StageProgramSpec(const StepSettings& o, int stage, int num_stages, i
   s.num_stages = num_stages;
   s.micro_batches = rule.splits_micro_batches ? std::max(1, o.micro_batches) : 1;
   s.max_delay = rule.allows_delay ? max_delay : 0;
+  s.pipeline = rule.splits_micro_batches ? o.pipeline : PipelineSchedule::kGpipe;
   return s;
 }
 

@@ -18,6 +18,8 @@ struct StepSettings {
   // BACKPROP only: the batch is split into this many micro-batches whose gradients
   // accumulate (in order) before one update, as a GPipe pipeline computes it.
   int micro_batches = 1;
+  // BACKPROP only: the order of those micro-batches' passes (the weights do not depend on it).
+  PipelineSchedule pipeline = PipelineSchedule::kGpipe;
   // Replicas of every stage (Job.replicas): each computes on its share of the batch
   // (MicroBatchRange over the replicas), then the replicas add their gradients in replica
   // order (replica_sync.h) and take the same step, as a cluster of replicas does.

@@ -11,12 +11,12 @@ from experiments.common import data_figures, fail, say
 from experiments.testbed import cluster, devices, methods
 
 
-def derived_job(localpar, job_path, lay, out_dir):
+def derived_job(localpar, job_path, lay, out_dir, micro_batches=None):
     """The job as the cluster and the reference both train it: normalised by `localpar
-    validate` (paths resolved), with the method's rule and micro-batches."""
+    validate` (paths resolved), with the method's rule, micro-batches (or `micro_batches`)
+    and pipeline schedule."""
     job = jobs.normalized_job(localpar, job_path)
-    jobs.set_rule(job, lay.rule)
-    job.micro_batches = lay.micro_batches
+    methods.apply(job, lay, micro_batches)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "job.textproto")
     jobs.write_job(path, job)
@@ -39,7 +39,9 @@ def reference_weights(localpar, cfg, out_dir):
 def run_one(args):
     localpar = os.path.abspath(args.localpar)
     lay = methods.layout(args.method, args.devices)
-    job, digest = derived_job(localpar, args.job, lay, args.out)
+    if args.micro_batches and lay.rule != "BACKPROP":
+        fail(f"--micro_batches: {args.method} has none (only gpipe and 1f1b split batches)")
+    job, digest = derived_job(localpar, args.job, lay, args.out, args.micro_batches)
     data = data_figures(localpar, job)
     text = data["labels_per_example"] > 1
     if args.check_reference and args.target is not None:

@@ -84,17 +84,17 @@ class TestbedSweep:
 
     def job(self, meth, n):
         """The job a testbed run trains: the frontier's derived job at this batch (its
-        warm-up in steps), with GPipe's micro-batches."""
+        warm-up in steps), with pipelined backprop's micro-batches and schedule."""
         a, b = self.trained(meth, n)
         path, _ = self.frontier.job_for(self.model, None, b)
         lay = methods.layout(meth, n)
         if lay.micro_batches == 1:
             return path
         job = jobs.read_job(path)
-        jobs.set_rule(job, lay.rule)
-        job.micro_batches = lay.micro_batches
+        methods.apply(job, lay)
+        tail = "" if lay.schedule == "gpipe" else f"-{lay.schedule}"
         out = os.path.join(self.args.out, "jobs", f"{self.model.name}-b{b}-m{lay.micro_batches}"
-                           ".textproto")
+                           f"{tail}.textproto")
         return jobs.write_job(out, job)
 
     def config(self, meth, n, link, seed):
@@ -130,7 +130,12 @@ class TestbedSweep:
             for cfg in todo:
                 print(f"  {self.key(cfg)}")
             raise Plan()
+        pause = os.path.join(self.args.out, "PAUSE")
         for i, cfg in enumerate(todo, 1):
+            if os.path.exists(pause):
+                say(f"{pause} exists: stopping before run {i} of {len(todo)} (remove it and "
+                    "start the sweep again to go on)")
+                return
             say(f"[{i}/{len(todo)}] {self.key(cfg)}")
             self.run(cfg)
 

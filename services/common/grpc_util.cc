@@ -189,6 +189,18 @@ int64_t ResidentBytes() {
   return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
 }
 
+int64_t PeakResidentBytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return static_cast<int64_t>(kib) * 1024;
+}
+
 int64_t AllocatorFreeBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 
 void TrimFreedMemory() { malloc_trim(0); }

@@ -52,6 +52,8 @@ int64_t ServerBufferBytes(int64_t max_receive_bytes);
 
 // Resident set size of this process, from /proc/self/statm.
 int64_t ResidentBytes();
+// This process's peak resident memory so far (VmHWM), 0 where /proc does not say.
+int64_t PeakResidentBytes();
 // Bytes the allocator holds in free chunks (mallinfo2's fordblks): freed by the program,
 // kept for reuse, resident until trimmed.
 int64_t AllocatorFreeBytes();

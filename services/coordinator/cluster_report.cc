@@ -13,6 +13,7 @@ v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
   for (const auto& e : s.epochs()) busy += e.train_seconds();
   f.set_examples_per_second(busy > 0 ? s.examples() / busy : 0);
   f.set_resident_bytes(static_cast<double>(s.resident_bytes()));
+  f.set_peak_resident_bytes(static_cast<double>(s.peak_resident_bytes()));
   if (s.epochs_size() > 0) {
     f.set_resident_bytes_first_epoch(static_cast<double>(s.epochs(0).resident_bytes()));
   }

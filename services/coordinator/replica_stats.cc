@@ -43,6 +43,7 @@ v1::StatsResponse MergeReplicaStats(const std::vector<const v1::StatsResponse*>&
     out.set_queue_max_depth(std::max(out.queue_max_depth(), s.queue_max_depth()));
     out.set_queue_depth(std::max(out.queue_depth(), s.queue_depth()));
     out.set_resident_bytes(out.resident_bytes() + s.resident_bytes());
+    out.set_peak_resident_bytes(out.peak_resident_bytes() + s.peak_resident_bytes());
     // Bytes add up over the replicas' links; phase times stay replica 0's (they step together).
     out.set_bytes_received(out.bytes_received() + s.bytes_received());
     out.set_bytes_sent(out.bytes_sent() + s.bytes_sent());

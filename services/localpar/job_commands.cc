@@ -30,9 +30,18 @@ void Explain(const v1::Job& job, std::ostream& out) {
   StepSettings t = ToStepSettings(job, 1);
   const RuleSpec& rule = Rule(t.rule);
   out << "\n# " << rule.name << ": " << rule.summary << "\n";
+  if (rule.splits_micro_batches) {
+    out << "# " << t.micro_batches << " micro-batch" << (t.micro_batches == 1 ? "" : "es") << ", "
+        << PipelineScheduleName(t.pipeline) << " schedule\n";
+  }
   for (int k = 0; k < job.stages_size(); ++k) {
     ProgramSpec spec = StageProgramSpec(t, k, job.stages_size());
-    out << "# stage " << k << ": " << ProgramString(TrainProgram(spec)) << "\n";
+    out << "# stage " << k << ": " << ProgramString(TrainProgram(spec));
+    if (rule.splits_micro_batches) {
+      const int held = MicroBatchesInFlight(spec);
+      out << " (holds " << held << " micro-batch" << (held == 1 ? "" : "es") << ")";
+    }
+    out << "\n";
   }
   out << "# evaluation, every stage: " << ProgramString(EvalProgram()) << "\n";
 }

@@ -1,6 +1,7 @@
 // The worker's compute thread: stage programs over the link's queues.
 #include "services/worker/compute.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <thread>
@@ -88,6 +89,9 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
   r.head = executor_.stats();
   r.updated = executor_.stepped();
   r.times = executor_.times();
+  // The forward phase timed the waits for micro-batches after the first too; they are
+  // receive_wait's, so that the phases add up to the step.
+  r.times.forward = std::max(0.0, r.times.forward - ports_->items().receive_wait());
   r.receive_wait = receive_wait + ports_->items().receive_wait();
   r.send_wait = ports_->send_wait();
   r.start_ns = start;

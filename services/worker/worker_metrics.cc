@@ -79,7 +79,8 @@ void WorkerMetrics::Configure(const std::string& job, int stage, int replica) {
   eval_examples_ = &examples_.Add(with(labels::kPhase, "eval"));
   step_ = &steps_.Add(base_);
   phase_.clear();
-  for (const char* p : {"receive_wait", "forward", "backward", "update", "send_wait"}) {
+  for (const char* p :
+       {"receive_wait", "forward", "backward", "gradient_wait", "update", "send_wait"}) {
     phase_[p] = &step_seconds_.Add(with(labels::kPhase, p), StepBuckets());
   }
   // Replicas exchanging gradients: a series only where there are replicas.

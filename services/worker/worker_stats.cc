@@ -66,6 +66,7 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
     metrics_->ObservePhase("receive_wait", r.receive_wait);
     metrics_->ObservePhase("forward", r.times.forward);
     metrics_->ObservePhase("backward", r.times.backward);
+    metrics_->ObservePhase("gradient_wait", r.times.gradient_wait);
     metrics_->ObservePhase("update", r.times.update);
     metrics_->ObservePhase("send_wait", r.send_wait);
     if (r.times.exchange > 0) metrics_->ObservePhase("allreduce", r.times.exchange);
@@ -87,6 +88,7 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
   phases.set_receive_wait(phases.receive_wait() + r.receive_wait);
   phases.set_forward(phases.forward() + r.times.forward);
   phases.set_backward(phases.backward() + r.times.backward);
+  phases.set_gradient_wait(phases.gradient_wait() + r.times.gradient_wait);
   phases.set_update(phases.update() + r.times.update);
   phases.set_send_wait(phases.send_wait() + r.send_wait);
   phases.set_allreduce(phases.allreduce() + r.times.exchange);
@@ -171,6 +173,7 @@ v1::StatsResponse WorkerStats::Snapshot(bool include_intervals) const {
   ToProto(recent_, out.mutable_recent());
   for (const auto& [epoch, e] : epochs_) *out.add_epochs() = e;
   out.set_resident_bytes(ResidentBytes());
+  out.set_peak_resident_bytes(PeakResidentBytes());
   out.set_baseline_bytes(baseline_bytes_);
   if (delays_.applied > 0) {
     out.set_overlap_mean_delay(delays_.sum / static_cast<double>(delays_.applied));

@@ -1,30 +1,56 @@
-// BACKPROP: end-to-end backpropagation from the last head, GPipe style. Every micro-batch
-// goes forward (side heads train as probes, detached), the last stage turns each into a
-// gradient at once, and the others backpropagate the returned gradients in micro-batch
-// order before one update per batch.
+// BACKPROP: end-to-end backpropagation from the last head. Every micro-batch goes forward
+// (side heads train as probes, detached), the last stage turns each into a gradient at once,
+// and the others backpropagate the returned gradients in micro-batch order before one
+// update per batch. Two schedules (job.pipeline_schedule) order the same actions:
+//   GPipe: every forward, then every backward;
+//   1F1B:  min(M, K - s - 1) forwards ahead, then one forward and one backward, then the
+//          backwards left (PipeDream-Flush), so stage s holds at most K - s micro-batches.
+// Both backpropagate (and so add parameter gradients) in micro-batch order, and the heads
+// run in micro-batch order too, so their weights are the same, bit for bit.
+#include <algorithm>
+
 #include "common/nn/rule.h"
 
 namespace localpar {
 namespace {
 
+// Micro-batch m's forward actions; on the last stage also its backward pass.
+void AddForward(const ProgramSpec& s, int m, StageProgram* p) {
+  const bool dx = !s.first();
+  p->push_back({Op::kReceive, m});
+  p->push_back({Op::kForward, m});
+  p->push_back({Op::kSendActivations, m});
+  p->push_back({Op::kHead, m, s.last() ? HeadMode::kLocal : HeadMode::kProbe});
+  if (s.last()) {
+    p->push_back({Op::kBackwardFromHead, m, HeadMode::kLocal, dx});
+    if (dx) p->push_back({Op::kSendInputGradient, m});
+  }
+}
+
+// Micro-batch m's backward pass of the gradient the next stage returns (not the last stage).
+void AddBackward(const ProgramSpec& s, int m, StageProgram* p) {
+  const bool dx = !s.first();
+  p->push_back({Op::kAwaitGradient, m});
+  p->push_back({Op::kBackwardReturned, m, HeadMode::kLocal, dx});
+  if (dx) p->push_back({Op::kSendInputGradient, m});
+}
+
 StageProgram Backprop(const ProgramSpec& s) {
   StageProgram p;
-  const bool dx = !s.first();
-  for (int m = 0; m < s.micro_batches; ++m) {
-    p.push_back({Op::kReceive, m});
-    p.push_back({Op::kForward, m});
-    p.push_back({Op::kSendActivations, m});
-    p.push_back({Op::kHead, m, s.last() ? HeadMode::kLocal : HeadMode::kProbe});
-    if (s.last()) {
-      p.push_back({Op::kBackwardFromHead, m, HeadMode::kLocal, dx});
-      if (dx) p.push_back({Op::kSendInputGradient, m});
-    }
+  const int micro = s.micro_batches;
+  // Forwards that run ahead of the first backward; the last stage needs none.
+  int ahead = micro;
+  if (s.last()) {
+    ahead = 0;
+  } else if (s.pipeline == PipelineSchedule::k1F1B) {
+    ahead = std::min(micro, s.num_stages - s.stage - 1);
   }
-  for (int m = 0; m < s.micro_batches && !s.last(); ++m) {
-    p.push_back({Op::kAwaitGradient, m});
-    p.push_back({Op::kBackwardReturned, m, HeadMode::kLocal, dx});
-    if (dx) p.push_back({Op::kSendInputGradient, m});
+  for (int m = 0; m < ahead; ++m) AddForward(s, m, &p);
+  for (int m = ahead; m < micro; ++m) {
+    AddForward(s, m, &p);
+    if (!s.last()) AddBackward(s, m - ahead, &p);
   }
+  for (int m = micro - ahead; m < micro && !s.last(); ++m) AddBackward(s, m, &p);
   p.push_back({Op::kStep});
   return p;
 }

@@ -13,10 +13,12 @@
 namespace localpar {
 namespace {
 
-std::string Program(UpdateRule rule, int stage, int stages, int micro = 1, int delay = 0) {
+std::string Program(UpdateRule rule, int stage, int stages, int micro = 1, int delay = 0,
+                    PipelineSchedule pipeline = PipelineSchedule::kGpipe) {
   StepSettings o;
   o.rule = rule;
   o.micro_batches = micro;
+  o.pipeline = pipeline;
   return ProgramString(TrainProgram(StageProgramSpec(o, stage, stages, delay)));
 }
 
@@ -57,6 +59,101 @@ TEST(StageProgram, BackpropIsAGPipeScheduleOverMicroBatches) {
       "step");
 }
 
+TEST(StageProgram, OneForwardOneBackwardRunsKMinusSMinusOneForwardsAhead) {
+  const auto f1b = PipelineSchedule::k1F1B;
+  // Stage 0 of 3, 4 micro-batches: two forwards ahead, then alternating, then the rest.
+  EXPECT_EQ(
+      Program(UpdateRule::kBackprop, 0, 3, 4, 0, f1b),
+      "receive 0, forward 0, send activations 0, head (probe) 0, receive 1, forward 1, send "
+      "activations 1, head (probe) 1, receive 2, forward 2, send activations 2, head (probe) "
+      "2, await gradient 0, backward returned gradient 0, receive 3, forward 3, send "
+      "activations 3, head (probe) 3, await gradient 1, backward returned gradient 1, await "
+      "gradient 2, backward returned gradient 2, await gradient 3, backward returned gradient "
+      "3, step");
+  // The last stage turns every forward into a backward at once under either schedule.
+  EXPECT_EQ(Program(UpdateRule::kBackprop, 2, 3, 4, 0, f1b),
+            Program(UpdateRule::kBackprop, 2, 3, 4));
+  // Fewer micro-batches than stages ahead: every forward first, as GPipe.
+  EXPECT_EQ(Program(UpdateRule::kBackprop, 0, 4, 2, 0, f1b),
+            Program(UpdateRule::kBackprop, 0, 4, 2));
+  // Rules without micro-batches keep their one program.
+  EXPECT_EQ(Program(UpdateRule::kGreedy, 0, 3, 1, 0, f1b), Program(UpdateRule::kGreedy, 0, 3));
+}
+
+// Runs every stage's program with each action one time unit long, an action waiting for
+// what it receives (a neighbour's send in an earlier unit), as a pipeline does; returns the
+// units the step took, and checks slot use: a micro-batch's slot (SlotFor's rule) must not
+// be taken by another micro-batch before its backward pass is done.
+int Simulate(const StepSettings& o, int stages, std::string* error) {
+  const int micro = o.micro_batches;
+  std::vector<StageProgram> programs;
+  std::vector<size_t> next(static_cast<size_t>(stages), 0);
+  std::vector<std::vector<int>> owner(static_cast<size_t>(stages));
+  // sent[k][m]: the unit stage k sent m's activations; returned[k][m]: its input gradient.
+  std::vector<std::vector<int>> sent(stages, std::vector<int>(micro, -1)), returned = sent;
+  for (int k = 0; k < stages; ++k) {
+    ProgramSpec spec = StageProgramSpec(o, k, stages);
+    programs.push_back(TrainProgram(spec));
+    owner[k].assign(static_cast<size_t>(MicroBatchesInFlight(spec)), -1);
+  }
+  for (int unit = 0;; ++unit) {
+    bool all_done = true, moved = false;
+    for (int k = 0; k < stages; ++k) {
+      if (next[k] == programs[k].size()) continue;
+      all_done = false;
+      const Action& a = programs[k][next[k]];
+      const int m = a.micro_batch, held = static_cast<int>(owner[k].size());
+      if (a.op == Op::kReceive && k > 0 && (sent[k - 1][m] < 0 || sent[k - 1][m] >= unit)) continue;
+      if (a.op == Op::kAwaitGradient && (returned[k + 1][m] < 0 || returned[k + 1][m] >= unit)) {
+        continue;
+      }
+      if (a.op == Op::kForward) {
+        if (owner[k][m % held] >= 0) {
+          *error = "stage " + std::to_string(k) + ": micro-batch " + std::to_string(m) +
+                   " takes the slot of " + std::to_string(owner[k][m % held]);
+          return -1;
+        }
+        owner[k][m % held] = m;
+      }
+      if (a.op == Op::kBackwardFromHead || a.op == Op::kBackwardReturned) owner[k][m % held] = -1;
+      if (a.op == Op::kSendActivations) sent[k][m] = unit;
+      if (a.op == Op::kSendInputGradient) returned[k][m] = unit;
+      ++next[k];
+      moved = true;
+    }
+    if (all_done) return unit;
+    if (!moved) {
+      *error = "deadlock at unit " + std::to_string(unit);
+      return -1;
+    }
+  }
+}
+
+TEST(StageProgram, OneForwardOneBackwardReusesItsSlotsSafelyAndNeverDeadlocks) {
+  for (int stages = 1; stages <= 5; ++stages) {
+    for (int micro = 1; micro <= 9; ++micro) {
+      for (PipelineSchedule pipeline : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
+        StepSettings o;
+        o.rule = UpdateRule::kBackprop;
+        o.micro_batches = micro;
+        o.pipeline = pipeline;
+        std::string error;
+        const int units = Simulate(o, stages, &error);
+        EXPECT_GT(units, 0) << PipelineScheduleName(pipeline) << ", " << stages << " stages, "
+                            << micro << " micro-batches: " << error;
+      }
+      StepSettings o;
+      o.rule = UpdateRule::kBackprop;
+      o.micro_batches = micro;
+      o.pipeline = PipelineSchedule::k1F1B;
+      for (int k = 0; k < stages; ++k) {
+        EXPECT_EQ(MicroBatchesInFlight(StageProgramSpec(o, k, stages)),
+                  std::max(1, std::min(micro, stages - k)));
+      }
+    }
+  }
+}
+
 // What a program sends and expects, per micro-batch: neighbours must agree.
 struct Traffic {
   std::map<int, int> receives, sends, awaits, returns;
@@ -80,6 +177,7 @@ TEST(StageProgram, NeighbouringProgramsFitEachOtherForEveryRule) {
         StepSettings o;
         o.rule = rule->rule;
         o.micro_batches = micro;
+        o.pipeline = micro == 3 ? PipelineSchedule::k1F1B : PipelineSchedule::kGpipe;
         std::vector<Traffic> t;
         for (int k = 0; k < stages; ++k) {
           StageProgram p = TrainProgram(StageProgramSpec(o, k, stages));

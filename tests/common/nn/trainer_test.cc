@@ -136,6 +136,33 @@ TEST(BackpropRule, MicroBatchesAccumulateToTheFullBatchGradient) {
   }
 }
 
+// 1F1B runs the same backward passes as GPipe in the same micro-batch order, with fewer
+// activation slots: the weights after several steps (one with a short batch, fewer
+// micro-batches than the job's) are the same, bit for bit.
+TEST(BackpropRule, OneForwardOneBackwardGivesGPipesWeightsBitForBit) {
+  for (int stages : {2, 3, 4}) {
+    Fixture gpipe(SmallModel(stages)), f1b(SmallModel(stages));
+    StepSettings o = Options(UpdateRule::kBackprop, 5);
+    ReferenceTrainer tg(*gpipe.model, o);
+    o.pipeline = PipelineSchedule::k1F1B;
+    ReferenceTrainer tf(*f1b.model, o);
+    const Tensor short_x = gpipe.x.Slice(0, 3), short_y = gpipe.y.Slice(0, 3);
+    for (int step = 0; step < 4; ++step) {
+      const bool short_batch = step == 2;  // 3 micro-batches of one row
+      auto a = tg.TrainStep(short_batch ? short_x : gpipe.x, short_batch ? short_y : gpipe.y);
+      auto b = tf.TrainStep(short_batch ? short_x : gpipe.x, short_batch ? short_y : gpipe.y);
+      for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k].loss_sum, b[k].loss_sum);
+    }
+    for (int k = 0; k < stages; ++k) {
+      auto p = gpipe.model->stage(k).params(), q = f1b.model->stage(k).params();
+      for (size_t i = 0; i < p.size(); ++i) {
+        EXPECT_EQ(q[i]->value.ToHost(), p[i]->value.ToHost())
+            << stages << " stages, stage " << k << " " << p[i]->name;
+      }
+    }
+  }
+}
+
 // Replicas (Job.replicas): each replica's gradient on its share, added in replica order,
 // is the whole batch's gradient, so R replicas take the step one model takes (up to
 // rounding) and stay identical to each other bit for bit.

@@ -127,9 +127,13 @@ TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameByte
     EXPECT_GT(p.forward(), 0) << "stage " << k;
     EXPECT_GT(p.backward(), 0) << "stage " << k;
     EXPECT_GT(p.update(), 0) << "stage " << k;
-    EXPECT_LT(p.receive_wait() + p.forward() + p.backward() + p.update() + p.send_wait(),
+    EXPECT_LT(p.receive_wait() + p.forward() + p.backward() + p.gradient_wait() + p.update() +
+                  p.send_wait(),
               parsed.wall_seconds())
         << "stage " << k;
+    // The worker's peak memory (VmHWM) holds at least its training state and what it holds now.
+    EXPECT_GE(f.peak_resident_bytes(), f.state_bytes()) << "stage " << k;
+    EXPECT_GE(f.peak_resident_bytes(), f.resident_bytes()) << "stage " << k;
     if (k < 3) {
       EXPECT_GT(f.bytes_sent(), 80.0 * 1024 * 256 * 4) << "stage " << k;
       EXPECT_EQ(f.bytes_sent(), parsed.stage_reports(k + 1).bytes_received()) << "link " << k;

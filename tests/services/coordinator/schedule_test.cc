@@ -1,0 +1,82 @@
+// BACKPROP's pipeline schedules (job.pipeline_schedule, --schedule): 1F1B orders the same
+// passes as GPipe, so `localpar train` gives the same weights file byte for byte under
+// either, and a `localpar run` cluster under 1F1B gives the same file again, on the shipped
+// MLP, ResNet and character transformer with 4 micro-batches over their 4 stages.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/model_io/tensor_proto.h"
+#include "tests/services/cluster_util.h"
+
+namespace localpar {
+namespace {
+
+using testing::ReadFile;
+using testing::RunProcess;
+using testing::TempDir;
+
+struct Shipped {
+  const char* job;
+  std::vector<std::string> extra_flags;
+};
+
+void ExpectSchedulesAgree(const Shipped& s) {
+  TempDir dir;
+  const std::string text =
+      ReadFile(std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/" + s.job + ".textproto");
+  const std::string job = dir.Write("job.textproto", text + "\neval_limit: 64\n");
+  auto run = [&](const std::string& command, const std::string& schedule) {
+    const std::string out = dir.path() + "/" + command + "-" + schedule;
+    std::vector<std::string> argv = {testing::BinDir() + "/localpar",
+                                     command,
+                                     job,
+                                     "--out=" + out,
+                                     "--rule=BACKPROP",
+                                     "--micro_batches=4",
+                                     "--schedule=" + schedule,
+                                     "--max_steps=3",
+                                     "--quiet"};
+    argv.insert(argv.end(), s.extra_flags.begin(), s.extra_flags.end());
+    testing::ProcessResult r = RunProcess(argv, 300);
+    EXPECT_EQ(r.exit_code, 0) << command << " --schedule=" << schedule << ": " << r.output;
+    return out + "/weights.pb";
+  };
+  absl::StatusOr<v1::ModelWeights> gpipe = ReadWeightsFile(run("train", "gpipe"));
+  ASSERT_TRUE(gpipe.ok()) << s.job << ": " << gpipe.status();
+  SCOPED_TRACE(s.job);
+  testing::ExpectWeightsFileEquals(run("train", "1f1b"), *gpipe);
+  testing::ExpectWeightsFileEquals(run("run", "1f1b"), *gpipe);
+}
+
+TEST(PipelineSchedule, OneForwardOneBackwardEqualsGPipeInTrainAndRunOnTheShippedJobs) {
+  ExpectSchedulesAgree({"fashion_mlp", {}});
+  ExpectSchedulesAgree({"fashion_resnet", {}});
+  const std::string corpus =
+      std::string(LOCALPAR_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt";
+  if (!std::filesystem::exists(corpus)) GTEST_SKIP() << corpus << " is not here";
+  // Its batches of 12 leave a last batch of 1 row, too few for 4 micro-batches.
+  ExpectSchedulesAgree({"shakespeare_char", {"--data_path=" + corpus, "--batch_size=16"}});
+}
+
+TEST(PipelineSchedule, AScheduleWithoutMicroBatchesIsRefusedNamingTheField) {
+  TempDir dir;
+  const std::string job = std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/fashion_mlp.textproto";
+  testing::ProcessResult r = RunProcess(
+      {testing::BinDir() + "/localpar", "validate", job, "--rule=GREEDY", "--schedule=1f1b"}, 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("pipeline_schedule"), std::string::npos) << r.output;
+  r = RunProcess({testing::BinDir() + "/localpar", "validate", job, "--schedule=2f2b"}, 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("gpipe"), std::string::npos) << r.output;
+  r = RunProcess({testing::BinDir() + "/localpar", "validate", job, "--rule=BACKPROP",
+                  "--micro_batches=8", "--schedule=1f1b", "--explain"},
+                 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("8 micro-batches, 1F1B schedule"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(holds 4 micro-batches)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(holds 1 micro-batch)"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace localpar
