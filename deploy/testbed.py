@@ -52,7 +52,7 @@ def parser():
     r.add_argument("job", help="the job file")
     r.add_argument("--devices", type=positive_int, default=2, help="worker devices (default 2)")
     r.add_argument("--method", choices=methods.METHODS, default="GREEDY",
-                   help="data_parallel (N replicas), gpipe or 1f1b (BACKPROP as N stages, N "
+                   help="data_parallel (N replicas), gpipe, 1f1b or zb (BACKPROP as N stages, N "
                    "micro-batches, in that schedule) or a local rule with N stages (default "
                    "GREEDY)")
     r.add_argument("--link_mbit", type=float, default=0,
@@ -67,7 +67,7 @@ def parser():
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--max_steps", type=positive_int, default=200)
     r.add_argument("--micro_batches", type=positive_int, default=None,
-                   help="gpipe and 1f1b: micro-batches a batch (default: one per device)")
+                   help="gpipe, 1f1b and zb: micro-batches a batch (default: one per device)")
     r.add_argument("--eval_every_steps", type=int, default=50)
     r.add_argument("--target", type=float, default=None,
                    help="stop once the last stage's held-out metric has met this `--hold` "

@@ -182,9 +182,11 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
     job->set_pipeline_schedule(v1::PIPELINE_GPIPE);
   } else if (o.schedule() == "1f1b") {
     job->set_pipeline_schedule(v1::PIPELINE_1F1B);
+  } else if (o.schedule() == "zb") {
+    job->set_pipeline_schedule(v1::PIPELINE_ZB);
   } else if (!o.schedule().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--schedule=", o.schedule(), ": expected gpipe or 1f1b"));
+        absl::StrCat("--schedule=", o.schedule(), ": expected gpipe, 1f1b or zb"));
   }
   if (o.batch_size() < 0) return absl::InvalidArgumentError("--batch_size: must be >= 0");
   if (o.batch_size() > 0) job->set_batch_size(o.batch_size());

@@ -82,7 +82,7 @@ absl::Status ValidateRun(const v1::Job& job) {
                    absl::StrCat("only ", splitting, " splits a batch into micro-batches"));
   }
   if (!v1::PipelineSchedule_IsValid(job.pipeline_schedule())) {
-    return Invalid("pipeline_schedule", "expected PIPELINE_GPIPE or PIPELINE_1F1B");
+    return Invalid("pipeline_schedule", "expected PIPELINE_GPIPE, PIPELINE_1F1B or PIPELINE_ZB");
   }
   if (job.pipeline_schedule() != v1::PIPELINE_GPIPE && !rule.splits_micro_batches) {
     return Invalid("pipeline_schedule",

@@ -44,7 +44,9 @@ void StageExecutor::Begin(const StepContext& ctx) {
   for (size_t i = 0; i < program_->size(); ++i) {
     const Op op = (*program_)[i].op;
     if (op == Op::kHead) last_head_ = i;
-    if (op == Op::kBackwardFromHead || op == Op::kBackwardReturned) last_backward_ = i;
+    if (op == Op::kBackwardFromHead || op == Op::kBackwardReturned || op == Op::kWeightGradient) {
+      last_backward_ = i;
+    }
   }
   micro_.assign(static_cast<size_t>(ctx.train ? ctx.micro_batches : 1), MicroBatch());
   stats_ = HeadStats();
@@ -121,6 +123,9 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
     case Op::kSendInputGradient:
       if (mb.has_dx) ports.SendInputGradient(a.micro_batch, dx_[static_cast<size_t>(slot)]);
       break;
+    case Op::kWeightGradient:
+      if (!mb.grad_gone) stage_.BackwardWeights(slot, FinalHook(ports));
+      break;
     case Op::kApplyArrived:
       awaiting_.push_back(ctx_.step);
       ApplyArrived(ports, false);
@@ -144,12 +149,20 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
 void StageExecutor::Backward(const Action& a, const Tensor& dy, StagePorts& ports) {
   const int slot = SlotFor(a.micro_batch);
   MicroBatch& mb = micro_[static_cast<size_t>(a.micro_batch)];
-  std::function<void(int)> done;
-  if (announce_final_ && next_ == last_backward_) {
-    done = [&](int layer) { ports.GradientsFinal(stage_, layer); };
+  Tensor* dx = a.input_gradient ? &dx_[static_cast<size_t>(slot)] : nullptr;
+  if (a.split) {
+    stage_.BackwardInput(slot, dy, dx);
+  } else {
+    stage_.Backward(slot, dy, dx, FinalHook(ports));
   }
-  stage_.Backward(slot, dy, a.input_gradient ? &dx_[static_cast<size_t>(slot)] : nullptr, done);
   mb.has_dx = a.input_gradient;
+}
+
+// Replicas: on the program's last backward action, each layer's gradients are final as soon
+// as its pass is done.
+std::function<void(int)> StageExecutor::FinalHook(StagePorts& ports) {
+  if (!announce_final_ || next_ != last_backward_) return {};
+  return [this, &ports](int layer) { ports.GradientsFinal(stage_, layer); };
 }
 
 // Applies returned gradients oldest first: those that have arrived, and those that must not

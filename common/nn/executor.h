@@ -126,6 +126,7 @@ class StageExecutor {
   PortState Execute(const Action& a, StagePorts& ports);
   void Backward(const Action& a, const Tensor& dy, StagePorts& ports);
   void ApplyArrived(StagePorts& ports, bool flush);
+  std::function<void(int)> FinalHook(StagePorts& ports);
   ForwardContext Context(int micro_batch) const;
   const StageProgram& TrainProgramFor(int micro_batches);
 

@@ -107,6 +107,16 @@ class Layer {
   // dy is the gradient with respect to cache.out. Accumulates parameter gradients; when dx
   // is non-null, sets it to the gradient with respect to x (it may alias dy's storage).
   virtual void Backward(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) = 0;
+  // Zero-bubble pipelines split Backward in two: BackwardInput sets dx (and a layer that does
+  // not split also accumulates its parameter gradients there), and BackwardWeights, called
+  // later with the same x, dy and cache (both still unchanged), accumulates the parameter
+  // gradients of a layer that does. The two together compute what Backward computes, with
+  // the same arithmetic, so gradients added in the same order are bitwise the same.
+  virtual bool splits_backward() const { return false; }
+  virtual void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) {
+    Backward(x, dy, cache, dx);
+  }
+  virtual void BackwardWeights(const Tensor&, const Tensor&, LayerCache&) {}
   virtual std::vector<Param*> params() { return {}; }
   // Decoding (evaluation semantics): the forward pass of positions [start, start + count)
   // of one sequence, from their inputs x [count, input features per position] (token ids for

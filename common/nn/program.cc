@@ -11,14 +11,21 @@ namespace localpar {
 StageProgram TrainProgram(const ProgramSpec& spec) { return Rule(spec.rule).train_program(spec); }
 
 int MicroBatchesInFlight(const ProgramSpec& spec) {
-  if (spec.pipeline == PipelineSchedule::k1F1B) {
+  if (spec.pipeline != PipelineSchedule::kGpipe) {
     return std::max(1, std::min(spec.micro_batches, spec.num_stages - spec.stage));
   }
   return spec.micro_batches;
 }
 
 const char* PipelineScheduleName(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::k1F1B ? "1F1B" : "GPipe";
+  switch (schedule) {
+    case PipelineSchedule::k1F1B:
+      return "1F1B";
+    case PipelineSchedule::kZeroBubble:
+      return "ZB";
+    default:
+      return "GPipe";
+  }
 }
 
 StageProgram EvalProgram() {
@@ -36,6 +43,7 @@ constexpr const char* kOpNames[] = {"receive",
                                     "await gradient",
                                     "backward returned gradient",
                                     "send input gradient",
+                                    "weight gradient",
                                     "apply arrived gradients",
                                     "step"};
 constexpr const char* kModeNames[] = {"eval", "probe", "local"};
@@ -52,7 +60,11 @@ std::string ProgramString(const StageProgram& program) {
     out += kOpNames[static_cast<int>(a.op)];
     if (a.op == Op::kHead) out += std::string(" (") + kModeNames[static_cast<int>(a.mode)] + ")";
     if (a.op != Op::kStep && a.op != Op::kApplyArrived) out += " " + std::to_string(a.micro_batch);
-    if (a.input_gradient) out += " (and input gradient)";
+    if (a.split) {
+      out += " (input gradient only)";
+    } else if (a.input_gradient) {
+      out += " (and input gradient)";
+    }
   }
   return out;
 }

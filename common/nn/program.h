@@ -20,8 +20,9 @@ enum class UpdateRule {
 
 // The order of a BACKPROP pipeline's micro-batches (job.proto's PipelineSchedule, by value).
 enum class PipelineSchedule {
-  kGpipe = 0,  // every forward, then every backward
-  k1F1B = 1,   // min(M, K - s - 1) forwards ahead, then one forward and one backward
+  kGpipe = 0,       // every forward, then every backward
+  k1F1B = 1,        // min(M, K - s - 1) forwards ahead, then one forward and one backward
+  kZeroBubble = 2,  // 1F1B's order, each backward split: the input gradient is sent first
 };
 
 enum class Op {
@@ -33,6 +34,7 @@ enum class Op {
   kAwaitGradient,      // wait for the gradient the next stage returns for micro-batch m
   kBackwardReturned,   // backpropagate that gradient through the layers
   kSendInputGradient,  // return d/d(input) of the last backward on m to the stage before
+  kWeightGradient,     // the weight half of micro-batch m's split backward pass (split below)
   kApplyArrived,       // asynchronous: apply returned gradients that have arrived, waiting only
                        // for those that would fall more than max_delay steps behind
   kStep,               // the optimizer update
@@ -43,6 +45,9 @@ struct Action {
   int micro_batch = 0;
   HeadMode mode = HeadMode::kLocal;  // kHead
   bool input_gradient = false;       // backward actions: also compute d/d(input)
+  // Backward actions: the input half only (Stage::BackwardInput); a later kWeightGradient
+  // on the same micro-batch adds the parameter gradients.
+  bool split = false;
 };
 
 using StageProgram = std::vector<Action>;
@@ -60,9 +65,9 @@ struct ProgramSpec {
 };
 
 // Micro-batches whose activations a stage holds at once in a training step: all of them
-// under GPipe, at most K - s under 1F1B.
+// under GPipe, at most K - s under 1F1B and the zero-bubble schedule.
 int MicroBatchesInFlight(const ProgramSpec& spec);
-// "GPipe" or "1F1B".
+// "GPipe", "1F1B" or "ZB".
 const char* PipelineScheduleName(PipelineSchedule schedule);
 
 // The training step of stage spec.stage under spec.rule.

@@ -203,6 +203,35 @@ void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx,
   }
 }
 
+void Stage::BackwardInput(int slot_index, const Tensor& dy, Tensor* dx) {
+  Slot& s = slot(slot_index);
+  s.grads.resize(layers_.size());
+  if (layers_.empty()) {
+    if (dx) *dx = dy;
+    return;
+  }
+  // dy may be a port's buffer that the next message reuses: the weights half needs its own.
+  s.kept_dy.Ensure(backend_, dy.shape());
+  s.kept_dy.CopyFrom(dy);
+  const Tensor* g = &s.kept_dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const Tensor& in = i == 0 ? s.input : s.caches[i - 1].out;
+    Tensor* out = i == 0 ? dx : &s.grads[i];
+    layers_[i]->BackwardInput(in, *g, s.caches[i], out);
+    g = out;
+  }
+}
+
+void Stage::BackwardWeights(int slot_index, const std::function<void(int)>& layer_done) {
+  Slot& s = slot(slot_index);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const Tensor& in = i == 0 ? s.input : s.caches[i - 1].out;
+    const Tensor& dy = i + 1 == layers_.size() ? s.kept_dy : s.grads[i + 1];
+    layers_[i]->BackwardWeights(in, dy, s.caches[i]);
+    if (layer_done) layer_done(static_cast<int>(i));
+  }
+}
+
 std::vector<Param*> Stage::head_params() {
   std::vector<Param*> out;
   for (auto& l : head_) {

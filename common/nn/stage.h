@@ -81,6 +81,12 @@ class Stage {
   // the last layer first.
   void Backward(int slot, const Tensor& dy, Tensor* dx,
                 const std::function<void(int)>& layer_done = {});
+  // Backward in two halves (zero-bubble schedules; Layer::BackwardInput): BackwardInput sets
+  // dx and the parameter gradients of layers that do not split theirs, keeping dy and every
+  // inner gradient on the slot; BackwardWeights then adds the other layers' parameter
+  // gradients, before the slot's next forward pass. Together they equal Backward bitwise.
+  void BackwardInput(int slot, const Tensor& dy, Tensor* dx);
+  void BackwardWeights(int slot, const std::function<void(int)>& layer_done = {});
   // Applies the optimizer to every parameter (layers and head) at lr x the stage's
   // lr_scale, and clears gradients.
   void Step(float lr);
@@ -109,6 +115,7 @@ class Stage {
     std::vector<LayerCache> head_caches;
     std::vector<Tensor> head_grads;
     Tensor head_dx;
+    Tensor kept_dy;  // BackwardInput's dy, for BackwardWeights
     Tensor dlogits, row_loss, row_correct;
     std::vector<float> host_loss, host_correct;
   };

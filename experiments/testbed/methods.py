@@ -3,7 +3,7 @@ micro-batches): every method uses all N devices for its workers."""
 
 import dataclasses
 
-METHODS = ("data_parallel", "gpipe", "1f1b", "CHUNKED", "GREEDY", "OVERLAP")
+METHODS = ("data_parallel", "gpipe", "1f1b", "zb", "CHUNKED", "GREEDY", "OVERLAP")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,11 +17,12 @@ class Layout:
 
 def layout(method, devices):
     """How `method` fills `devices`: data parallelism as N replicas of the whole network;
-    pipelined backprop as N stages with N micro-batches a batch, under GPipe's schedule or
-    1F1B's (the same weights, fewer activations held); the local rules as N stages."""
+    pipelined backprop as N stages with N micro-batches a batch, under GPipe's schedule, 1F1B's
+    (fewer activations held) or the zero-bubble split (the same weights under each); the local
+    rules as N stages."""
     if method == "data_parallel":
         return Layout("BACKPROP", 1, devices)
-    if method in ("gpipe", "1f1b"):
+    if method in ("gpipe", "1f1b", "zb"):
         return Layout("BACKPROP", devices, 1, devices, method)
     if method in ("CHUNKED", "GREEDY", "OVERLAP"):
         return Layout(method, devices, 1)
@@ -31,7 +32,7 @@ def layout(method, devices):
 # Which frontier method's tuned setting (learning rate, schedule length) a testbed method
 # borrows at a batch size: backprop trains the same update however it is split.
 FRONTIER_LABEL = {"data_parallel": "data parallel", "gpipe": "data parallel",
-                  "1f1b": "data parallel",
+                  "1f1b": "data parallel", "zb": "data parallel",
                   "CHUNKED": "CHUNKED K={k}", "GREEDY": "GREEDY K={k}",
                   "OVERLAP": "OVERLAP K={k}"}
 

@@ -40,7 +40,7 @@ def run_one(args):
     localpar = os.path.abspath(args.localpar)
     lay = methods.layout(args.method, args.devices)
     if args.micro_batches and lay.rule != "BACKPROP":
-        fail(f"--micro_batches: {args.method} has none (only gpipe and 1f1b split batches)")
+        fail(f"--micro_batches: {args.method} has none (only gpipe, 1f1b and zb split batches)")
     job, digest = derived_job(localpar, args.job, lay, args.out, args.micro_batches)
     data = data_figures(localpar, job)
     text = data["labels_per_example"] > 1

@@ -4,13 +4,15 @@
   sudo tests/bench/schedule_bench.py [BUILD_DIR] [--job=JOB] [--steps=30] [--batch_size=256]
       [--stages=2,4] [--micro_batches=4,8] [--out=DIR]
 
-For each K stages, M micro-batches and schedule (gpipe, 1f1b), one `deploy/testbed.py run`:
+For each K stages, M micro-batches and schedule (gpipe, 1f1b, zb), one `deploy/testbed.py run`:
 K workers, each on a device of its own (its own network namespace and CPU share, as the
 testbed gives them), training JOB under BACKPROP for --steps steps. From the run's report it
 prints, per stage:
   - the measured idle share: the worker's waits (for its input, for returned gradients, to
     hand its output on) over all its training time, from its phase figures;
-  - theory's bubble, (K - 1) / (M + K - 1) for both schedules (equal stages, no link time);
+  - theory's bubble with equal stages and free links: (K - 1) / (M + K - 1) for GPipe and
+    1F1B; for ZB-H1 with a forward, an input-gradient and a weight-gradient pass of equal
+    length (Qi et al.'s assumption) (K - 1) / (3M + K - 1), a third of 1F1B's idle time;
   - the worker's peak resident memory (VmHWM, the worker reads it from /proc/self/status),
     and its training state (parameters, gradients, optimizer moments); evaluation batches
     are made no larger than a micro-batch, so the peak is training's;
@@ -67,7 +69,13 @@ def one_run(args, job, stages, micro, schedule, out):
         return json.load(f)
 
 
-def stage_rows(report, stages, micro):
+def theory(stages, micro, schedule):
+    if schedule == "zb":
+        return (stages - 1) / (3 * micro + stages - 1)
+    return (stages - 1) / (micro + stages - 1)
+
+
+def stage_rows(report, stages, micro, schedule):
     rows = []
     # Training time per step: the slowest stage's phases (its waits included) over the steps.
     per_step = max(sum(s.get("phase_seconds", {}).get(k, 0.0) for k in PHASES)
@@ -77,7 +85,7 @@ def stage_rows(report, stages, micro):
         total = sum(p.get(k, 0.0) for k in PHASES)
         idle = sum(p.get(k, 0.0) for k in WAITS) / total if total > 0 else float("nan")
         rows.append({"stage": s.get("stage", 0), "idle": idle,
-                     "theory": (stages - 1) / (micro + stages - 1),
+                     "theory": theory(stages, micro, schedule),
                      "peak_mib": s.get("peak_resident_bytes", 0) / 2**20,
                      "state_mib": s.get("state_bytes", 0) / 2**20, "step_s": per_step})
     return rows
@@ -108,10 +116,10 @@ def main():
     table = []
     for stages in args.stages:
         for micro in args.micro_batches:
-            for schedule in ("gpipe", "1f1b"):
+            for schedule in ("gpipe", "1f1b", "zb"):
                 run_dir = os.path.join(out, f"K{stages}-M{micro}-{schedule}")
                 report = one_run(args, job, stages, micro, schedule, run_dir)
-                for row in stage_rows(report, stages, micro):
+                for row in stage_rows(report, stages, micro, schedule):
                     row.update(K=stages, M=micro, schedule=schedule)
                     table.append(row)
                     print(f"| {stages} | {micro} | {schedule} | {row['stage']} | "

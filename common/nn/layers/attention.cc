@@ -63,49 +63,16 @@ class CausalSelfAttention final : public Layer {
   }
 
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
-    int64_t n = x.rows(), rows = n * positions_, mats = n * heads_, hd = positions_ * head_width_;
-    const Tensor &heads = c.saved[0], &probs = c.saved[1], &merged = c.saved[2];
-    const float* q = heads.f32();
-    const float* k = q + mats * hd;
-    const float* v = k + mats * hd;
-    // Output projection.
-    backend_.Gemm(true, false, width_, width_, rows, 1.0f, merged.f32(), dy.f32(), 1.0f,
-                  out_proj_.grad.f32());
-    backend_.SumRows(dy.f32(), out_bias_.grad.f32(), rows, width_);
-    qkv_.Ensure(backend_, {rows, width_});  // scratch: d(merged)
-    backend_.Gemm(false, true, rows, width_, width_, 1.0f, dy.f32(), out_proj_.value.f32(), 0.0f,
-                  qkv_.f32());
-    ctx_.Ensure(backend_, {n, heads_, positions_, head_width_});  // d(per-head outputs)
-    backend_.SplitHeads(qkv_.f32(), ctx_.f32(), n, positions_, 1, heads_, head_width_);
-    // Through probs @ v.
-    dheads_.Ensure(backend_, {3, n, heads_, positions_, head_width_});
-    float* dq = dheads_.f32();
-    float* dk = dq + mats * hd;
-    float* dv = dk + mats * hd;
-    scores_.Ensure(backend_, {mats, positions_, positions_});  // d(probs)
-    backend_.GemmBatched(false, true, positions_, positions_, head_width_, 1.0f, ctx_.f32(), hd, v,
-                         hd, 0.0f, scores_.f32(), positions_ * positions_, mats);
-    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, probs.f32(),
-                         positions_ * positions_, ctx_.f32(), hd, 0.0f, dv, hd, mats);
-    // Through the softmax, then q k^T.
-    dscores_.Ensure(backend_, {mats, positions_, positions_});
-    backend_.CausalSoftmaxBackward(probs.f32(), scores_.f32(), dscores_.f32(), mats, positions_,
-                                   Scale());
-    backend_.GemmBatched(false, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
-                         positions_ * positions_, k, hd, 0.0f, dq, hd, mats);
-    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
-                         positions_ * positions_, q, hd, 0.0f, dk, hd, mats);
-    // Input projection.
-    qkv_.Ensure(backend_, {rows, 3 * width_});
-    backend_.MergeHeads(dheads_.f32(), qkv_.f32(), n, positions_, 3, heads_, head_width_);
-    backend_.Gemm(true, false, width_, 3 * width_, rows, 1.0f, x.f32(), qkv_.f32(), 1.0f,
-                  wqkv_.grad.f32());
-    backend_.SumRows(qkv_.f32(), bqkv_.grad.f32(), rows, 3 * width_);
-    if (dx) {
-      dx->Ensure(backend_, x.shape());
-      backend_.Gemm(false, true, rows, width_, 3 * width_, 1.0f, qkv_.f32(), wqkv_.value.f32(),
-                    0.0f, dx->f32());
-    }
+    Gradients(x, dy, c, dx, qkv_, true);
+  }
+  bool splits_backward() const override { return true; }
+  // d(qkv) goes to the cache (aux0), where BackwardWeights finds it.
+  void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    Gradients(x, dy, c, dx, c.aux0, false);
+  }
+  void BackwardWeights(const Tensor& x, const Tensor& dy, LayerCache& c) override {
+    OutputWeights(dy, c);
+    InputWeights(x, c.aux0);
   }
   std::vector<Param*> params() override { return {&wqkv_, &bqkv_, &out_proj_, &out_bias_}; }
 
@@ -190,6 +157,62 @@ class CausalSelfAttention final : public Layer {
   }
 
  private:
+  // The backward pass, d(qkv) into `dqkv` (scratch, or the cache's when the weights come
+  // later); with `weights` the parameter gradients too.
+  void Gradients(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx, Tensor& dqkv,
+                 bool weights) {
+    int64_t n = x.rows(), rows = n * positions_, mats = n * heads_, hd = positions_ * head_width_;
+    const Tensor &heads = c.saved[0], &probs = c.saved[1];
+    const float* q = heads.f32();
+    const float* k = q + mats * hd;
+    const float* v = k + mats * hd;
+    // Output projection.
+    if (weights) OutputWeights(dy, c);
+    qkv_.Ensure(backend_, {rows, width_});  // scratch: d(merged)
+    backend_.Gemm(false, true, rows, width_, width_, 1.0f, dy.f32(), out_proj_.value.f32(), 0.0f,
+                  qkv_.f32());
+    ctx_.Ensure(backend_, {n, heads_, positions_, head_width_});  // d(per-head outputs)
+    backend_.SplitHeads(qkv_.f32(), ctx_.f32(), n, positions_, 1, heads_, head_width_);
+    // Through probs @ v.
+    dheads_.Ensure(backend_, {3, n, heads_, positions_, head_width_});
+    float* dq = dheads_.f32();
+    float* dk = dq + mats * hd;
+    float* dv = dk + mats * hd;
+    scores_.Ensure(backend_, {mats, positions_, positions_});  // d(probs)
+    backend_.GemmBatched(false, true, positions_, positions_, head_width_, 1.0f, ctx_.f32(), hd, v,
+                         hd, 0.0f, scores_.f32(), positions_ * positions_, mats);
+    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, probs.f32(),
+                         positions_ * positions_, ctx_.f32(), hd, 0.0f, dv, hd, mats);
+    // Through the softmax, then q k^T.
+    dscores_.Ensure(backend_, {mats, positions_, positions_});
+    backend_.CausalSoftmaxBackward(probs.f32(), scores_.f32(), dscores_.f32(), mats, positions_,
+                                   Scale());
+    backend_.GemmBatched(false, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
+                         positions_ * positions_, k, hd, 0.0f, dq, hd, mats);
+    backend_.GemmBatched(true, false, positions_, head_width_, positions_, 1.0f, dscores_.f32(),
+                         positions_ * positions_, q, hd, 0.0f, dk, hd, mats);
+    // Input projection.
+    dqkv.Ensure(backend_, {rows, 3 * width_});
+    backend_.MergeHeads(dheads_.f32(), dqkv.f32(), n, positions_, 3, heads_, head_width_);
+    if (weights) InputWeights(x, dqkv);
+    if (dx) {
+      dx->Ensure(backend_, x.shape());
+      backend_.Gemm(false, true, rows, width_, 3 * width_, 1.0f, dqkv.f32(), wqkv_.value.f32(),
+                    0.0f, dx->f32());
+    }
+  }
+  void OutputWeights(const Tensor& dy, LayerCache& c) {
+    const int64_t rows = dy.rows() * positions_;
+    backend_.Gemm(true, false, width_, width_, rows, 1.0f, c.saved[2].f32(), dy.f32(), 1.0f,
+                  out_proj_.grad.f32());
+    backend_.SumRows(dy.f32(), out_bias_.grad.f32(), rows, width_);
+  }
+  void InputWeights(const Tensor& x, const Tensor& dqkv) {
+    const int64_t rows = x.rows() * positions_;
+    backend_.Gemm(true, false, width_, 3 * width_, rows, 1.0f, x.f32(), dqkv.f32(), 1.0f,
+                  wqkv_.grad.f32());
+    backend_.SumRows(dqkv.f32(), bqkv_.grad.f32(), rows, 3 * width_);
+  }
   float Scale() const { return 1.0f / std::sqrt(static_cast<float>(head_width_)); }
   Backend& backend_;
   int64_t positions_, width_, heads_, head_width_;

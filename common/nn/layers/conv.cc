@@ -57,14 +57,21 @@ class Conv2d final : public Layer {
                          Workspace(g));
   }
 
-  void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    BackwardWeights(x, dy, c);
+    BackwardInput(x, dy, c, dx);
+  }
+  bool splits_backward() const override { return true; }
+  void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
+    if (!dx) return;
+    const ConvGeometry g = Geometry(x.rows());
+    dx->Ensure(backend_, x.shape());
+    backend_.ConvBackwardData(g, dy.f32(), weight_.value.f32(), dx->f32(), Workspace(g));
+  }
+  void BackwardWeights(const Tensor& x, const Tensor& dy, LayerCache&) override {
     const ConvGeometry g = Geometry(x.rows());
     backend_.ConvBackwardWeights(g, x.f32(), dy.f32(), weight_.grad.f32(), bias_.grad.f32(),
                                  Workspace(g));
-    if (dx) {
-      dx->Ensure(backend_, x.shape());
-      backend_.ConvBackwardData(g, dy.f32(), weight_.value.f32(), dx->f32(), Workspace(g));
-    }
   }
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
 

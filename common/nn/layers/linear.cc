@@ -34,15 +34,21 @@ class Linear final : public Layer {
                       fused_relu_);
   }
 
-  void Backward(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    BackwardWeights(x, dy, c);
+    BackwardInput(x, dy, c, dx);
+  }
+  bool splits_backward() const override { return true; }
+  void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
+    if (!dx) return;
+    int64_t n = x.numel() / in_;
+    dx->Ensure(backend_, x.shape());
+    backend_.Gemm(false, true, n, in_, out_, 1.0f, dy.f32(), weight_.value.f32(), 0.0f, dx->f32());
+  }
+  void BackwardWeights(const Tensor& x, const Tensor& dy, LayerCache&) override {
     int64_t n = x.numel() / in_;
     backend_.Gemm(true, false, in_, out_, n, 1.0f, x.f32(), dy.f32(), 1.0f, weight_.grad.f32());
     backend_.SumRows(dy.f32(), bias_.grad.f32(), n, out_);
-    if (dx) {
-      dx->Ensure(backend_, x.shape());
-      backend_.Gemm(false, true, n, in_, out_, 1.0f, dy.f32(), weight_.value.f32(), 0.0f,
-                    dx->f32());
-    }
   }
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
   bool ForwardPositions(const Tensor& x, int64_t, DecodeCache& c) override {

@@ -39,6 +39,31 @@ class Residual final : public Layer {
       backend_.Add(dy.f32(), g->f32(), dx->f32(), x.numel());
     }
   }
+  bool splits_backward() const override {
+    for (const auto& l : body_) {
+      if (l->splits_backward()) return true;
+    }
+    return false;
+  }
+  // The body's input halves, keeping each inner gradient in the cache for BackwardWeights.
+  void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
+    const Tensor* g = &dy;
+    for (size_t i = body_.size(); i-- > 0;) {
+      const Tensor& in = i == 0 ? x : c.sub[i - 1].out;
+      body_[i]->BackwardInput(in, *g, c.sub[i], &c.sub_grads[i]);
+      g = &c.sub_grads[i];
+    }
+    if (dx) {
+      dx->Ensure(backend_, x.shape());
+      backend_.Add(dy.f32(), g->f32(), dx->f32(), x.numel());
+    }
+  }
+  void BackwardWeights(const Tensor& x, const Tensor& dy, LayerCache& c) override {
+    for (size_t i = body_.size(); i-- > 0;) {
+      const Tensor& in = i == 0 ? x : c.sub[i - 1].out;
+      body_[i]->BackwardWeights(in, i + 1 == body_.size() ? dy : c.sub_grads[i + 1], c.sub[i]);
+    }
+  }
   bool ForwardPositions(const Tensor& x, int64_t start, DecodeCache& c) override {
     c.sub.resize(body_.size());
     const Tensor* in = &x;

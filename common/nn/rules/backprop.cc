@@ -4,8 +4,11 @@
 // update per batch. Two schedules (job.pipeline_schedule) order the same actions:
 //   GPipe: every forward, then every backward;
 //   1F1B:  min(M, K - s - 1) forwards ahead, then one forward and one backward, then the
-//          backwards left (PipeDream-Flush), so stage s holds at most K - s micro-batches.
-// Both backpropagate (and so add parameter gradients) in micro-batch order, and the heads
+//          backwards left (PipeDream-Flush), so stage s holds at most K - s micro-batches;
+//   ZB:    1F1B's order with every stage but the first splitting each backward pass (Zero
+//          Bubble's B and W): the input gradient is computed and sent upstream first, and
+//          the parameter gradients follow while the stage before works on it.
+// All backpropagate (and so add parameter gradients) in micro-batch order, and the heads
 // run in micro-batch order too, so their weights are the same, bit for bit.
 #include <algorithm>
 
@@ -14,25 +17,29 @@
 namespace localpar {
 namespace {
 
+// A backward pass (`op`) on micro-batch m and the return of its input gradient; under the
+// zero-bubble schedule split, the input half first and the weight half after the send.
+void AddBackwardPass(const ProgramSpec& s, Op op, int m, StageProgram* p) {
+  const bool dx = !s.first();
+  const bool split = dx && s.pipeline == PipelineSchedule::kZeroBubble;
+  p->push_back({op, m, HeadMode::kLocal, dx, split});
+  if (dx) p->push_back({Op::kSendInputGradient, m});
+  if (split) p->push_back({Op::kWeightGradient, m});
+}
+
 // Micro-batch m's forward actions; on the last stage also its backward pass.
 void AddForward(const ProgramSpec& s, int m, StageProgram* p) {
-  const bool dx = !s.first();
   p->push_back({Op::kReceive, m});
   p->push_back({Op::kForward, m});
   p->push_back({Op::kSendActivations, m});
   p->push_back({Op::kHead, m, s.last() ? HeadMode::kLocal : HeadMode::kProbe});
-  if (s.last()) {
-    p->push_back({Op::kBackwardFromHead, m, HeadMode::kLocal, dx});
-    if (dx) p->push_back({Op::kSendInputGradient, m});
-  }
+  if (s.last()) AddBackwardPass(s, Op::kBackwardFromHead, m, p);
 }
 
 // Micro-batch m's backward pass of the gradient the next stage returns (not the last stage).
 void AddBackward(const ProgramSpec& s, int m, StageProgram* p) {
-  const bool dx = !s.first();
   p->push_back({Op::kAwaitGradient, m});
-  p->push_back({Op::kBackwardReturned, m, HeadMode::kLocal, dx});
-  if (dx) p->push_back({Op::kSendInputGradient, m});
+  AddBackwardPass(s, Op::kBackwardReturned, m, p);
 }
 
 StageProgram Backprop(const ProgramSpec& s) {
@@ -42,7 +49,7 @@ StageProgram Backprop(const ProgramSpec& s) {
   int ahead = micro;
   if (s.last()) {
     ahead = 0;
-  } else if (s.pipeline == PipelineSchedule::k1F1B) {
+  } else if (s.pipeline != PipelineSchedule::kGpipe) {
     ahead = std::min(micro, s.num_stages - s.stage - 1);
   }
   for (int m = 0; m < ahead; ++m) AddForward(s, m, &p);

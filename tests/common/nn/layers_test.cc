@@ -165,6 +165,37 @@ TEST_P(LayerGradient, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Zero-bubble schedules: two micro-batches' input halves, then their weight halves (each
+// from its own cache, as two slots), give the input gradients and the accumulated parameter
+// gradients of two whole backward passes, bit for bit.
+TEST_P(LayerGradient, SplitBackwardEqualsTheWholeBitForBit) {
+  const LayerCase& c = GetParam();
+  auto cpu = MakeCpuBackend();
+  Shape per_example(c.input.begin() + 1, c.input.end());
+  std::string error;
+  auto whole = MakeLayer(*cpu, c.config, per_example, 99, &error);
+  auto split = MakeLayer(*cpu, c.config, per_example, 99, &error);
+  ASSERT_TRUE(whole && split) << error;
+  Tensor x[2], dy[2], dx_whole[2], dx_split[2];
+  LayerCache cw[2], cs[2];
+  for (int m = 0; m < 2; ++m) {
+    x[m] = Tensor::FromHost(*cpu, c.input, MakeInput(c, 1 + m));
+    whole->Forward(x[m], cw[m], ForwardContext{true, 7});
+    split->Forward(x[m], cs[m], ForwardContext{true, 7});
+    dy[m] = Tensor::FromHost(*cpu, cw[m].out.shape(),
+                             RandomVector(static_cast<size_t>(cw[m].out.numel()), 5 + m));
+  }
+  for (int m = 0; m < 2; ++m) whole->Backward(x[m], dy[m], cw[m], &dx_whole[m]);
+  for (int m = 0; m < 2; ++m) split->BackwardInput(x[m], dy[m], cs[m], &dx_split[m]);
+  for (int m = 0; m < 2; ++m) split->BackwardWeights(x[m], dy[m], cs[m]);
+  for (int m = 0; m < 2; ++m) EXPECT_EQ(dx_split[m].ToHost(), dx_whole[m].ToHost()) << m;
+  auto pw = whole->params(), ps = split->params();
+  for (size_t i = 0; i < pw.size(); ++i) {
+    if (!pw[i]->trainable) continue;
+    EXPECT_EQ(ps[i]->grad.ToHost(), pw[i]->grad.ToHost()) << c.name << "." << pw[i]->name;
+  }
+}
+
 // A layer's (or a chain's) output, input gradient and parameter gradients, read back.
 struct LayerResult {
   std::vector<float> y, dx;

@@ -76,6 +76,15 @@ TEST(StageProgram, OneForwardOneBackwardRunsKMinusSMinusOneForwardsAhead) {
   // Fewer micro-batches than stages ahead: every forward first, as GPipe.
   EXPECT_EQ(Program(UpdateRule::kBackprop, 0, 4, 2, 0, f1b),
             Program(UpdateRule::kBackprop, 0, 4, 2));
+  // The zero-bubble schedule: 1F1B's order, the backward split where there is an input
+  // gradient to send (not on stage 0), the weight half after the send.
+  EXPECT_EQ(Program(UpdateRule::kBackprop, 1, 2, 2, 0, PipelineSchedule::kZeroBubble),
+            "receive 0, forward 0, send activations 0, head (local) 0, backward head gradient 0 "
+            "(input gradient only), send input gradient 0, weight gradient 0, receive 1, forward "
+            "1, send activations 1, head (local) 1, backward head gradient 1 (input gradient "
+            "only), send input gradient 1, weight gradient 1, step");
+  EXPECT_EQ(Program(UpdateRule::kBackprop, 0, 2, 2, 0, PipelineSchedule::kZeroBubble),
+            Program(UpdateRule::kBackprop, 0, 2, 2, 0, f1b));
   // Rules without micro-batches keep their one program.
   EXPECT_EQ(Program(UpdateRule::kGreedy, 0, 3, 1, 0, f1b), Program(UpdateRule::kGreedy, 0, 3));
 }
@@ -115,7 +124,8 @@ int Simulate(const StepSettings& o, int stages, std::string* error) {
         }
         owner[k][m % held] = m;
       }
-      if (a.op == Op::kBackwardFromHead || a.op == Op::kBackwardReturned) owner[k][m % held] = -1;
+      const bool backward = a.op == Op::kBackwardFromHead || a.op == Op::kBackwardReturned;
+      if ((backward && !a.split) || a.op == Op::kWeightGradient) owner[k][m % held] = -1;
       if (a.op == Op::kSendActivations) sent[k][m] = unit;
       if (a.op == Op::kSendInputGradient) returned[k][m] = unit;
       ++next[k];
@@ -132,7 +142,8 @@ int Simulate(const StepSettings& o, int stages, std::string* error) {
 TEST(StageProgram, OneForwardOneBackwardReusesItsSlotsSafelyAndNeverDeadlocks) {
   for (int stages = 1; stages <= 5; ++stages) {
     for (int micro = 1; micro <= 9; ++micro) {
-      for (PipelineSchedule pipeline : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
+      for (PipelineSchedule pipeline :
+           {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kZeroBubble}) {
         StepSettings o;
         o.rule = UpdateRule::kBackprop;
         o.micro_batches = micro;
@@ -177,7 +188,7 @@ TEST(StageProgram, NeighbouringProgramsFitEachOtherForEveryRule) {
         StepSettings o;
         o.rule = rule->rule;
         o.micro_batches = micro;
-        o.pipeline = micro == 3 ? PipelineSchedule::k1F1B : PipelineSchedule::kGpipe;
+        o.pipeline = static_cast<PipelineSchedule>(micro - 1);  // GPipe, 1F1B, ZB
         std::vector<Traffic> t;
         for (int k = 0; k < stages; ++k) {
           StageProgram p = TrainProgram(StageProgramSpec(o, k, stages));

@@ -137,14 +137,17 @@ TEST(BackpropRule, MicroBatchesAccumulateToTheFullBatchGradient) {
 }
 
 // 1F1B runs the same backward passes as GPipe in the same micro-batch order, with fewer
-// activation slots: the weights after several steps (one with a short batch, fewer
-// micro-batches than the job's) are the same, bit for bit.
-TEST(BackpropRule, OneForwardOneBackwardGivesGPipesWeightsBitForBit) {
+// activation slots, and ZB splits each into its input and weight halves: the weights after
+// several steps (one with a short batch, fewer micro-batches than the job's) are the same,
+// bit for bit.
+class Schedules : public ::testing::TestWithParam<PipelineSchedule> {};
+
+TEST_P(Schedules, GiveGPipesWeightsBitForBit) {
   for (int stages : {2, 3, 4}) {
     Fixture gpipe(SmallModel(stages)), f1b(SmallModel(stages));
     StepSettings o = Options(UpdateRule::kBackprop, 5);
     ReferenceTrainer tg(*gpipe.model, o);
-    o.pipeline = PipelineSchedule::k1F1B;
+    o.pipeline = GetParam();
     ReferenceTrainer tf(*f1b.model, o);
     const Tensor short_x = gpipe.x.Slice(0, 3), short_y = gpipe.y.Slice(0, 3);
     for (int step = 0; step < 4; ++step) {
@@ -162,6 +165,12 @@ TEST(BackpropRule, OneForwardOneBackwardGivesGPipesWeightsBitForBit) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(BackpropRule, Schedules,
+                         ::testing::Values(PipelineSchedule::k1F1B, PipelineSchedule::kZeroBubble),
+                         [](const auto& info) {
+                           return std::string(PipelineScheduleName(info.param));
+                         });
 
 // Replicas (Job.replicas): each replica's gradient on its share, added in replica order,
 // is the whole batch's gradient, so R replicas take the step one model takes (up to

@@ -1,6 +1,6 @@
 // BACKPROP's pipeline schedules (job.pipeline_schedule, --schedule): 1F1B orders the same
-// passes as GPipe, so `localpar train` gives the same weights file byte for byte under
-// either, and a `localpar run` cluster under 1F1B gives the same file again, on the shipped
+// passes as GPipe and ZB splits each backward in two, so `localpar train` gives the same
+// weights bit for bit under each, and a `localpar run` cluster does again, on the shipped
 // MLP, ResNet and character transformer with 4 micro-batches over their 4 stages.
 #include <gtest/gtest.h>
 
@@ -45,11 +45,14 @@ void ExpectSchedulesAgree(const Shipped& s) {
   absl::StatusOr<v1::ModelWeights> gpipe = ReadWeightsFile(run("train", "gpipe"));
   ASSERT_TRUE(gpipe.ok()) << s.job << ": " << gpipe.status();
   SCOPED_TRACE(s.job);
-  testing::ExpectWeightsFileEquals(run("train", "1f1b"), *gpipe);
-  testing::ExpectWeightsFileEquals(run("run", "1f1b"), *gpipe);
+  for (const char* schedule : {"1f1b", "zb"}) {
+    SCOPED_TRACE(schedule);
+    testing::ExpectWeightsFileEquals(run("train", schedule), *gpipe);
+    testing::ExpectWeightsFileEquals(run("run", schedule), *gpipe);
+  }
 }
 
-TEST(PipelineSchedule, OneForwardOneBackwardEqualsGPipeInTrainAndRunOnTheShippedJobs) {
+TEST(PipelineSchedule, OneForwardOneBackwardAndZeroBubbleEqualGPipeInTrainAndRun) {
   ExpectSchedulesAgree({"fashion_mlp", {}});
   ExpectSchedulesAgree({"fashion_resnet", {}});
   const std::string corpus =
