@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/core/check.h"
+#include "common/core/cpu_clock.h"
 #include "common/nn/step.h"
 
 namespace localpar {
@@ -12,6 +13,19 @@ namespace {
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// Adds the calling thread's CPU time over its lifetime to *sum.
+class CpuSpan {
+ public:
+  explicit CpuSpan(double* sum) : sum_(sum), start_(ThreadCpuSeconds()) {}
+  ~CpuSpan() { *sum_ += ThreadCpuSeconds() - start_; }
+  CpuSpan(const CpuSpan&) = delete;
+  CpuSpan& operator=(const CpuSpan&) = delete;
+
+ private:
+  double* sum_;
+  double start_;
+};
 
 }  // namespace
 
@@ -95,16 +109,21 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
   switch (a.op) {
     case Op::kReceive:
       return ports.Receive(a.micro_batch, &mb.x, &mb.labels);
-    case Op::kForward:
+    case Op::kForward: {
+      CpuSpan cpu(&times_.compute_cpu);
       mb.y = &stage_.Forward(*mb.x, slot, Context(a.micro_batch));
       break;
+    }
     case Op::kSendActivations:
       ports.SendActivations(a.micro_batch, *mb.y);
       break;
     case Op::kHead: {
       HeadMode mode = ctx_.train ? a.mode : HeadMode::kEval;
       float scale = ctx_.train ? ctx_.loss_scale : 1.0f;
-      stats_.Add(stage_.Head(slot, *mb.labels, mode, scale, Context(a.micro_batch)));
+      {
+        CpuSpan cpu(&times_.compute_cpu);
+        stats_.Add(stage_.Head(slot, *mb.labels, mode, scale, Context(a.micro_batch)));
+      }
       if (announce_final_ && next_ == last_head_) ports.GradientsFinal(stage_, -1);
       break;
     }
@@ -124,7 +143,10 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
       if (mb.has_dx) ports.SendInputGradient(a.micro_batch, dx_[static_cast<size_t>(slot)]);
       break;
     case Op::kWeightGradient:
-      if (!mb.grad_gone) stage_.BackwardWeights(slot, FinalHook(ports));
+      if (!mb.grad_gone) {
+        CpuSpan cpu(&times_.compute_cpu);
+        stage_.BackwardWeights(slot, FinalHook(ports));
+      }
       break;
     case Op::kApplyArrived:
       awaiting_.push_back(ctx_.step);
@@ -138,6 +160,7 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
         exchange_took_ = Since(start);
         times_.exchange += exchange_took_;
         if (s != PortState::kReady) return PortState::kGone;
+        CpuSpan cpu(&times_.compute_cpu);
         stage_.Step(ctx_.lr);
         stepped_ = true;
       }
@@ -150,6 +173,7 @@ void StageExecutor::Backward(const Action& a, const Tensor& dy, StagePorts& port
   const int slot = SlotFor(a.micro_batch);
   MicroBatch& mb = micro_[static_cast<size_t>(a.micro_batch)];
   Tensor* dx = a.input_gradient ? &dx_[static_cast<size_t>(slot)] : nullptr;
+  CpuSpan cpu(&times_.compute_cpu);
   if (a.split) {
     stage_.BackwardInput(slot, dy, dx);
   } else {

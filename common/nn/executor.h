@@ -74,6 +74,9 @@ struct StepTimes {
   double gradient_wait = 0;  // waiting for the gradients the next stage returns
   double update = 0;         // the optimizer step
   double exchange = 0;       // replicas: exchanging gradients before the step
+  // This thread's CPU seconds inside the layers and heads (forward, backward, update): the
+  // model's compute, against which a process's other CPU time is the framework's cost.
+  double compute_cpu = 0;
 };
 
 // Gradients applied late under asynchronous OVERLAP.

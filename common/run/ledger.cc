@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/cpu_clock.h"
 #include "common/job/data_spec.h"
 #include "common/nn/optimizer.h"
 #include "common/run/report.h"
@@ -91,6 +92,7 @@ void RunLedger::Restore(const v1::RunReport& history, const DataCursor& at) {
 void RunLedger::Fed(const PlanItem& item) {
   std::lock_guard<std::mutex> lock(mu_);
   if (item.kind == PlanItem::kTrain) {
+    if (first_feed_cpu_ < 0) first_feed_cpu_ = ProcessCpuSeconds();
     fed_steps_ = item.step + 1;
     train_examples_ += static_cast<double>(item.rows);
   } else if (item.kind == PlanItem::kEndOfEval && !item.interim) {
@@ -279,6 +281,7 @@ v1::RunReport RunLedger::Report(const RunFacts& facts) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.set_steps(static_cast<int32_t>(fed_steps_));
+    if (first_feed_cpu_ >= 0) r.set_process_cpu_seconds(ProcessCpuSeconds() - first_feed_cpu_);
     // This process's throughput: a resumed run's examples and seconds before it count in
     // neither.
     const double seconds = train_seconds_ > 0 ? train_seconds_ : Uptime();

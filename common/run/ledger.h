@@ -154,6 +154,7 @@ class RunLedger {
   double resumed_examples_ = 0;  // fed before this process, by the run it resumed
   google::protobuf::RepeatedPtrField<v1::Regroup> regroups_;  // a resumed run's, kept
   double train_seconds_ = 0;
+  double first_feed_cpu_ = -1;  // ProcessCpuSeconds() when the first training step was fed
   int64_t logged_step_ = -1;
   double logged_at_ = 0;
 };

@@ -14,6 +14,8 @@ v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
   f.set_examples_per_second(busy > 0 ? s.examples() / busy : 0);
   f.set_resident_bytes(static_cast<double>(s.resident_bytes()));
   f.set_peak_resident_bytes(static_cast<double>(s.peak_resident_bytes()));
+  f.set_cpu_seconds(s.train_cpu_seconds());
+  f.set_compute_cpu_seconds(s.compute_cpu_seconds());
   if (s.epochs_size() > 0) {
     f.set_resident_bytes_first_epoch(static_cast<double>(s.epochs(0).resident_bytes()));
   }

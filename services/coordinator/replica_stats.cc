@@ -44,6 +44,8 @@ v1::StatsResponse MergeReplicaStats(const std::vector<const v1::StatsResponse*>&
     out.set_queue_depth(std::max(out.queue_depth(), s.queue_depth()));
     out.set_resident_bytes(out.resident_bytes() + s.resident_bytes());
     out.set_peak_resident_bytes(out.peak_resident_bytes() + s.peak_resident_bytes());
+    out.set_train_cpu_seconds(out.train_cpu_seconds() + s.train_cpu_seconds());
+    out.set_compute_cpu_seconds(out.compute_cpu_seconds() + s.compute_cpu_seconds());
     // Bytes add up over the replicas' links; phase times stay replica 0's (they step together).
     out.set_bytes_received(out.bytes_received() + s.bytes_received());
     out.set_bytes_sent(out.bytes_sent() + s.bytes_sent());

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/cpu_clock.h"
 #include "common/model_io/stage_snapshot.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/rule.h"
@@ -72,6 +73,7 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
                 : 1;
   ctx.micro_batch_offset = ctx.train ? setup_.replica * setup_.program.micro_batches : 0;
   const int64_t start = MonotonicNanos();
+  const double cpu_start = ProcessCpuSeconds();
   ports_->Begin(std::move(first), ctx.micro_batches);
   executor_.Begin(ctx);
   {
@@ -79,7 +81,7 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
     if (executor_.Run(*ports_) != StageExecutor::Result::kDone) return;  // the stream ended
   }
   if (!ctx.train) {
-    stats_.RecordEval(executor_.stats());
+    stats_.RecordEval(executor_.stats(), executor_.times().compute_cpu);
     return;
   }
   if (debug_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(debug_delay_ms_));
@@ -96,6 +98,8 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
   r.send_wait = ports_->send_wait();
   r.start_ns = start;
   r.end_ns = MonotonicNanos();
+  r.cpu_start = cpu_start;
+  r.cpu_end = ProcessCpuSeconds();
   links.QueueDepths(&r.inbound_depth, &r.inbound_capacity, &r.outbound_depth, &r.outbound_capacity);
   r.device_bytes = host_.backend().DeviceBytesInUse();
   if (setup_.group) {

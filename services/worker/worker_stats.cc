@@ -37,6 +37,8 @@ void WorkerStats::Reset(const std::string& job, int stage, int64_t restored_step
   epochs_.clear();
   intervals_.clear();
   delays_ = DelayStats();
+  first_step_cpu_ = -1;
+  pending_eval_cpu_ = 0;
 }
 
 void WorkerStats::SetReplica(const std::string& job, int stage, int replica) {
@@ -92,6 +94,11 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
   phases.set_update(phases.update() + r.times.update);
   phases.set_send_wait(phases.send_wait() + r.send_wait);
   phases.set_allreduce(phases.allreduce() + r.times.exchange);
+  if (first_step_cpu_ < 0) first_step_cpu_ = r.cpu_start;
+  stats_.set_train_cpu_seconds(r.cpu_end - first_step_cpu_);
+  stats_.set_compute_cpu_seconds(stats_.compute_cpu_seconds() + r.times.compute_cpu +
+                                 pending_eval_cpu_);
+  pending_eval_cpu_ = 0;
   stats_.set_allreduce_seconds(r.exchange_seconds);
   stats_.set_allreduce_bytes(r.exchange_bytes);
   train_seconds_ += static_cast<double>(r.end_ns - r.start_ns) * 1e-9;
@@ -103,10 +110,13 @@ void WorkerStats::RecordTrainStep(const StepRecord& r) {
   if (intervals_.size() > kMaxIntervals) intervals_.pop_front();
 }
 
-void WorkerStats::RecordEval(const HeadStats& head) {
+void WorkerStats::RecordEval(const HeadStats& head, double compute_cpu) {
   if (metrics_) metrics_->AddExamples(false, head.count);
   std::lock_guard<std::mutex> lock(mu_);
   eval_.Add(head);
+  // Counted once a later training step ends: only between training steps is the process's
+  // CPU counted too.
+  if (first_step_cpu_ >= 0) pending_eval_cpu_ += compute_cpu;
 }
 
 void WorkerStats::SetDelays(const DelayStats& delays) {

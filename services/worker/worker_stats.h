@@ -27,7 +27,8 @@ struct StepRecord {
   int64_t start_ns = 0, end_ns = 0;  // MonotonicNanos
   int64_t inbound_depth = 0, inbound_capacity = 0, outbound_depth = 0, outbound_capacity = 0;
   int64_t device_bytes = 0;
-  double exchange_seconds = 0;  // replicas: all-reduce time and bytes sent, since configured
+  double cpu_start = 0, cpu_end = 0;  // ProcessCpuSeconds() at the step's start and end
+  double exchange_seconds = 0;        // replicas: all-reduce time and bytes sent, since configured
   int64_t exchange_bytes = 0;
 };
 
@@ -47,7 +48,8 @@ class WorkerStats {
   void Reject(const std::string& reason);
   void AddBytes(bool sent, int64_t n);
   void RecordTrainStep(const StepRecord& step);
-  void RecordEval(const HeadStats& head);
+  // An evaluation batch: its figures, and its compute thread's CPU in the layers and head.
+  void RecordEval(const HeadStats& head, double compute_cpu);
   void SetDelays(const DelayStats& delays);
   void SetQueueMaxDepth(int64_t depth);
   // Control items: the epoch's training figures, then its evaluation figures, are kept.
@@ -82,6 +84,8 @@ class WorkerStats {
   std::deque<v1::Interval> intervals_;
   DelayStats delays_;
   int64_t batches_ = 0;
+  double first_step_cpu_ = -1;   // ProcessCpuSeconds() as the first training step started
+  double pending_eval_cpu_ = 0;  // evaluation compute since the last training step
 };
 
 }  // namespace localpar

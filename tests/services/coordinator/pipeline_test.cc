@@ -86,6 +86,7 @@ TEST(Pipeline, QueuesStayBoundedAndMemoryFlatWhenTheLastStageIsSlow) {
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(report, &parsed).ok()) << report;
   ASSERT_EQ(depth.size(), 4u);
   ASSERT_EQ(parsed.stage_reports_size(), 4);
+  EXPECT_GT(parsed.process_cpu_seconds(), 0);  // the coordinator's
   for (int k = 0; k < 4; ++k) {
     EXPECT_LE(depth[k], cap[k]) << "stage " << k;
     // Three more epochs through a pipeline throttled by its last stage, after two that bring
@@ -134,6 +135,9 @@ TEST(Pipeline, PhaseFiguresNameTheSlowStageAndBothEndsOfEachLinkCountTheSameByte
     // The worker's peak memory (VmHWM) holds at least its training state and what it holds now.
     EXPECT_GE(f.peak_resident_bytes(), f.state_bytes()) << "stage " << k;
     EXPECT_GE(f.peak_resident_bytes(), f.resident_bytes()) << "stage " << k;
+    // CPU: the layers' share of the process's, which also decodes, sends and serves.
+    EXPECT_GT(f.compute_cpu_seconds(), 0) << "stage " << k;
+    EXPECT_GT(f.cpu_seconds(), f.compute_cpu_seconds()) << "stage " << k;
     if (k < 3) {
       EXPECT_GT(f.bytes_sent(), 80.0 * 1024 * 256 * 4) << "stage " << k;
       EXPECT_EQ(f.bytes_sent(), parsed.stage_reports(k + 1).bytes_received()) << "link " << k;
