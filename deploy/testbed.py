@@ -118,13 +118,15 @@ def sweep_command(args):
     results = run.results()
     fit_seed = min(spec.seeds)
     cal = calibrate.Calibration(results, profiles, lambda cfg: cfg.seed == fit_seed)
+    fewest = min(spec.devices)
+    transfer = calibrate.Calibration(results, profiles, lambda cfg: cfg.devices == fewest)
     rows = report.rows(results, run.model, profiles, spec.device_batch, cal)
     report.write(rows, os.path.join(args.out, "testbed.csv"))
     if args.csv:
         report.write(rows, args.csv)
     md = report.section(rows, cal, fit_seed, run.model.text, len(results),
                         len(spec.devices) * len(spec.links_mbit) * len(spec.seeds)
-                        * len(spec.methods), args.spec)
+                        * len(spec.methods), args.spec, transfer, fewest)
     with open(os.path.join(args.out, "TESTBED.md"), "w") as f:
         f.write(md)
     if args.results:

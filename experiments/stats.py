@@ -43,6 +43,33 @@ def median(values):
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
+def log_ratio_interval(numerator, denominator, draws=4000, seed=20261204):
+    """The ratio of the geometric means of two samples (times over seeds), with a 95% BCa
+    bootstrap interval on the log times (scipy.stats.bootstrap, the two samples resampled
+    independently). Percentile intervals of a ratio of means under-cover with 5 seeds; on
+    log times BCa corrects for the skew. Returns (ratio, low, high); low == high == ratio
+    when neither sample varies. Deterministic."""
+    import numpy as np
+    from scipy import stats as sps
+    a = np.log(np.asarray(numerator, dtype=float))
+    b = np.log(np.asarray(denominator, dtype=float))
+    point = float(np.exp(a.mean() - b.mean()))
+    if np.ptp(a) == 0 and np.ptp(b) == 0:
+        return point, point, point
+    def diff(x, y, axis=-1):
+        return np.mean(x, axis=axis) - np.mean(y, axis=axis)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for method in ("BCa", "percentile"):  # BCa is undefined when a sample cannot vary
+            r = sps.bootstrap((a, b), diff, n_resamples=draws, method=method,
+                              vectorized=True, random_state=np.random.default_rng(seed))
+            low, high = r.confidence_interval
+            if np.isfinite(low) and np.isfinite(high):
+                return point, float(np.exp(low)), float(np.exp(high))
+    return point, point, point
+
+
 def bootstrap_ratio(numerator, denominator, draws=4000, seed=20261204):
     """A 95% percentile-bootstrap interval of mean(numerator) / mean(denominator), each list
     (one value per seed) resampled with replacement on its own. Deterministic."""

@@ -5,7 +5,9 @@ stage's head against depth."""
 from experiments.frontier.model import (at_edge, examples_seen, heads_at_common_step,
                                         pipeline_fill, step_seconds, training_flops_per_example)
 from experiments.frontier.summary import summary_points
-from experiments.stats import mean_sd
+import math
+
+from experiments.stats import mean_sd, median
 
 
 def timing(sweep, m, a, steps):
@@ -23,8 +25,11 @@ def timing(sweep, m, a, steps):
         step_s = step_seconds(a.cost, p, replicas, micro, hw.link_bytes_per_s, hw.latency_s)
         devices = a.stages if a.cost == "pipelined_backprop" else a.stages * replicas
         times = [(v + pipeline_fill(a.cost, a.stages)) * step_s for v in steps["by_seed"].values()]
+        # The median over seeds with a miss as infinitely long: what points are ranked by.
+        ranked = [math.inf if s in steps["missed"] else t
+                  for s, t in zip(steps["by_seed"], times)]
         out[db] = {"step_seconds": step_s, "devices": devices, "times": times,
-                   "time_seconds": sum(times) / len(times)}
+                   "time_seconds": sum(times) / len(times), "median_seconds": median(ranked)}
     return out
 
 
@@ -55,10 +60,12 @@ def point(sweep, m, a, b, target, extra_seeds=()):
     row["steps_sd"] = mean_sd(list(steps.values()))[1]
     row["examples"] = examples_seen(round(mean_steps), b, m.data["train_examples"])
     row["compute_flops"] = row["examples"] * flops_per_example
-    row["by_device_batch"] = timing(sweep, m, a, {"batch": b, "by_seed": steps})
+    missed = {s for s, v in hits.items() if v is None}
+    row["by_device_batch"] = timing(sweep, m, a, {"batch": b, "by_seed": steps, "missed": missed})
     main = row["by_device_batch"][m.device_batch]
     row.update({"step_seconds": main["step_seconds"], "devices": main["devices"],
-                "time_seconds": main["time_seconds"], "times": main["times"]})
+                "time_seconds": main["time_seconds"], "times": main["times"],
+                "median_seconds": main["median_seconds"]})
     return row, (a, b, lr, length)
 
 

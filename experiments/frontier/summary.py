@@ -3,7 +3,9 @@ and the sentences that state where local parallelism stands."""
 
 from experiments.frontier.model import stops_paying_off
 from experiments.frontier.spec import LOCAL_RULES
-from experiments.stats import bootstrap_ratio
+import math
+
+from experiments.stats import log_ratio_interval
 
 
 def fmt_flops(x):
@@ -18,9 +20,11 @@ def summary_points(trows, equal_devices=None):
     """The points a target's summary compares, from (row, setting) pairs of one model and
     target: the fastest backprop point and the fastest local point on ideal hardware, then
     the fastest of each with at most `equal_devices` devices (default: the ideal backprop
-    point's). Shallow baselines are not backprop points here."""
+    point's). Shallow baselines are not backprop points here. Points rank by their median
+    time over seeds, a seed that missed counting as infinitely long, so one missed seed of
+    five does not send a point behind every other."""
     def fastest_of(pairs):
-        return min(pairs, key=lambda p: (p[0]["bound"], p[0]["time_seconds"])) if pairs else None
+        return min(pairs, key=rank) if pairs else None
     backprop = [p for p in trows if p[0]["rule"] == "BACKPROP" and not p[0]["shallow"]]
     local = [p for p in trows if p[0]["rule"] in LOCAL_RULES]
     bp, lo = fastest_of(backprop), fastest_of(local)
@@ -31,26 +35,37 @@ def summary_points(trows, equal_devices=None):
             "cap": cap}
 
 
+def rank(pair):
+    """A (row, setting) pair's place: its median time (a miss as +infinity), then its mean."""
+    r = pair[0]
+    return (r.get("median_seconds", math.inf), r["time_seconds"])
+
+
+def reliability(r):
+    """"5/5": the seeds in which the point reached its target, of those it ran."""
+    return f"{r['seeds'] - r['missed']}/{r['seeds']}"
+
+
 def fastest(rows, rules):
     rows = [r for r in rows if r["reached"] and r["rule"] in rules]
     return min(rows, key=lambda r: r["time_seconds"]) if rows else None
 
 
 def ratio_text(bp, lo, db=None):
-    """The speed-up of `lo` over `bp` (time of bp / time of lo) with its bootstrap interval
-    over seeds; a bound when either side missed its target in some seed."""
+    """The speed-up of `lo` over `bp`: the ratio of their geometric-mean times over seeds,
+    with a 95% BCa bootstrap interval on log times; a bound when either side missed its
+    target in some seed (its times then count at the budget)."""
     if db is not None:
         if db not in bp["by_device_batch"] or db not in lo["by_device_batch"]:
             return "n/a"
         a, b = bp["by_device_batch"][db]["times"], lo["by_device_batch"][db]["times"]
     else:
         a, b = bp["times"], lo["times"]
-    ratio = (sum(a) / len(a)) / (sum(b) / len(b))
+    ratio, low, high = log_ratio_interval(a, b)
     sign = ">" if bp["bound"] and not lo["bound"] else "<" if lo["bound"] and not bp[
         "bound"] else "~" if bp["bound"] else ""
     if db is not None:
         return f"{sign}{ratio:.2f}x"
-    low, high = bootstrap_ratio(a, b)
     return f"{sign}**{ratio:.2f}x** [{low:.2f}, {high:.2f}]"
 
 
@@ -61,13 +76,17 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
     how the speed-ups move with the cost model's device batch."""
     others = [d for d in device_batches if d != device_batch]
     out = ["\n### Summary: where local parallelism is on the frontier\n",
-           "Speed-up = the backprop point's mean time to the target / the local point's, with a "
-           "95% bootstrap interval over seeds in brackets; > or < when one side missed the "
-           "target in some seed within its budget (its time is then a lower bound). *Equal "
+           "Points are ranked by their median time over seeds, a missed seed counting as "
+           "infinitely long; each time is that median (model), with the seeds that reached the "
+           "target. Speed-up = the backprop point's geometric-mean time to the target / the "
+           "local point's, with a 95% BCa bootstrap interval on log times over seeds in "
+           "brackets; > or < when one side missed the target in some seed within its budget "
+           "(its time there counts at the budget, so the ratio is a bound). *Equal "
            "devices*: the fastest point of each with at most "
            + (f"{equal_devices} devices" if equal_devices else
               "as many devices as the fastest backprop point uses") + ".\n",
-           "| target | fastest backprop point | time (s) | fastest local point | time (s) "
+           "| target | fastest backprop point | median s (reached) | fastest local point "
+           "| median s (reached) "
            "| speed-up, ideal hardware | equal devices: backprop point | local point "
            "| speed-up, equal devices | shallow baseline (first block alone) |"
            + "".join(f" speed-ups at device batch {d} (ideal / equal) |" for d in others),
@@ -78,8 +97,9 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
         if r is None:
             return "none", ""
         devices = f"{r['devices']} device{'s' if r['devices'] != 1 else ''}"
+        med = r.get("median_seconds", math.inf)
         return (f"{r['method']}, B = {r['batch']} ({devices})",
-                ("> " if r["bound"] else "") + f"{r['time_seconds']:.3g}")
+                ("missed" if med == math.inf else f"{med:.3g}") + f" ({reliability(r)})")
 
     for target in sorted(targets, reverse=text):  # loosest first
         trows = [r for r in mrows if r["target"] == target]
@@ -87,7 +107,7 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
         bp, lo, bpe, loe = (chosen[k] and chosen[k][0] for k in
                             ("backprop", "local", "backprop_equal", "local_equal"))
         shallow = [r for r in trows if r["shallow"]]
-        shallow_best = min(shallow, key=lambda r: (r["bound"], r["time_seconds"]), default=None)
+        shallow_best = min(shallow, key=lambda r: rank((r, None)), default=None)
         shallow_text = ("not run" if shallow_best is None else
                         ("missed, > " if shallow_best["bound"] else "")
                         + f"{shallow_best['time_seconds']:.3g} s (B = {shallow_best['batch']})")
@@ -100,22 +120,33 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
                    f"{cell(lo)[0]} | {cell(lo)[1]} | {ideal} | {cell(bpe)[0]} | "
                    f"{cell(loe)[0]} | {equal} | {shallow_text} |{sens}")
         if bp and lo:
-            low_ideal = bootstrap_ratio(bp["times"], lo["times"])[0]
-            low_equal = bootstrap_ratio(bpe["times"], loe["times"])[0] if bpe and loe else None
+            low_ideal = log_ratio_interval(bp["times"], lo["times"])[1]
+            low_equal = log_ratio_interval(bpe["times"], loe["times"])[1] if bpe and loe else None
             verdicts.append((target, low_ideal, low_equal))
     out.append("")
-    # Where data parallelism stops paying off, from its points.
+    # Where data parallelism stops paying off, from its points' medians; a larger batch that
+    # missed within its budget is censored, not observed to stop paying off.
     for target in sorted(targets, reverse=text):
         dp = sorted((r for r in mrows if r["target"] == target
                      and r["cost_kind"] == "data_parallel" and not r["shallow"]),
                     key=lambda r: r["batch"])
         if dp:
-            b = stops_paying_off([(r["batch"], r["time_seconds"], r["bound"]) for r in dp])
-            out.append(f"- To {fmt_target(target, text)}: data parallelism "
-                       + (f"stops paying off past B = {b} (the next larger batch is less than "
-                          f"1.1x faster, or misses the target)" if b else
-                          "still gains at the largest batch size tried")
-                       + ".")
+            med = [r.get("median_seconds", math.inf) for r in dp]
+            b = stops_paying_off([(r["batch"], m, m == math.inf) for r, m in zip(dp, med)])
+            line = f"- To {fmt_target(target, text)}: data parallelism "
+            if b is None:
+                line += "still gains at the largest batch size tried."
+            else:
+                nxt = next(r for r in dp if r["batch"] > b)
+                if nxt.get("median_seconds", math.inf) == math.inf:
+                    line += (f"gains up to B = {b}; B = {nxt['batch']} missed the target in "
+                             f"{nxt['missed']} of {nxt['seeds']} seeds within its budget of "
+                             f"{nxt['length'] // nxt['batch']} steps, so whether it stops "
+                             "paying off there is not observed (censored).")
+                else:
+                    line += (f"stops paying off past B = {b}: B = {nxt['batch']} is less than "
+                             "1.1x faster (medians over seeds).")
+            out.append(line)
     out.append("")
     if verdicts:
         both = [v for v in verdicts if v[1] > 1 and v[2] is not None and v[2] > 1]
@@ -135,20 +166,23 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
 
 def claim_text(trows, reached, front, target, text):
     """Where local parallelism stands on this target's frontier, with the numbers."""
-    local = [r for r in reached if r["rule"] in ("GREEDY", "CHUNKED", "OVERLAP")]
-    dp = [r for r in reached if r["rule"] == "BACKPROP" and not r["shallow"]]
+    # Ranked as the summary ranks: the median over seeds, a missed seed as +infinity.
+    finite = [r for r in trows if r.get("median_seconds", math.inf) < math.inf]
+    local = [r for r in finite if r["rule"] in ("GREEDY", "CHUNKED", "OVERLAP")]
+    dp = [r for r in finite if r["rule"] == "BACKPROP" and not r["shallow"]]
     missing = sorted({r["method"] for r in trows if not r["reached"]})
     out = []
     if local and dp:
-        fl = min(local, key=lambda r: r["time_seconds"])
-        fd = min(dp, key=lambda r: r["time_seconds"])
-        speed = fd["time_seconds"] / fl["time_seconds"]
+        fl = min(local, key=lambda r: rank((r, None)))
+        fd = min(dp, key=lambda r: rank((r, None)))
+        speed = fd["median_seconds"] / fl["median_seconds"]
         verdict = (f"**{speed:.2f}x faster**" if speed >= 1 else f"**{1 / speed:.2f}x slower**")
         out.append(
             f"Fastest local point: {fl['method']} at B = {fl['batch']}, "
-            f"{fl['time_seconds']:.3g} s with {fmt_flops(fl['compute_flops'])} FLOPs; fastest "
-            f"backprop point: {fd['method']} at B = {fd['batch']}, {fd['time_seconds']:.3g} s "
-            f"with {fmt_flops(fd['compute_flops'])} FLOPs. Local parallelism is {verdict}, "
+            f"{fl['median_seconds']:.3g} s (median, reached in {reliability(fl)} seeds) with "
+            f"{fmt_flops(fl['compute_flops'])} FLOPs; fastest backprop point: {fd['method']} at "
+            f"B = {fd['batch']}, {fd['median_seconds']:.3g} s ({reliability(fd)}) with "
+            f"{fmt_flops(fd['compute_flops'])} FLOPs. Local parallelism is {verdict}, "
             f"for {fl['compute_flops'] / fd['compute_flops']:.2f}x the compute.")
         cheapest = min(reached, key=lambda r: r["compute_flops"])
         out.append(f"Least compute: {cheapest['method']} at B = {cheapest['batch']} "

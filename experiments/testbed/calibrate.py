@@ -28,7 +28,8 @@ import math
 
 from experiments.frontier.model import step_seconds
 
-SYNCHRONOUS = ("data_parallel", "gpipe")
+SYNCHRONOUS = ("data_parallel", "gpipe", "1f1b", "zb")
+PIPELINED = ("gpipe", "1f1b", "zb")
 
 
 def measured_step_seconds(points):
@@ -54,7 +55,7 @@ def traffic(cfg, profile_stages):
     hop = max(s.get("hop_bytes", 0.0) for s in profile_stages)
     k = cfg.stages
     both = 2 if k > 2 else 1  # a middle stage sends both ways
-    if cfg.method == "gpipe":
+    if cfg.method in PIPELINED:
         m = cfg.devices
         return m * both, m * both * hop
     if cfg.method == "OVERLAP":
@@ -66,9 +67,9 @@ def features(cfg, profile_stages, share):
     """The run's step as the model sees it: compute, messages, bytes, wire seconds."""
     keys = ("seconds", "head_seconds", "input_grad_seconds")
     scaled = [{**s, **{k: s.get(k, 0.0) / share for k in keys}} for s in profile_stages]
-    cost = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop",
-            "OVERLAP": "overlap"}.get(cfg.method, "local")
-    micro = cfg.devices if cfg.method == "gpipe" else 1
+    cost = "pipelined_backprop" if cfg.method in PIPELINED else {
+        "data_parallel": "data_parallel", "OVERLAP": "overlap"}.get(cfg.method, "local")
+    micro = cfg.devices if cfg.method in PIPELINED else 1
     compute = step_seconds(cost, scaled, 1, micro, math.inf, 0.0)
     messages, bytes_ = traffic(cfg, profile_stages)
     wire = bytes_ / (cfg.link_mbit * 1e6 / 8) if cfg.link_mbit else 0.0

@@ -12,7 +12,8 @@ from experiments.stats import median
 COLUMNS = ["devices", "link_mbit", "method", "stages", "replicas", "batch", "seed", "target",
            "measured_s", "steps", "model_s", "calibrated_model_s", "measured_step_ms",
            "model_step_ms", "calibrated_step_ms", "calibration", "worker_cpu"]
-COST = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop", "CHUNKED": "local",
+COST = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop",
+        "1f1b": "pipelined_backprop", "zb": "pipelined_backprop", "CHUNKED": "local",
         "GREEDY": "local", "OVERLAP": "overlap"}
 UNSHAPED_BYTES_PER_S = 100e9 / 8  # the frontier's ideal link, for unshaped veths
 
@@ -121,7 +122,31 @@ def calibration_markdown(calibration, fit_seed):
     return "\n".join(md) + "\n"
 
 
-def section(rows_, calibration, fit_seed, text, done, total, spec_path):
+def transfer_markdown(calibration, fit_devices):
+    """The harder check: the model fitted on the runs with `fit_devices` devices only (every
+    seed and link), its error on the runs with more devices, by method."""
+    held = calibration.held_out()
+    if calibration.params is None or not held:
+        return f"Fitted on {fit_devices} devices only: too few runs yet to say.\n"
+    worst = max(abs(e) for *_, e in held)
+    over = sum(1 for *_, e in held if abs(e) > 0.15)
+    md = [f"**A harder check: fitted on the {fit_devices}-device runs only** "
+          f"({calibration.describe()}), it predicts the {len(held)} runs on more devices "
+          f"with a largest error of {100 * worst:.1f}% ({over} beyond 15%):", "",
+          "| devices | link | method | runs | errors (each run) |", "|---|---|---|---|---|"]
+    groups = {}
+    for cfg, _, _, e in held:
+        groups.setdefault((cfg.devices, cfg.link_mbit, cfg.method), []).append(e)
+    for (n, link, meth), errors in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1],
+                                                                         g[0][2])):
+        where = f"{link:g} Mbit/s" if link else "unshaped"
+        md.append(f"| {n} | {where} | {meth} | {len(errors)} | "
+                  + ", ".join(f"{100 * e:+.1f}%" for e in sorted(errors)) + " |")
+    return "\n".join(md) + "\n"
+
+
+def section(rows_, calibration, fit_seed, text, done, total, spec_path, transfer=None,
+            transfer_devices=None):
     """The testbed's section of RESULTS.md: how it was made, the measured table, the
     calibrated model against the held-out runs."""
     head = [
@@ -137,5 +162,8 @@ def section(rows_, calibration, fit_seed, text, done, total, spec_path):
         "seeds, with how many of them reached the target (a miss counts as longer than any).",
         "",
     ]
-    return "\n".join(head) + markdown(rows_, text) + "\n" + \
+    out = "\n".join(head) + markdown(rows_, text) + "\n" + \
         calibration_markdown(calibration, fit_seed)
+    if transfer is not None:
+        out += "\n" + transfer_markdown(transfer, transfer_devices)
+    return out

@@ -120,6 +120,19 @@ def test_logic(fr):
     check(low < 11 / 2 < high and (low, high) == fr.bootstrap_ratio([10, 11, 12], [2, 2.2, 1.8]),
           f"bootstrap [{low}, {high}]")
     check(fr.bootstrap_ratio([6, 6], [2, 2]) == (3.0, 3.0), "no spread, no interval")
+    # On log times: the ratio of geometric means, its BCa interval around it, deterministic.
+    got = fr.log_ratio_interval([10, 11, 12], [2, 2.2, 1.8])
+    check(abs(got[0] - (10 * 11 * 12) ** (1 / 3) / (2 * 2.2 * 1.8) ** (1 / 3)) < 1e-9
+          and got[1] < got[0] < got[2]
+          and got == fr.log_ratio_interval([10, 11, 12], [2, 2.2, 1.8]), f"log ratio {got}")
+    check(fr.log_ratio_interval([6, 6], [2, 2])[1] == fr.log_ratio_interval([6, 6], [2, 2])[2],
+          "no spread, no interval on log times")
+    # Ranking: by the median over seeds, a miss as +infinity, so one missed seed of five does
+    # not put a point behind a slower one that always reaches.
+    fast = {"median_seconds": 9.8, "time_seconds": 11.0, "seeds": 5, "missed": 1}
+    slow = {"median_seconds": 17.7, "time_seconds": 17.9, "seeds": 5, "missed": 0}
+    check(min([(slow, None), (fast, None)], key=fr.rank)[0] is fast, "median ranking")
+    check(fr.reliability(fast) == "4/5", "reliability")
     # Data parallelism stops paying off where the next B is not 1.1x faster, or misses.
     check(fr.stops_paying_off([(32, 10, False), (128, 4, False), (512, 3.8, False)]) == 128,
           "flat past 128")

@@ -227,6 +227,22 @@ class CalibrationTest(unittest.TestCase):
         for *_, err in held:  # the held-out runs are 1% slower than the truth
             self.assertAlmostEqual(err, 1 / 1.01 - 1, places=3)
 
+    def test_the_transfer_check_names_each_held_out_run_by_method(self):
+        from experiments.testbed import calibrate, report
+        truth = [1.2, 2e-3, 5e-4, 3e-9, 1.1]
+        runs, prof = self.runs(truth)
+        cal = calibrate.Calibration(runs, prof, lambda cfg: cfg.seed == 2)
+        md = report.transfer_markdown(cal, 2)
+        self.assertIn("largest error of 1.0% (0 beyond 15%)", md)  # seed 3 is 1% slower
+        self.assertIn("| 2 | 10 Mbit/s | gpipe | 1 | -1.0% |", md)
+        empty = calibrate.Calibration(runs[:3], prof, lambda cfg: True)
+        self.assertIn("too few runs", report.transfer_markdown(empty, 2))
+        # 1F1B and ZB send what GPipe sends.
+        from types import SimpleNamespace
+        for method in ("1f1b", "zb"):
+            cfg = SimpleNamespace(method=method, replicas=1, stages=4, devices=4)
+            self.assertEqual(calibrate.traffic(cfg, [{"hop_bytes": 10.0}] * 4), (8, 80.0))
+
     def test_the_mesh_sends_every_other_replica_its_bucket(self):
         from experiments.testbed import calibrate
         from types import SimpleNamespace
