@@ -64,6 +64,25 @@ INSTANTIATE_TEST_SUITE_P(Rules, ReplicasMatchReference,
                          ::testing::Values("GREEDY", "CHUNKED", "OVERLAP", "BACKPROP"),
                          [](const auto& info) { return info.param; });
 
+// BACKPROP's 1F1B and ZB schedules with replicas: the exchange starts as each layer's
+// gradients become final (after the weight half, under ZB), and the cluster still ends
+// bitwise equal to the reference trainer, and to GPipe's weights.
+TEST(Replicas, OneForwardOneBackwardAndZeroBubbleWithReplicasMatchTheReferenceAndGPipe) {
+  TempDir dir;
+  const std::string base = SmallJob("BACKPROP", 3) + "replicas: 2\n";
+  v1::ModelWeights gpipe = ReferenceWeights(dir.Write("gpipe.textproto", base),
+                                            dir.path() + "/gpipe");
+  for (const char* schedule : {"PIPELINE_1F1B", "PIPELINE_ZB"}) {
+    SCOPED_TRACE(schedule);
+    TempDir run;
+    std::string job = run.Write(
+        "job.textproto", base + "pipeline_schedule: " + std::string(schedule) + "\n");
+    v1::ModelWeights want = ExpectClusterEqualsReference(run, job);
+    if (HasFailure()) return;
+    testing::ExpectBitwiseEqual(want, gpipe);
+  }
+}
+
 TEST(Replicas, BadReplicaCountsAreRefusedNamingTheField) {
   TempDir dir;
   const std::string bin = testing::BinDir() + "/localpar";
