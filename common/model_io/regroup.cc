@@ -11,6 +11,7 @@
 #include "common/core/cpu_backend.h"
 #include "common/job/spec.h"
 #include "common/model_io/model_file.h"
+#include "common/nn/program.h"
 #include "google/protobuf/text_format.h"
 
 namespace localpar {
@@ -136,14 +137,21 @@ absl::StatusOr<RegroupPlan> PlanRegroup(const v1::CheckpointManifest& m, const s
   plan.to_stages = job.stages_size();
   plan.to_replicas = std::max(1, job.replicas());
   plan.step = m.step();
-  auto rule = [](const v1::Job& j, bool micro) {
+  // The micro-batches and BACKPROP's schedule, where they change (the state does not).
+  const bool micro = old->micro_batches() != job.micro_batches();
+  const bool schedule = old->pipeline_schedule() != job.pipeline_schedule();
+  auto rule = [&](const v1::Job& j) {
     std::string r = v1::UpdateRule_Name(j.rule());
     if (micro) absl::StrAppend(&r, " (", j.micro_batches(), " micro-batches)");
+    if (schedule) {
+      absl::StrAppend(&r, " (",
+                      PipelineScheduleName(static_cast<PipelineSchedule>(j.pipeline_schedule())),
+                      " schedule)");
+    }
     return r;
   };
-  const bool micro = old->micro_batches() != job.micro_batches();
-  plan.from_rule = rule(*old, micro);
-  plan.to_rule = rule(job, micro);
+  plan.from_rule = rule(*old);
+  plan.to_rule = rule(job);
   const std::vector<std::string> from = HeadNames(*old), to = HeadNames(job);
   std::map<std::string, int> from_stage;
   for (size_t k = 0; k < from.size(); ++k) from_stage[from[k]] = static_cast<int>(k);

@@ -70,13 +70,13 @@ INSTANTIATE_TEST_SUITE_P(Rules, ReplicasMatchReference,
 TEST(Replicas, OneForwardOneBackwardAndZeroBubbleWithReplicasMatchTheReferenceAndGPipe) {
   TempDir dir;
   const std::string base = SmallJob("BACKPROP", 3) + "replicas: 2\n";
-  v1::ModelWeights gpipe = ReferenceWeights(dir.Write("gpipe.textproto", base),
-                                            dir.path() + "/gpipe");
+  v1::ModelWeights gpipe =
+      ReferenceWeights(dir.Write("gpipe.textproto", base), dir.path() + "/gpipe");
   for (const char* schedule : {"PIPELINE_1F1B", "PIPELINE_ZB"}) {
     SCOPED_TRACE(schedule);
     TempDir run;
-    std::string job = run.Write(
-        "job.textproto", base + "pipeline_schedule: " + std::string(schedule) + "\n");
+    std::string job =
+        run.Write("job.textproto", base + "pipeline_schedule: " + std::string(schedule) + "\n");
     v1::ModelWeights want = ExpectClusterEqualsReference(run, job);
     if (HasFailure()) return;
     testing::ExpectBitwiseEqual(want, gpipe);
