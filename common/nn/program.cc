@@ -11,6 +11,8 @@ namespace localpar {
 StageProgram TrainProgram(const ProgramSpec& spec) { return Rule(spec.rule).train_program(spec); }
 
 int MicroBatchesInFlight(const ProgramSpec& spec) {
+  // The last stage backpropagates each micro-batch as soon as it has gone forward.
+  if (spec.last()) return 1;
   if (spec.pipeline != PipelineSchedule::kGpipe) {
     return std::max(1, std::min(spec.micro_batches, spec.num_stages - spec.stage));
   }

@@ -65,7 +65,8 @@ struct ProgramSpec {
 };
 
 // Micro-batches whose activations a stage holds at once in a training step: all of them
-// under GPipe, at most K - s under 1F1B and the zero-bubble schedule.
+// under GPipe, at most K - s under 1F1B and the zero-bubble schedule; one on the last stage,
+// which backpropagates each as soon as it has gone forward, under every schedule.
 int MicroBatchesInFlight(const ProgramSpec& spec);
 // "GPipe", "1F1B" or "ZB".
 const char* PipelineScheduleName(PipelineSchedule schedule);

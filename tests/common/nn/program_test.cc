@@ -161,6 +161,12 @@ TEST(StageProgram, OneForwardOneBackwardReusesItsSlotsSafelyAndNeverDeadlocks) {
         EXPECT_EQ(MicroBatchesInFlight(StageProgramSpec(o, k, stages)),
                   std::max(1, std::min(micro, stages - k)));
       }
+      // GPipe holds every micro-batch but on the last stage, which holds one at a time.
+      o.pipeline = PipelineSchedule::kGpipe;
+      for (int k = 0; k < stages; ++k) {
+        EXPECT_EQ(MicroBatchesInFlight(StageProgramSpec(o, k, stages)),
+                  k + 1 == stages ? 1 : micro);
+      }
     }
   }
 }

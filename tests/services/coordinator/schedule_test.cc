@@ -62,6 +62,36 @@ TEST(PipelineSchedule, OneForwardOneBackwardAndZeroBubbleEqualGPipeInTrainAndRun
   ExpectSchedulesAgree({"shakespeare_char", {"--data_path=" + corpus, "--batch_size=16"}});
 }
 
+// The schedule is not part of the state: a cluster's GPipe checkpoint resumes under ZB, says
+// so, and ends bitwise equal to a straight GPipe run.
+TEST(PipelineSchedule, ACheckpointResumesUnderAnotherScheduleBitwise) {
+  TempDir dir;
+  const std::string job = std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/fashion_mlp.textproto";
+  const std::string bin = testing::BinDir() + "/localpar";
+  const std::vector<std::string> common = {"--rule=BACKPROP", "--micro_batches=4", "--quiet"};
+  auto with = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), bin);
+    argv.insert(argv.end(), common.begin(), common.end());
+    return RunProcess(argv, 300);
+  };
+  testing::ProcessResult r =
+      with({"run", job, "--schedule=gpipe", "--max_steps=4", "--checkpoint_every_steps=2",
+            "--checkpoint_dir=" + dir.path() + "/ck", "--out=" + dir.path() + "/first"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = with({"train", job, "--schedule=zb", "--max_steps=8", "--resume=" + dir.path() + "/ck",
+            "--out=" + dir.path() + "/resumed"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the rule from BACKPROP (GPipe schedule) to BACKPROP (ZB schedule)"),
+            std::string::npos)
+      << r.output;
+  r = with(
+      {"train", job, "--schedule=gpipe", "--max_steps=8", "--out=" + dir.path() + "/straight"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/straight/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  testing::ExpectWeightsFileEquals(dir.path() + "/resumed/weights.pb", *want);
+}
+
 TEST(PipelineSchedule, AScheduleWithoutMicroBatchesIsRefusedNamingTheField) {
   TempDir dir;
   const std::string job = std::string(LOCALPAR_SOURCE_DIR) + "/deploy/jobs/fashion_mlp.textproto";
