@@ -23,6 +23,17 @@ def parser(doc, spec_help, results_help, reuse_help):
     return p
 
 
+def int_list(text):
+    """argparse type: "2,4" -> [2, 4], every number >= 1."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 1, got {text!r}")
+    return values
+
+
 def check_localpar(args):
     if not os.access(args.localpar, os.X_OK):
         raise Failure(f"{args.localpar}: not an executable; build first or pass --localpar")

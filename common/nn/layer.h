@@ -170,6 +170,19 @@ class Layer {
                                           std::string*);
 };
 
+// A layer whose backward pass splits into an input half and a weight half (zero-bubble
+// schedules): Backward is the two, the weight half first, with the same arithmetic.
+class SplitBackwardLayer : public Layer {
+ public:
+  void Backward(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) final {
+    BackwardWeights(x, dy, cache);
+    BackwardInput(x, dy, cache, dx);
+  }
+  bool splits_backward() const final { return true; }
+  void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache& cache, Tensor* dx) override = 0;
+  void BackwardWeights(const Tensor& x, const Tensor& dy, LayerCache& cache) override = 0;
+};
+
 // Builds a layer for per-example input shape `in`; on a shape mismatch returns nullptr and
 // sets *error. `seed` makes the initial weights deterministic on every backend.
 std::unique_ptr<Layer> MakeLayer(Backend& backend, const LayerConfig& config, const Shape& in,

@@ -29,18 +29,10 @@ import sys
 import tempfile
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, SOURCE)
+from experiments.cli import int_list  # noqa: E402
 SHAKESPEARE = os.path.join(os.path.dirname(SOURCE), "shared", "data", "tinyshakespeare.txt")
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-
-
-def int_list(text):
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 1, got {text!r}")
-    return values
 
 
 def run_job(build, name, stages, steps, out):

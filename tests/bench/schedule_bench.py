@@ -31,19 +31,10 @@ import tempfile
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, SOURCE)
 from experiments import jobs  # noqa: E402
+from experiments.cli import int_list  # noqa: E402
 PHASES = ("receive_wait", "forward", "backward", "gradient_wait", "update", "send_wait",
           "allreduce")
 WAITS = ("receive_wait", "gradient_wait", "send_wait")
-
-
-def int_list(text):
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 1, got {text!r}")
-    return values
 
 
 def bench_job(args, out):

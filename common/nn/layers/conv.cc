@@ -36,7 +36,7 @@ struct ImageWindow {
   }
 };
 
-class Conv2d final : public Layer {
+class Conv2d final : public SplitBackwardLayer {
  public:
   Conv2d(Backend& b, const Shape& in, int64_t out_ch, int64_t k, int64_t stride, int64_t pad,
          uint64_t seed)
@@ -57,11 +57,6 @@ class Conv2d final : public Layer {
                          Workspace(g));
   }
 
-  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
-    BackwardWeights(x, dy, c);
-    BackwardInput(x, dy, c, dx);
-  }
-  bool splits_backward() const override { return true; }
   void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
     if (!dx) return;
     const ConvGeometry g = Geometry(x.rows());

@@ -12,7 +12,7 @@
 namespace localpar {
 namespace {
 
-class Linear final : public Layer {
+class Linear final : public SplitBackwardLayer {
  public:
   Linear(Backend& b, const Shape& in_shape, int64_t out, bool tokenwise, uint64_t seed)
       : backend_(b), out_(out), tokenwise_(tokenwise) {
@@ -34,11 +34,6 @@ class Linear final : public Layer {
                       fused_relu_);
   }
 
-  void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
-    BackwardWeights(x, dy, c);
-    BackwardInput(x, dy, c, dx);
-  }
-  bool splits_backward() const override { return true; }
   void BackwardInput(const Tensor& x, const Tensor& dy, LayerCache&, Tensor* dx) override {
     if (!dx) return;
     int64_t n = x.numel() / in_;
