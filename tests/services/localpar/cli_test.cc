@@ -212,7 +212,8 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
                  "project_stages", "replicas", "rule", "stages", "threads"}));
   EXPECT_EQ(flags("validate"),
             Set({"batch_size", "data_path", "epochs", "eval_every_steps", "explain", "lr",
-                 "max_steps", "memory_limit_mib", "replicas", "resume", "rule", "seed", "stages"}));
+                 "max_steps", "memory_limit_mib", "micro_batches", "replicas", "resume", "rule",
+                 "schedule", "seed", "stages"}));
   const Set run = flags("run");
   EXPECT_TRUE(run.count("resume_if_present")) << "run takes the coordinator's restart flag";
   EXPECT_TRUE(run.count("resume") && run.count("checkpoint_dir"));
