@@ -33,6 +33,8 @@ volatile std::sig_atomic_t g_interrupted = 0;
 void OnSignal(int) { g_interrupted = g_interrupted + 1; }
 
 constexpr int kMaxRestarts = 5;
+// How long a worker may take to report its ports before the run gives up on it.
+constexpr int kWorkerStartSeconds = 150;
 // A process that answers no health check (or only NOT_SERVING) this long is hung or stopped.
 constexpr double kUnhealthySeconds = 5;
 using Clock = std::chrono::steady_clock;
@@ -121,6 +123,26 @@ class Supervisor {
     return w;
   }
 
+  // Waits for worker k's port file; a loaded machine (a sanitizer build beside other tests)
+  // may take more than 30 s to start one, so it says so every 30 s and gives up after
+  // kWorkerStartSeconds. A worker that exits is noticed at once.
+  absl::StatusOr<std::vector<int>> WaitForWorkerPorts(int k) {
+    constexpr int kNoticeSeconds = 30;
+    absl::StatusOr<std::vector<int>> ports;
+    for (int waited = 0; waited < kWorkerStartSeconds; waited += kNoticeSeconds) {
+      if (waited > 0) {
+        log_ << "localpar: still waiting for " << children_[k].name << " to start (" << waited
+             << " s)\n";
+      }
+      ports = WaitForPortFile(PortFile(k), 2, std::chrono::seconds(kNoticeSeconds), [&] {
+        Reap(children_);
+        return children_[k].exited || g_interrupted;
+      });
+      if (!absl::IsDeadlineExceeded(ports.status())) break;
+    }
+    return ports;
+  }
+
   // Each worker binds port 0 and reports the port it got: no races for free ports.
   bool StartWorkers() {
     const std::string bin = options_.bin_dir + "/localpar_worker";
@@ -140,10 +162,7 @@ class Supervisor {
     for (int k = 0; k < stages_; ++k) {
       absl::StatusOr<std::vector<int>> ports;
       while (true) {
-        ports = WaitForPortFile(PortFile(k), 2, std::chrono::seconds(30), [&] {
-          Reap(children_);
-          return children_[k].exited || g_interrupted;
-        });
+        ports = WaitForWorkerPorts(k);
         // Killed before it was up (not a startup error of its own): started again.
         Child& c = children_[k];
         if (ports.ok() || !c.exited || !WIFSIGNALED(c.status) || c.restarts >= kMaxRestarts ||
@@ -157,7 +176,8 @@ class Supervisor {
       if (!ports.ok()) {
         log_ << "localpar: "
              << (children_[k].exited ? children_[k].Describe()
-                                     : children_[k].name + " did not start")
+                                     : absl::StrCat(children_[k].name, " did not start within ",
+                                                    kWorkerStartSeconds, " s"))
              << "; its log:\n";
         PrintLogTail(children_[k].log_path, log_);
         return false;
