@@ -187,7 +187,23 @@ HeadStats Stage::Head(int slot_index, const Tensor& labels, HeadMode mode, float
 
 void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx,
                      const std::function<void(int)>& layer_done) {
+  BackwardLayers(slot(slot_index), dy, dx, false, layer_done);
+}
+
+void Stage::BackwardInput(int slot_index, const Tensor& dy, Tensor* dx) {
   Slot& s = slot(slot_index);
+  if (layers_.empty()) {
+    BackwardLayers(s, dy, dx, true, {});
+    return;
+  }
+  // dy may be a port's buffer that the next message reuses: the weights half needs its own.
+  s.kept_dy.Ensure(backend_, dy.shape());
+  s.kept_dy.CopyFrom(dy);
+  BackwardLayers(s, s.kept_dy, dx, true, {});
+}
+
+void Stage::BackwardLayers(Slot& s, const Tensor& dy, Tensor* dx, bool input_only,
+                           const std::function<void(int)>& layer_done) {
   s.grads.resize(layers_.size());
   if (layers_.empty()) {
     if (dx) *dx = dy;
@@ -197,27 +213,12 @@ void Stage::Backward(int slot_index, const Tensor& dy, Tensor* dx,
   for (size_t i = layers_.size(); i-- > 0;) {
     const Tensor& in = i == 0 ? s.input : s.caches[i - 1].out;
     Tensor* out = i == 0 ? dx : &s.grads[i];
-    layers_[i]->Backward(in, *g, s.caches[i], out);
+    if (input_only) {
+      layers_[i]->BackwardInput(in, *g, s.caches[i], out);
+    } else {
+      layers_[i]->Backward(in, *g, s.caches[i], out);
+    }
     if (layer_done) layer_done(static_cast<int>(i));
-    g = out;
-  }
-}
-
-void Stage::BackwardInput(int slot_index, const Tensor& dy, Tensor* dx) {
-  Slot& s = slot(slot_index);
-  s.grads.resize(layers_.size());
-  if (layers_.empty()) {
-    if (dx) *dx = dy;
-    return;
-  }
-  // dy may be a port's buffer that the next message reuses: the weights half needs its own.
-  s.kept_dy.Ensure(backend_, dy.shape());
-  s.kept_dy.CopyFrom(dy);
-  const Tensor* g = &s.kept_dy;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    const Tensor& in = i == 0 ? s.input : s.caches[i - 1].out;
-    Tensor* out = i == 0 ? dx : &s.grads[i];
-    layers_[i]->BackwardInput(in, *g, s.caches[i], out);
     g = out;
   }
 }
@@ -256,7 +257,8 @@ std::vector<Param*> Stage::params() {
 int64_t Stage::StateBytes() {
   int64_t n = 0;
   for (Param* p : params()) {
-    for (const Tensor* t : {&p->value, &p->grad, &p->state1, &p->state2}) {
+    for (const Tensor* t :
+         {&p->value, &p->grad, &p->state1, &p->state2, &p->outer, &p->outer_momentum}) {
       if (t->defined()) n += static_cast<int64_t>(t->nbytes());
     }
   }

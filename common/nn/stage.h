@@ -122,6 +122,10 @@ class Stage {
   Stage(Backend& backend, const OptimizerConfig& optimizer)
       : backend_(backend), opt_(backend, optimizer) {}
   Slot& slot(int i);
+  // Every layer's backward pass on slot s, the last layer first: whole, or (input_only)
+  // its input half. Backward and BackwardInput.
+  void BackwardLayers(Slot& s, const Tensor& dy, Tensor* dx, bool input_only,
+                      const std::function<void(int)>& layer_done);
   const Tensor& output(const Slot& s) const {
     return layers_.empty() ? s.input : s.caches.back().out;
   }

@@ -27,17 +27,10 @@ class Residual final : public Layer {
     c.out.Ensure(backend_, x.shape());
     backend_.Add(x.f32(), in->f32(), c.out.f32(), x.numel());
   }
+  // Both halves in turn: each parameter's gradient is the same sum either way.
   void Backward(const Tensor& x, const Tensor& dy, LayerCache& c, Tensor* dx) override {
-    const Tensor* g = &dy;
-    for (size_t i = body_.size(); i-- > 0;) {
-      const Tensor& in = i == 0 ? x : c.sub[i - 1].out;
-      body_[i]->Backward(in, *g, c.sub[i], &c.sub_grads[i]);
-      g = &c.sub_grads[i];
-    }
-    if (dx) {
-      dx->Ensure(backend_, x.shape());
-      backend_.Add(dy.f32(), g->f32(), dx->f32(), x.numel());
-    }
+    BackwardInput(x, dy, c, dx);
+    BackwardWeights(x, dy, c);
   }
   bool splits_backward() const override {
     for (const auto& l : body_) {
