@@ -14,6 +14,7 @@ void ApplyJobDefaults(v1::Job& job) {
   if (job.epochs() == 0 && job.max_steps() <= 0) job.set_epochs(1);
   if (job.micro_batches() == 0) job.set_micro_batches(1);
   if (job.replicas() == 0) job.set_replicas(1);
+  ApplyReplicaSyncDefaults(job);
   if (job.eval_batch_size() == 0) job.set_eval_batch_size(1000);
   v1::Data* data = job.mutable_data();
   if (data->source_case() == v1::Data::SOURCE_NOT_SET) data->mutable_fashion_mnist();
@@ -36,6 +37,16 @@ void ApplyJobDefaults(v1::Job& job) {
     if (st.head().kind() == v1::Head::CONV_POOL_LINEAR && st.head().channels() == 0) {
       st.mutable_head()->set_channels(32);
     }
+  }
+}
+
+void ApplyReplicaSyncDefaults(v1::Job& job) {
+  if (job.replica_sync().every() > 1) {
+    v1::ReplicaSync* sync = job.mutable_replica_sync();
+    if (!sync->has_outer_lr()) sync->set_outer_lr(0.7f);  // the DiLoCo paper's
+    if (!sync->has_outer_momentum()) sync->set_outer_momentum(0.9f);
+  } else if (!job.replica_sync().has_outer_lr() && !job.replica_sync().has_outer_momentum()) {
+    job.clear_replica_sync();  // every step: the gradient exchange, no outer step
   }
 }
 

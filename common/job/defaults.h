@@ -7,5 +7,9 @@ namespace localpar {
 
 // Fills documented defaults for zero-valued fields, in place.
 void ApplyJobDefaults(v1::Job& job);
+// Job.replica_sync's part of it (again after --sync_every and friends): the outer step's
+// defaults when every > 1; an every-step setting with nothing else is cleared, so that it
+// fingerprints as a job without it.
+void ApplyReplicaSyncDefaults(v1::Job& job);
 
 }  // namespace localpar

@@ -202,6 +202,13 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
   if (o.memory_limit_mib() < 0) {
     return absl::InvalidArgumentError("--memory_limit_mib: must be >= 0 (0: this machine's)");
   }
+  if (o.sync_every() < 0) return absl::InvalidArgumentError("--sync_every: must be >= 0");
+  if (o.sync_every() > 0) job->mutable_replica_sync()->set_every(o.sync_every());
+  if (o.has_outer_lr()) job->mutable_replica_sync()->set_outer_lr(static_cast<float>(o.outer_lr()));
+  if (o.has_outer_momentum()) {
+    job->mutable_replica_sync()->set_outer_momentum(static_cast<float>(o.outer_momentum()));
+  }
+  ApplyReplicaSyncDefaults(*job);
   if (o.eval_every_steps() < 0)
     return absl::InvalidArgumentError("--eval_every_steps: must be >= 0");
   if (o.eval_every_steps() > 0) job->set_eval_every_steps(o.eval_every_steps());

@@ -30,6 +30,10 @@ double OptimizerMoments(const v1::Job& job) {
   return 2;  // AdamW's first and second moments
 }
 
+// Replicas that synchronise every few steps keep the synchronised weights and the outer
+// momentum too.
+double OuterCopies(const v1::Job& job) { return job.replica_sync().every() > 1 ? 2 : 0; }
+
 }  // namespace
 
 std::string StageNeeds::RowsString() const {
@@ -64,7 +68,7 @@ JobNeeds EstimateJobNeeds(const v1::Job& job, bool per_replica) {
     StageNeeds n;
     n.label = absl::StrCat("stages[", k, "]", st.name.empty() ? "" : " (" + st.name + ")");
     n.parameters = static_cast<double>(StageParameterCount(st, cur, mc.classes));
-    n.state_bytes = n.parameters * (2 + moments) * kFloatBytes;
+    n.state_bytes = n.parameters * (2 + moments + OuterCopies(job)) * kFloatBytes;
     // Per example: the stage's input, and what each layer and head layer keeps for the
     // backward pass (LayerActivationValues).
     double per_example = Elements(cur);

@@ -162,6 +162,11 @@ StepSettings ToStepSettings(const v1::Job& job, int64_t total_steps) {
   o.micro_batches = job.micro_batches();
   o.pipeline = static_cast<PipelineSchedule>(job.pipeline_schedule());
   o.replicas = std::max(1, job.replicas());
+  if (job.replica_sync().every() > 1) {
+    o.sync_every = job.replica_sync().every();
+    o.outer_lr = job.replica_sync().outer_lr();
+    o.outer_momentum = job.replica_sync().outer_momentum();
+  }
   o.total_steps = total_steps;
   o.seed = job.seed();
   o.wire = static_cast<WireFormat>(job.wire());

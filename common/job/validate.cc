@@ -43,6 +43,30 @@ absl::Status CheckName(const std::string& field, const std::string& name) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateReplicaSync(const v1::Job& job) {
+  const v1::ReplicaSync& sync = job.replica_sync();
+  if (sync.every() < 0) return Invalid("replica_sync.every", "must be >= 0 (0 or 1: every step)");
+  if (sync.every() <= 1) {
+    if (sync.has_outer_lr() || sync.has_outer_momentum()) {
+      return Invalid(sync.has_outer_lr() ? "replica_sync.outer_lr" : "replica_sync.outer_momentum",
+                     "applies only with replica_sync.every > 1 (--sync_every)");
+    }
+    return absl::OkStatus();
+  }
+  if (job.replicas() < 2) {
+    return Invalid("replica_sync.every",
+                   absl::StrCat("synchronises replicas, and the job has ", job.replicas(),
+                                " (set replicas, or --replicas, to 2 or more)"));
+  }
+  if (!(sync.outer_lr() > 0.0f) || !Finite(sync.outer_lr())) {
+    return Invalid("replica_sync.outer_lr", "must be a finite number > 0");
+  }
+  if (!(sync.outer_momentum() >= 0.0f && sync.outer_momentum() < 1.0f)) {
+    return Invalid("replica_sync.outer_momentum", "must be in [0, 1)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRun(const v1::Job& job) {
   if (absl::Status s = CheckName("name", job.name()); !s.ok()) return s;
   for (int k = 0; k < job.stages_size(); ++k) {
@@ -96,6 +120,7 @@ absl::Status ValidateRun(const v1::Job& job) {
   if (job.replicas() < 1 || job.replicas() > kMaxReplicas) {
     return Invalid("replicas", absl::StrCat("must be in 1..", kMaxReplicas));
   }
+  if (absl::Status s = ValidateReplicaSync(job); !s.ok()) return s;
   if (int64_t need = int64_t{job.replicas()} * job.micro_batches(); need > job.batch_size()) {
     return Invalid(
         "replicas",

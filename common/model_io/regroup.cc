@@ -131,6 +131,16 @@ absl::StatusOr<RegroupPlan> PlanRegroup(const v1::CheckpointManifest& m, const s
         "count (--replicas), and nothing else; these differ: ",
         absl::StrJoin(diff, "; ")));
   }
+  if (old->replica_sync().every() > 1 &&
+      (old->stages_size() != job.stages_size() || old->replicas() != job.replicas())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot resume from ", where, " (job ", m.job(), ", step ", m.step(), ") with ",
+        LayoutName(job.stages_size(), std::max(1, job.replicas())),
+        ": its replicas synchronise every ", old->replica_sync().every(),
+        " steps (replica_sync.every), so each kept its own weights and outer state since the "
+        "last synchronisation; it resumes only as it was written, ",
+        LayoutName(old->stages_size(), std::max(1, old->replicas()))));
+  }
   RegroupPlan plan;
   plan.from_stages = old->stages_size();
   plan.from_replicas = std::max(1, old->replicas());

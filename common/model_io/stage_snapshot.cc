@@ -2,6 +2,7 @@
 #include "common/model_io/stage_snapshot.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,20 @@ namespace {
 constexpr uint32_t kStreamedVersion = 2;
 constexpr size_t kStreamedHeader = 8 + 4 + 8;
 
+using List = google::protobuf::RepeatedPtrField<v1::NamedTensor>;
+// Every tensor a snapshot holds of a parameter, in the order a file stores them, with the
+// checkpoint's list of each.
+constexpr Tensor Param::*kFields[] = {&Param::value, &Param::state1, &Param::state2, &Param::outer,
+                                      &Param::outer_momentum};
+constexpr size_t kNumFields = sizeof(kFields) / sizeof(kFields[0]);
+std::array<const List*, kNumFields> Lists(const v1::StageCheckpoint& c) {
+  return {&c.params(), &c.state1(), &c.state2(), &c.outer(), &c.outer_momentum()};
+}
+std::array<List*, kNumFields> MutableLists(v1::StageCheckpoint* c) {
+  return {c->mutable_params(), c->mutable_state1(), c->mutable_state2(), c->mutable_outer(),
+          c->mutable_outer_momentum()};
+}
+
 // The snapshot's header, and the tensors whose values follow it, in order.
 std::vector<const Tensor*> DescribeSnapshot(Stage& stage, v1::StageCheckpoint* head) {
   std::vector<Param*> params = stage.params();
@@ -38,18 +53,15 @@ std::vector<const Tensor*> DescribeSnapshot(Stage& stage, v1::StageCheckpoint* h
       order.push_back(&t);
     }
   };
-  add(&Param::value, head->mutable_params());
-  add(&Param::state1, head->mutable_state1());
-  add(&Param::state2, head->mutable_state2());
+  const std::array<List*, kNumFields> lists = MutableLists(head);
+  for (size_t f = 0; f < kNumFields; ++f) add(kFields[f], lists[f]);
   return order;
 }
 
 // Writes format 2; *bytes and *crc receive the file's size and the payload's checksum.
 absl::Status WriteStreamedSnapshot(Stage& stage, v1::StageCheckpoint head, const std::string& path,
                                    int64_t* bytes, uint32_t* crc) {
-  head.clear_params();
-  head.clear_state1();
-  head.clear_state2();
+  for (List* list : MutableLists(&head)) list->Clear();
   const std::vector<const Tensor*> order = DescribeSnapshot(stage, &head);
   const std::string described = head.SerializeAsString();
   uint64_t payload = 8 + described.size();
@@ -156,7 +168,7 @@ absl::StatusOr<StageFile> OpenStageFile(const std::string& path) {
   }
   // Every tensor's values, by its shape, must fill the rest exactly.
   uint64_t values = 0;
-  for (const auto* list : {&f.head.params(), &f.head.state1(), &f.head.state2()}) {
+  for (const List* list : Lists(f.head)) {
     for (const v1::NamedTensor& nt : *list) {
       uint64_t count = 1;
       for (int64_t d : nt.tensor().shape()) {
@@ -186,8 +198,7 @@ absl::Status RestoreFromStageFile(Stage& stage, const StageFile& f, const std::s
     return absl::InvalidArgumentError(absl::StrCat(source, ": has ", f.head.params_size(),
                                                    " parameters, the stage has ", params.size()));
   }
-  using List = google::protobuf::RepeatedPtrField<v1::NamedTensor>;
-  for (const List* list : {&f.head.params(), &f.head.state1(), &f.head.state2()}) {
+  for (const List* list : Lists(f.head)) {
     std::vector<bool> seen(params.size(), false);
     for (const v1::NamedTensor& nt : *list) {
       size_t i = std::strtoul(nt.name().c_str(), nullptr, 10);
@@ -220,9 +231,10 @@ absl::Status RestoreFromStageFile(Stage& stage, const StageFile& f, const std::s
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = apply(f.head.params(), &Param::value); !s.ok()) return s;
-  if (absl::Status s = apply(f.head.state1(), &Param::state1); !s.ok()) return s;
-  if (absl::Status s = apply(f.head.state2(), &Param::state2); !s.ok()) return s;
+  const std::array<const List*, kNumFields> lists = Lists(f.head);
+  for (size_t i = 0; i < kNumFields; ++i) {
+    if (absl::Status s = apply(*lists[i], kFields[i]); !s.ok()) return s;
+  }
   stage.optimizer().set_steps(f.head.optimizer_steps());
   return absl::OkStatus();
 }
@@ -246,9 +258,8 @@ v1::StageCheckpoint SnapshotStageState(Stage& stage, int index, int64_t step) {
   c.set_step(step);
   c.set_optimizer_steps(stage.optimizer().steps());
   std::vector<Param*> params = stage.params();
-  AddTensors(params, &Param::value, c.mutable_params());
-  AddTensors(params, &Param::state1, c.mutable_state1());
-  AddTensors(params, &Param::state2, c.mutable_state2());
+  const std::array<List*, kNumFields> lists = MutableLists(&c);
+  for (size_t f = 0; f < kNumFields; ++f) AddTensors(params, kFields[f], lists[f]);
   return c;
 }
 
@@ -261,7 +272,6 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
   }
   // Check every tensor first and apply only if all pass: a bad file never leaves the stage
   // half restored.
-  using List = google::protobuf::RepeatedPtrField<v1::NamedTensor>;
   auto check = [&](const List& list) -> absl::Status {
     std::vector<bool> seen(params.size(), false);
     for (const v1::NamedTensor& nt : list) {
@@ -289,7 +299,8 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
     }
     return absl::OkStatus();
   };
-  for (const List* list : {&c.params(), &c.state1(), &c.state2()}) {
+  const std::array<const List*, kNumFields> lists = Lists(c);
+  for (const List* list : lists) {
     if (absl::Status s = check(*list); !s.ok()) return s;
   }
   auto apply = [&](const List& list, Tensor Param::*field) {
@@ -302,9 +313,7 @@ absl::Status RestoreStageState(Stage& stage, const v1::StageCheckpoint& c,
       t.CopyFrom(decoded);
     }
   };
-  apply(c.params(), &Param::value);
-  apply(c.state1(), &Param::state1);
-  apply(c.state2(), &Param::state2);
+  for (size_t f = 0; f < kNumFields; ++f) apply(*lists[f], kFields[f]);
   stage.optimizer().set_steps(c.optimizer_steps());
   return absl::OkStatus();
 }

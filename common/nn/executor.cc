@@ -53,7 +53,8 @@ void StageExecutor::Begin(const StepContext& ctx) {
   ctx_ = ctx;
   program_ = ctx.train ? &TrainProgramFor(ctx.micro_batches) : &eval_program_;
   next_ = 0;
-  announce_final_ = ctx.train && ctx.apply_update && spec_.max_delay == 0;
+  announce_final_ =
+      ctx.train && ctx.apply_update && !ctx.replicas_step_alone && spec_.max_delay == 0;
   last_head_ = last_backward_ = program_->size();
   for (size_t i = 0; i < program_->size(); ++i) {
     const Op op = (*program_)[i].op;
@@ -155,14 +156,25 @@ PortState StageExecutor::Execute(const Action& a, StagePorts& ports) {
     case Op::kStep:
       exchange_took_ = 0;
       if (ctx_.apply_update) {
-        Clock::time_point start = Clock::now();
-        PortState s = ports.ExchangeWithReplicas(stage_);
-        exchange_took_ = Since(start);
-        times_.exchange += exchange_took_;
-        if (s != PortState::kReady) return PortState::kGone;
-        CpuSpan cpu(&times_.compute_cpu);
-        stage_.Step(ctx_.lr);
+        if (!ctx_.replicas_step_alone) {
+          Clock::time_point start = Clock::now();
+          PortState s = ports.ExchangeWithReplicas(stage_);
+          exchange_took_ = Since(start);
+          times_.exchange += exchange_took_;
+          if (s != PortState::kReady) return PortState::kGone;
+        }
+        {
+          CpuSpan cpu(&times_.compute_cpu);
+          stage_.Step(ctx_.lr);
+        }
         stepped_ = true;
+        if (ctx_.sync_replicas) {
+          Clock::time_point start = Clock::now();
+          PortState s = ports.SyncReplicas(stage_);
+          exchange_took_ = Since(start);
+          times_.exchange += exchange_took_;
+          if (s != PortState::kReady) return PortState::kGone;
+        }
       }
       break;
   }

@@ -46,6 +46,13 @@ class StagePorts {
     (void)stage;
     return PortState::kReady;
   }
+  // Replicas that synchronise every few steps (StepContext.sync_replicas): after the step's
+  // update, the outer step with the stage's other replicas (replica_sync.h's OuterSync).
+  // kGone when a replica is lost. Without replicas, nothing.
+  virtual PortState SyncReplicas(Stage& stage) {
+    (void)stage;
+    return PortState::kReady;
+  }
   // Replicas: the head's (layer -1) or layer `layer`'s parameter gradients are final for
   // this step (no later action of the program changes them), so their exchange may start
   // while the backward pass goes on. Synchronous rules only; without replicas, nothing.
@@ -66,6 +73,11 @@ struct StepContext {
   // Replica r of a stage numbers its micro-batches from r * (the job's micro-batches), so
   // that dropout masks differ between the replicas' shares of a batch.
   int micro_batch_offset = 0;
+  // Replicas that synchronise every few steps (ReplicasStepAlone): the stage steps on its
+  // own share's gradients, exchanging none, and after the update synchronises with its
+  // replicas through the ports when `sync_replicas` (SyncsAfter).
+  bool replicas_step_alone = false;
+  bool sync_replicas = false;
 };
 
 struct StepTimes {
@@ -73,7 +85,7 @@ struct StepTimes {
   double backward = 0;       // heads, backward passes, sending gradients
   double gradient_wait = 0;  // waiting for the gradients the next stage returns
   double update = 0;         // the optimizer step
-  double exchange = 0;       // replicas: exchanging gradients before the step
+  double exchange = 0;       // replicas: exchanging gradients before the step, or synchronising
   // This thread's CPU seconds inside the layers and heads (forward, backward, update): the
   // model's compute, against which a process's other CPU time is the framework's cost.
   double compute_cpu = 0;

@@ -22,6 +22,10 @@ struct Param {
   Tensor grad;
   Tensor state1;  // momentum / Adam first moment
   Tensor state2;  // Adam second moment
+  // Replicas that synchronise every few steps (replica_sync.h's OuterSync): the weights at
+  // the last synchronisation and the outer step's momentum; undefined otherwise.
+  Tensor outer;
+  Tensor outer_momentum;
   // False for state that forward passes update but no optimizer touches (batch norm's
   // running statistics): no gradient, still saved in checkpoints and weights files.
   bool trainable = true;

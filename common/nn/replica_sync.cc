@@ -1,6 +1,7 @@
 // The replicas' exchange bucket.
 #include "common/nn/replica_sync.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/core/check.h"
@@ -74,6 +75,86 @@ void ReplicaBucket::Unpack(const float* gathered, int replicas) {
       for (int64_t i = 0; i < n; ++i) at[i] *= inv;
     }
     t.backend().CopyFromHost(t.raw(), at, t.nbytes());
+    at += n;
+  }
+}
+
+OuterSync::OuterSync(Stage& stage, float lr, float momentum) : lr_(lr), momentum_(momentum) {
+  for (bool trainable : {true, false}) {
+    for (Param* p : stage.params()) {
+      if (p->trainable != trainable) continue;
+      LP_CHECK_MSG(p->value.dtype() == DType::kF32, "parameter %s is not float32", p->name.c_str());
+      params_.push_back(p);
+      size_ += p->value.numel();
+    }
+  }
+}
+
+void OuterSync::Start(Stage& stage) {
+  for (Param* p : stage.params()) {
+    if (!p->trainable) continue;
+    if (!p->outer.defined()) {
+      p->outer = Tensor::Zeros(p->value.backend(), p->value.shape());
+      p->outer.CopyFrom(p->value);
+    }
+    if (!p->outer_momentum.defined()) {
+      p->outer_momentum = Tensor::Zeros(p->value.backend(), p->value.shape());
+    }
+  }
+}
+
+namespace {
+void ToHost(const Tensor& t, std::vector<float>* out) {
+  out->resize(static_cast<size_t>(t.numel()));
+  if (t.numel() > 0) t.backend().CopyToHost(out->data(), t.raw(), t.nbytes());
+}
+void FromHost(const std::vector<float>& in, Tensor* t) {
+  if (t->numel() > 0) t->backend().CopyFromHost(t->raw(), in.data(), t->nbytes());
+}
+}  // namespace
+
+void OuterSync::Pack(float* out) {
+  for (Param* p : params_) {
+    if (!p->trainable) {
+      ToHost(p->value, &value_);
+      std::copy(value_.begin(), value_.end(), out);
+      out += value_.size();
+      continue;
+    }
+    LP_CHECK_MSG(p->outer.defined(), "OuterSync::Start was not called for %s", p->name.c_str());
+    ToHost(p->value, &value_);
+    ToHost(p->outer, &outer_);
+    for (size_t i = 0; i < value_.size(); ++i) out[i] = outer_[i] - value_[i];
+    out += value_.size();
+  }
+}
+
+void OuterSync::Apply(const float* gathered, int replicas) {
+  LP_CHECK(replicas >= 1);
+  host_.resize(static_cast<size_t>(size_));
+  SumInReplicaOrder(gathered, replicas, size_, host_.data());
+  const float inv = 1.0f / static_cast<float>(replicas);
+  const float* at = host_.data();
+  for (Param* p : params_) {
+    const size_t n = static_cast<size_t>(p->value.numel());
+    if (!p->trainable) {
+      value_.resize(n);
+      for (size_t i = 0; i < n; ++i) value_[i] = at[i] * inv;
+      FromHost(value_, &p->value);
+      at += n;
+      continue;
+    }
+    ToHost(p->outer, &outer_);
+    ToHost(p->outer_momentum, &momentum_host_);
+    for (size_t i = 0; i < n; ++i) {
+      const float g = at[i] * inv;
+      const float m = momentum_ * momentum_host_[i] + g;
+      momentum_host_[i] = m;
+      outer_[i] = outer_[i] - lr_ * (g + momentum_ * m);
+    }
+    FromHost(outer_, &p->outer);
+    FromHost(momentum_host_, &p->outer_momentum);
+    FromHost(outer_, &p->value);
     at += n;
   }
 }

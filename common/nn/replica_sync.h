@@ -45,6 +45,38 @@ class ReplicaBucket {
   std::vector<float> host_;
 };
 
+// Replicas that synchronise every few steps (Job.replica_sync, DiLoCo): the outer step,
+// computed on the host. Each trainable parameter keeps in Param::outer the weights at the
+// last synchronisation and in Param::outer_momentum the outer momentum. Every replica packs
+// its pseudo-gradient, the replicas gather them side by side, and every replica applies the
+// same outer step to the same synchronised weights, so that they leave it identical (and
+// equal to the reference trainer's, which runs this same code).
+class OuterSync {
+ public:
+  OuterSync(Stage& stage, float lr, float momentum);
+
+  // The synchronised weights start as the parameters now (the start of a run, or a restored
+  // checkpoint without them) and the momentum at zero; state a checkpoint restored is kept.
+  static void Start(Stage& stage);
+
+  int64_t size() const { return size_; }  // floats in one replica's contribution
+  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(float)); }
+  // This replica's contribution: each trainable parameter's pseudo-gradient (the weights at
+  // the last synchronisation minus its own), then every other parameter's value.
+  void Pack(float* out);
+  // `gathered` holds `replicas` contributions in replica order. Their mean g (added in
+  // replica order, times 1 / replicas) drives one step of SGD with Nesterov momentum from
+  // the synchronised weights w: m = momentum * m + g; w = w - lr * (g + momentum * m); the
+  // parameters become w. Running statistics become the replicas' mean.
+  void Apply(const float* gathered, int replicas);
+
+ private:
+  std::vector<Param*> params_;  // trainable ones first, as ReplicaBucket orders them
+  int64_t size_ = 0;
+  const float lr_, momentum_;
+  std::vector<float> host_, value_, outer_, momentum_host_;
+};
+
 // A stage's parameters in the groups a backward pass completes one after another, so that
 // a group's exchange can start while the backward pass goes on: the head's (final after
 // the step's last head action), then each layer's that has parameters, the last layer

@@ -24,6 +24,11 @@ int StepMicroBatches(int job_micro_batches, int64_t rows) {
   return static_cast<int>(std::clamp<int64_t>(rows, 1, std::max(1, job_micro_batches)));
 }
 
+bool SyncsAfter(const StepSettings& s, int64_t step) {
+  return ReplicasStepAlone(s) &&
+         ((step + 1) % s.sync_every == 0 || (s.total_steps > 0 && step + 1 >= s.total_steps));
+}
+
 uint64_t StepSeed(uint64_t seed, int64_t step, int micro_batch) {
   return HashCombine(HashCombine(seed, static_cast<uint64_t>(step)),
                      static_cast<uint64_t>(micro_batch));

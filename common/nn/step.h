@@ -24,6 +24,12 @@ struct StepSettings {
   // (MicroBatchRange over the replicas), then the replicas add their gradients in replica
   // order (replica_sync.h) and take the same step, as a cluster of replicas does.
   int replicas = 1;
+  // Replicas that synchronise every `sync_every` > 1 steps instead (Job.replica_sync,
+  // DiLoCo): each steps alone on its share (the loss a mean over it); then the outer step
+  // (replica_sync.h's OuterSync) at outer_lr with Nesterov momentum outer_momentum.
+  int sync_every = 1;
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
   ScheduleConfig schedule;
   int64_t total_steps = 0;  // for the cosine schedule
   uint64_t seed = 0;        // drives dropout masks
@@ -38,6 +44,12 @@ void MicroBatchRange(int64_t rows, int parts, int m, int64_t* begin, int64_t* co
 int64_t ReplicaRows(int64_t rows, int replicas, int replica);
 // Micro-batches in a step of `rows` rows: the job's count, but never an empty one.
 int StepMicroBatches(int job_micro_batches, int64_t rows);
+
+// Whether each replica steps alone between synchronisations (sync_every > 1 with replicas).
+inline bool ReplicasStepAlone(const StepSettings& s) { return s.replicas > 1 && s.sync_every > 1; }
+// Under ReplicasStepAlone: whether the replicas synchronise after step `step` (0-based):
+// after every sync_every-th step, and after the run's last.
+bool SyncsAfter(const StepSettings& s, int64_t step);
 
 // The factor that turns summed per-prediction loss gradients into the gradient of the
 // batch's mean loss: 1 / (examples * labels per example).

@@ -24,11 +24,16 @@ ReferenceTrainer::ReferenceTrainer(std::vector<Model*> replicas, const StepSetti
     LP_CHECK(m.num_stages() == n);
     executors_.emplace_back();
     buckets_.emplace_back();
+    outer_.emplace_back();
     for (int k = 0; k < n; ++k) {
       executors_[r].push_back(
           std::make_unique<StageExecutor>(m.stage(k), StageProgramSpec(options_, k, n)));
       if (models_.size() == 1) continue;
       buckets_[r].push_back(std::make_unique<ReplicaBucket>(m.stage(k)));
+      if (ReplicasStepAlone(options_)) {
+        outer_[r].push_back(
+            std::make_unique<OuterSync>(m.stage(k), options_.outer_lr, options_.outer_momentum));
+      }
       if (r == 0) continue;
       std::vector<Param*> from = models_[0]->stage(k).params(), to = m.stage(k).params();
       for (size_t i = 0; i < from.size(); ++i) to[i]->value.CopyFrom(from[i]->value);
@@ -60,20 +65,33 @@ std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labe
                                              bool update) {
   const int replicas = static_cast<int>(models_.size());
   const bool splits = train && Rule(options_.rule).splits_micro_batches;
+  const bool alone = ReplicasStepAlone(options_);
+  const int64_t labels_per_example = labels.numel() / std::max<int64_t>(x.rows(), 1);
+  if (alone && train && update && !outer_started_) {
+    // The synchronised weights start as the parameters are now (at step 0, or as a
+    // checkpoint left them).
+    for (Model* m : models_) {
+      for (int k = 0; k < m->num_stages(); ++k) OuterSync::Start(m->stage(k));
+    }
+    outer_started_ = true;
+  }
   StepContext ctx;
   ctx.step = step_;
   ctx.lr = current_lr();
   ctx.seed = options_.seed;
   // The mean over the whole batch, whichever replica computes a share of it.
-  ctx.loss_scale = LossScale(x.rows(), labels.numel() / std::max<int64_t>(x.rows(), 1));
+  ctx.loss_scale = LossScale(x.rows(), labels_per_example);
   ctx.train = train;
-  // Replicas step together once every one has its gradients.
-  ctx.apply_update = update && replicas == 1;
+  // Replicas step together once every one has its gradients (or each alone).
+  ctx.apply_update = update && (replicas == 1 || alone);
+  ctx.replicas_step_alone = alone;
   std::vector<HeadStats> stats(static_cast<size_t>(models_[0]->num_stages()));
   for (int r = 0; r < replicas; ++r) {
     int64_t begin, rows;
     MicroBatchRange(x.rows(), replicas, r, &begin, &rows);
     if (rows == 0) continue;  // a short evaluation batch leaves the last replicas idle
+    // A replica stepping alone follows the mean loss over its own share.
+    if (alone && train) ctx.loss_scale = LossScale(rows, labels_per_example);
     ctx.micro_batches = splits ? StepMicroBatches(options_.micro_batches, rows) : 1;
     ctx.micro_batch_offset = train ? r * std::max(1, options_.micro_batches) : 0;
     const bool whole = replicas == 1;
@@ -81,7 +99,13 @@ std::vector<HeadStats> ReferenceTrainer::Run(const Tensor& x, const Tensor& labe
                                           whole ? labels : labels.Slice(begin, rows), ctx);
     for (size_t k = 0; k < stats.size(); ++k) stats[k].Add(s[k]);
   }
-  if (train && update && replicas > 1) ExchangeAndStep(ctx.lr);
+  if (train && update && replicas > 1) {
+    if (!alone) {
+      ExchangeAndStep(ctx.lr);
+    } else if (SyncsAfter(options_, step_)) {
+      SyncReplicas();
+    }
+  }
   return stats;
 }
 
@@ -126,6 +150,18 @@ void ReferenceTrainer::ExchangeAndStep(float lr) {
       buckets_[r][k]->Unpack(gathered_.data(), replicas);
       models_[r]->stage(static_cast<int>(k)).Step(lr);
     }
+  }
+}
+
+// Each replica computes the same outer step from the same gathered pseudo-gradients, as
+// each worker does.
+void ReferenceTrainer::SyncReplicas() {
+  const int replicas = static_cast<int>(models_.size());
+  for (size_t k = 0; k < outer_[0].size(); ++k) {
+    const int64_t n = outer_[0][k]->size();
+    gathered_.resize(static_cast<size_t>(n * replicas));
+    for (int r = 0; r < replicas; ++r) outer_[r][k]->Pack(gathered_.data() + r * n);
+    for (int r = 0; r < replicas; ++r) outer_[r][k]->Apply(gathered_.data(), replicas);
   }
 }
 

@@ -18,6 +18,7 @@
 
 namespace localpar {
 
+class OuterSync;
 class ReplicaBucket;
 
 class ReferenceTrainer {
@@ -50,12 +51,16 @@ class ReferenceTrainer {
                                     StepContext ctx);
   // Every stage's replicas: the gradients' sum in replica order, then the same step.
   void ExchangeAndStep(float lr);
+  // Replicas that synchronise every few steps: every stage's outer step (OuterSync).
+  void SyncReplicas();
 
   std::vector<Model*> models_;  // by replica
   StepSettings options_;
   LocalPipeline pipeline_;
   std::vector<std::vector<std::unique_ptr<StageExecutor>>> executors_;  // [replica][stage]
   std::vector<std::vector<std::unique_ptr<ReplicaBucket>>> buckets_;    // [replica][stage]
+  std::vector<std::vector<std::unique_ptr<OuterSync>>> outer_;          // [replica][stage]
+  bool outer_started_ = false;
   std::vector<float> gathered_;
   int64_t step_ = 0;
 };

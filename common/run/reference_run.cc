@@ -12,6 +12,7 @@
 #include "common/job/spec.h"
 #include "common/model_io/model_file.h"
 #include "common/model_io/regroup.h"
+#include "common/model_io/stage_snapshot.h"
 #include "common/model_io/tensor_proto.h"
 #include "common/nn/trainer.h"
 #include "common/run/ledger.h"
@@ -67,6 +68,7 @@ absl::StatusOr<Replicas> BuildReplicas(Backend& be, const v1::Job& job, const Ru
 // training figures since its last epoch.
 struct Resumed {
   FoundCheckpoint found;
+  std::string root;  // the directory holding the workers' snapshot directories
   std::optional<RegroupPlan> regroup;
   std::vector<EpochProgress> progress;
 };
@@ -90,7 +92,8 @@ absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Repl
       !s.ok()) {
     return s;
   }
-  // The checkpoint is read once: the other replicas copy the first's state.
+  // The checkpoint is read once: the other replicas copy the first's state (replicas that
+  // synchronise every few steps read their own after the trainer is made: RestoreEach).
   for (size_t r = 1; r < replicas.models.size(); ++r) {
     replicas.models[r]->CopyStateFrom(*replicas.models[0]);
   }
@@ -102,7 +105,35 @@ absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Repl
     out.regroup = *plan;
   }
   out.found = *std::move(found);
+  out.root = dir;
   return out;
+}
+
+// Replicas that synchronise every few steps each kept their own weights, optimizer and
+// outer state since the last synchronisation: each reads its own snapshots (PlanRegroup
+// kept the checkpoint's layout). After the trainer is made, which starts every replica
+// from the first's parameters.
+absl::Status RestoreEach(const Resumed& resumed, Replicas& replicas) {
+  const v1::CheckpointManifest& m = resumed.found.manifest;
+  const int count = static_cast<int>(replicas.models.size());
+  for (int r = 0; r < count; ++r) {
+    Model& model = *replicas.models[static_cast<size_t>(r)];
+    for (int k = 0; k < model.num_stages(); ++k) {
+      const v1::StageSnapshot* snap = FindSnapshot(m, k, r);
+      if (snap == nullptr) {
+        return absl::DataLossError(absl::StrCat(
+            resumed.found.dir, "/MANIFEST: has no snapshot of stage ", k, " replica ", r));
+      }
+      EpochProgress progress;
+      if (absl::Status s =
+              RestoreStageSnapshot(&model.stage(k), k, LocalSnapshotDir(resumed.root, k, r, count),
+                                   *snap, m.fingerprint(), &progress, r);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The books and the trainer at the checkpoint's step; the data cursor there.
@@ -259,6 +290,9 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   RunLedger& ledger = **opened;
   ReferenceTrainer trainer(replicas->pointers(), ToStepSettings(job, ledger.total_steps()));
   const DataCursor cursor = resumed ? StartAt(*resumed, ledger, trainer) : DataCursor{};
+  if (resumed && job.replica_sync().every() > 1) {
+    if (absl::Status s = RestoreEach(*resumed, *replicas); !s.ok()) return s;
+  }
   if (resumed) {
     absl::StatusOr<v1::Job> before = CheckpointJob(resumed->found.manifest, resumed->found.dir);
     if (before.ok()) {

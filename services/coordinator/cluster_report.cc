@@ -34,6 +34,10 @@ v1::StageFigures StageFiguresOf(int k, const v1::StatsResponse& s) {
   *f.mutable_phase_seconds() = s.phase_seconds();
   f.set_bytes_received(static_cast<double>(s.bytes_received()));
   f.set_bytes_sent(static_cast<double>(s.bytes_sent()));
+  for (int64_t b : s.replica_allreduce_bytes()) {
+    f.add_replica_exchange_bytes_sent(static_cast<double>(b));
+  }
+  f.set_exchange_bytes_sent(static_cast<double>(s.allreduce_bytes()));
   return f;
 }
 

@@ -257,7 +257,16 @@ bool SameWeights(const v1::StageWeights& a, const v1::StageWeights& b) {
 
 }  // namespace
 
-absl::Status JobRunner::CheckReplicasAgree(const v1::ModelWeights& weights) {
+absl::Status JobRunner::CheckReplicasAgree(const v1::ModelWeights& weights, int64_t steps) {
+  const StepSettings settings = ToStepSettings(job_, ledger_.total_steps());
+  if (ReplicasStepAlone(settings) && steps > 0 && !SyncsAfter(settings, steps - 1)) {
+    // Stopped between synchronisations: each replica holds its own weights.
+    const int64_t since = steps % settings.sync_every;
+    log_ << "localpar: the run stopped " << since << " step" << (since == 1 ? "" : "s")
+         << " after its replicas last synchronised (every " << settings.sync_every
+         << " steps); the weights written are replica 0's\n";
+    return absl::OkStatus();
+  }
   for (int k = 0; k < pool_.size(); ++k) {
     for (int r = 1; r < pool_.replicas(); ++r) {
       absl::StatusOr<v1::StageWeights> w = pool_.Weights(k, r);
@@ -310,7 +319,10 @@ absl::Status JobRunner::Collect() {
     }
     *weights.add_stages() = *std::move(w);
   }
-  if (absl::Status agree = CheckReplicasAgree(weights); !agree.ok()) return agree;
+  if (absl::Status agree = CheckReplicasAgree(weights, stats.empty() ? 0 : stats[0].steps());
+      !agree.ok()) {
+    return agree;
+  }
   const double collect_seconds = absl::ToDoubleSeconds(absl::Now() - collect_start);
   // Nothing is lost from here on: end the progress line before the table.
   monitor_.Stop();

@@ -58,7 +58,9 @@ class JobRunner {
   absl::Status Collect();
   absl::Status Interrupted(const absl::Status& collected) const;
   // With replicas, every stage's replicas must hold the same weights at the end.
-  absl::Status CheckReplicasAgree(const v1::ModelWeights& weights);
+  // `steps`: training steps every replica took (replicas that synchronise every few steps
+  // agree only after a synchronisation).
+  absl::Status CheckReplicasAgree(const v1::ModelWeights& weights, int64_t steps);
   DataCursor StartCursor() const;
 
   const v1::CoordinatorConfig& config_;

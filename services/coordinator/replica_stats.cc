@@ -18,6 +18,11 @@ void AddHead(const v1::HeadStatistics& from, v1::HeadStatistics* to) {
 v1::StatsResponse MergeReplicaStats(const std::vector<const v1::StatsResponse*>& replicas) {
   v1::StatsResponse out = *replicas.at(0);
   out.set_replica(0);
+  out.clear_replica_allreduce_bytes();
+  if (replicas.size() > 1) {
+    for (const v1::StatsResponse* s : replicas)
+      out.add_replica_allreduce_bytes(s->allreduce_bytes());
+  }
   std::map<int, int> epoch_at;  // epoch number -> index in out.epochs
   for (int i = 0; i < out.epochs_size(); ++i) epoch_at[out.epochs(i).epoch()] = i;
   for (size_t r = 1; r < replicas.size(); ++r) {

@@ -34,6 +34,15 @@ void Explain(const v1::Job& job, std::ostream& out) {
     out << "# " << t.micro_batches << " micro-batch" << (t.micro_batches == 1 ? "" : "es") << ", "
         << PipelineScheduleName(t.pipeline) << " schedule\n";
   }
+  if (t.replicas > 1) {
+    out << "# " << t.replicas << " replicas of every stage, ";
+    if (ReplicasStepAlone(t)) {
+      out << "each stepping alone; every " << t.sync_every << " steps an outer Nesterov step (lr "
+          << t.outer_lr << ", momentum " << t.outer_momentum << ") on their mean pseudo-gradient\n";
+    } else {
+      out << "their gradients added in replica order before every step\n";
+    }
+  }
   for (int k = 0; k < job.stages_size(); ++k) {
     ProgramSpec spec = StageProgramSpec(t, k, job.stages_size());
     out << "# stage " << k << ": " << ProgramString(TrainProgram(spec));

@@ -72,12 +72,22 @@ void StageCompute::RunStep(ComputeLinks& links, v1::DownItem first, double recei
                                    ReplicaRows(b.batch_rows(), setup_.replicas, setup_.replica))
                 : 1;
   ctx.micro_batch_offset = ctx.train ? setup_.replica * setup_.program.micro_batches : 0;
+  if (ctx.train && ReplicasStepAlone(t)) {
+    // Each replica steps alone on the mean loss over its own share, and synchronises with
+    // the others every few steps from the weights as they were first trained here (set
+    // once, unless a checkpoint restored them).
+    ctx.replicas_step_alone = true;
+    ctx.loss_scale = LossScale(ReplicaRows(b.batch_rows(), setup_.replicas, setup_.replica),
+                               setup_.labels_per_example);
+    ctx.sync_replicas = SyncsAfter(t, b.step());
+  }
   const int64_t start = MonotonicNanos();
   const double cpu_start = ProcessCpuSeconds();
   ports_->Begin(std::move(first), ctx.micro_batches);
   executor_.Begin(ctx);
   {
     std::lock_guard<std::timed_mutex> compute(host_.compute_mutex());
+    if (ctx.replicas_step_alone) OuterSync::Start(*setup_.stage_model);
     if (executor_.Run(*ports_) != StageExecutor::Result::kDone) return;  // the stream ended
   }
   if (!ctx.train) {

@@ -224,14 +224,42 @@ PortState LinkPorts::ExchangeWithReplicas(Stage& stage) {
   if (!setup_.group) return PortState::kReady;
   absl::Status s = Exchange(stage).Finish();
   if (!s.ok()) {
-    // The replicas can no longer step together: no step is applied from now on, and the
-    // coordinator hears why, once (it recovers once the lost replica is back).
-    if (!exchange_failed_) {
-      links_->SendUp(FrameItem(ErrorItem(items_.first_seq(), setup_.stage, s)));
-    }
-    exchange_failed_ = true;
+    ExchangeFailed(s);
     return PortState::kGone;
   }
+  return PortState::kReady;
+}
+
+// The replicas can no longer step together: no step is applied from now on, and the
+// coordinator hears why, once (it recovers once the lost replica is back).
+void LinkPorts::ExchangeFailed(const absl::Status& s) {
+  if (!exchange_failed_) links_->SendUp(FrameItem(ErrorItem(items_.first_seq(), setup_.stage, s)));
+  exchange_failed_ = true;
+}
+
+// Replicas that synchronise every few steps: the pseudo-gradients gathered from every
+// replica (on this, the compute thread: no gradient exchange runs in this mode), checked,
+// then the outer step.
+PortState LinkPorts::SyncReplicas(Stage& stage) {
+  if (!setup_.group) return PortState::kReady;
+  if (exchange_failed_) return PortState::kGone;
+  if (!outer_) {
+    outer_ = std::make_unique<OuterSync>(stage, setup_.steps.outer_lr, setup_.steps.outer_momentum);
+  }
+  const int64_t n = outer_->size();
+  outer_send_.resize(static_cast<size_t>(n));
+  outer_gathered_.resize(static_cast<size_t>(n) * static_cast<size_t>(setup_.replicas));
+  outer_->Pack(outer_send_.data());
+  absl::Status s = setup_.group->AllGather(outer_send_.data(), n, outer_gathered_.data());
+  if (s.ok()) {
+    s = CheckGatheredFinite(outer_gathered_.data(), setup_.replicas, n, setup_.stage,
+                            "a pseudo-gradient");
+  }
+  if (!s.ok()) {
+    ExchangeFailed(s);
+    return PortState::kGone;
+  }
+  outer_->Apply(outer_gathered_.data(), setup_.replicas);
   return PortState::kReady;
 }
 

@@ -112,9 +112,12 @@ class LinkPorts final : public StagePorts {
   PortState TakeGradient(bool wait, const Tensor** grad) override;
   PortState ExchangeWithReplicas(Stage& stage) override;
   void GradientsFinal(Stage& stage, int layer) override;
+  PortState SyncReplicas(Stage& stage) override;
 
  private:
   ReplicaExchange& Exchange(Stage& stage);
+  // Tells the coordinator why the replicas can no longer step together, once.
+  void ExchangeFailed(const absl::Status& s);
 
   const ConfiguredStage& setup_;
   StageHost& host_;
@@ -126,6 +129,8 @@ class LinkPorts final : public StagePorts {
   Tensor staging_, grad_staging_;              // host bytes of converted or device tensors
   std::unique_ptr<ReplicaExchange> exchange_;  // replicas, made on first use
   bool exchange_failed_ = false;
+  std::unique_ptr<OuterSync> outer_;  // replicas that synchronise every few steps
+  std::vector<float> outer_send_, outer_gathered_;
   double send_wait_ = 0;
 };
 

@@ -96,8 +96,9 @@ void ReplicaExchange::Loop() {
 // Every replica's part of a gathered bucket is checked as a stream gradient is: one
 // non-finite value and no replica steps. Every replica sees the same gathered bytes, so all
 // of them decide alike, and the message names the replica the values came from.
-absl::Status ReplicaExchange::CheckFinite(const float* gathered, int64_t n) const {
-  for (int r = 0; r < replicas_; ++r) {
+absl::Status CheckGatheredFinite(const float* gathered, int replicas, int64_t n, int stage,
+                                 const std::string& what) {
+  for (int r = 0; r < replicas; ++r) {
     const float* part = gathered + static_cast<size_t>(r) * static_cast<size_t>(n);
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < n; ++i) {
@@ -106,12 +107,16 @@ absl::Status ReplicaExchange::CheckFinite(const float* gathered, int64_t n) cons
       ++bad;
     }
     if (bad == 0) continue;
-    return absl::DataLossError(
-        absl::StrCat("replica ", r, " of stage ", group_.options().stage,
-                     " sent a gradient bucket with ", bad, " non-finite value", bad == 1 ? "" : "s",
-                     " (the first at index ", first, " of ", n, "); no replica takes this step"));
+    return absl::DataLossError(absl::StrCat("replica ", r, " of stage ", stage, " sent ", what,
+                                            " with ", bad, " non-finite value", bad == 1 ? "" : "s",
+                                            " (the first at index ", first, " of ", n,
+                                            "); no replica takes this step"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ReplicaExchange::CheckFinite(const float* gathered, int64_t n) const {
+  return CheckGatheredFinite(gathered, replicas_, n, group_.options().stage, "a gradient bucket");
 }
 
 absl::Status ReplicaExchange::Exchange(int g) {

@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,6 +22,11 @@
 #include "services/worker/replica_group.h"
 
 namespace localpar {
+
+// DATA_LOSS naming the first replica whose part of a gathered bucket (`replicas` parts of n
+// floats) holds a NaN or an infinity, and how many; `what` names the bucket.
+absl::Status CheckGatheredFinite(const float* gathered, int replicas, int64_t n, int stage,
+                                 const std::string& what);
 
 class ReplicaExchange {
  public:

@@ -254,6 +254,76 @@ TEST(Replicas, GradientsAddInReplicaOrderAndRunningStatisticsAverage) {
   EXPECT_EQ(bucket.size(), a.model->stage(0).num_parameters());
 }
 
+// Replicas that synchronise every H steps (DiLoCo): between synchronisations each replica
+// is a model trained alone on its share of every batch (the loss a mean over that share),
+// bit for bit; at each synchronisation every replica takes the outer Nesterov step from the
+// weights at the last one, recomputed here in double precision from the lone models.
+TEST(ReplicaSync, ReplicasTrainAloneThenTakeTheOuterNesterovStepTogether) {
+  ModelConfig m = SmallModel(2);
+  m.optimizer.kind = OptimizerConfig::Kind::kAdamW;  // the inner optimizer DiLoCo uses
+  Fixture r0(m), r1(m), a(m), b(m);
+  StepSettings o = Options(UpdateRule::kGreedy);
+  o.schedule.lr = 0.01f;
+  o.replicas = 2;
+  o.sync_every = 3;
+  o.outer_lr = 0.7f;
+  o.outer_momentum = 0.9f;
+  o.total_steps = 7;  // synchronised after steps 3, 6 and the last, 7
+  ReferenceTrainer together({r0.model.get(), r1.model.get()}, o);
+  StepSettings one = Options(UpdateRule::kGreedy);
+  one.schedule.lr = 0.01f;
+  ReferenceTrainer ta(*a.model, one), tb(*b.model, one);
+  const Tensor xa = r0.x.Slice(0, 3), ya = r0.y.Slice(0, 3);
+  const Tensor xb = r0.x.Slice(3, 3), yb = r0.y.Slice(3, 3);
+  auto all_params = [](Model& model) {
+    std::vector<Param*> out;
+    for (int k = 0; k < model.num_stages(); ++k) {
+      for (Param* p : model.stage(k).params()) out.push_back(p);
+    }
+    return out;
+  };
+  const std::vector<Param*> p0 = all_params(*r0.model), p1 = all_params(*r1.model);
+  const std::vector<Param*> pa = all_params(*a.model), pb = all_params(*b.model);
+  std::vector<std::vector<double>> w, mom;
+  for (Param* p : p0) {
+    std::vector<float> v = p->value.ToHost();
+    w.emplace_back(v.begin(), v.end());
+    mom.emplace_back(v.size(), 0.0);
+  }
+  int syncs = 0;
+  for (int step = 0; step < 7; ++step) {
+    together.TrainStep(r0.x, r0.y);
+    ta.TrainStep(xa, ya);
+    tb.TrainStep(xb, yb);
+    if ((step + 1) % 3 != 0 && step != 6) {
+      for (size_t i = 0; i < p0.size(); ++i) {
+        EXPECT_EQ(p0[i]->value.ToHost(), pa[i]->value.ToHost()) << step << " " << p0[i]->name;
+        EXPECT_EQ(p1[i]->value.ToHost(), pb[i]->value.ToHost()) << step << " " << p1[i]->name;
+      }
+      continue;
+    }
+    ++syncs;
+    for (size_t i = 0; i < p0.size(); ++i) {
+      const std::vector<float> va = pa[i]->value.ToHost(), vb = pb[i]->value.ToHost();
+      std::vector<float> want(va.size());
+      for (size_t j = 0; j < va.size(); ++j) {
+        const double g = ((w[i][j] - va[j]) + (w[i][j] - vb[j])) / 2;
+        mom[i][j] = 0.9 * mom[i][j] + g;
+        w[i][j] -= 0.7 * (g + 0.9 * mom[i][j]);
+        want[j] = static_cast<float>(w[i][j]);
+      }
+      EXPECT_TRUE(AllClose(p0[i]->value.ToHost(), want, 1e-5f, 1e-4f))
+          << step << " " << p0[i]->name;
+      EXPECT_EQ(p1[i]->value.ToHost(), p0[i]->value.ToHost()) << step << " " << p0[i]->name;
+      EXPECT_NE(va, vb) << step << " " << p0[i]->name;  // the replicas had moved apart
+      // The lone models go on from the synchronised weights with their own optimizer state.
+      pa[i]->value.CopyFrom(p0[i]->value);
+      pb[i]->value.CopyFrom(p0[i]->value);
+    }
+  }
+  EXPECT_EQ(syncs, 3);
+}
+
 // What a stage's program tells its ports about final gradients, so that replicas can start
 // exchanging a group while the backward pass goes on: the head after the last head
 // action, then each layer, the last first, during the last backward action only, and all

@@ -212,8 +212,8 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
                  "project_stages", "replicas", "rule", "stages", "threads"}));
   EXPECT_EQ(flags("validate"),
             Set({"batch_size", "data_path", "epochs", "eval_every_steps", "explain", "lr",
-                 "max_steps", "memory_limit_mib", "micro_batches", "replicas", "resume", "rule",
-                 "schedule", "seed", "stages"}));
+                 "max_steps", "memory_limit_mib", "micro_batches", "outer_lr", "outer_momentum",
+                 "replicas", "resume", "rule", "schedule", "seed", "stages", "sync_every"}));
   const Set run = flags("run");
   EXPECT_TRUE(run.count("resume_if_present")) << "run takes the coordinator's restart flag";
   EXPECT_TRUE(run.count("resume") && run.count("checkpoint_dir"));
