@@ -66,15 +66,23 @@ void ReplicaBucket::Unpack(const float* gathered, int replicas) {
   LP_CHECK(replicas >= 1);
   host_.resize(static_cast<size_t>(size_));
   SumInReplicaOrder(gathered, replicas, size_, host_.data());
+  UnpackSum(host_.data(), replicas);
+}
+
+void ReplicaBucket::UnpackSum(const float* sum, int replicas) {
+  LP_CHECK(replicas >= 1);
   const float inv = 1.0f / static_cast<float>(replicas);
-  float* at = host_.data();
+  const float* at = sum;
   for (Param* p : params_) {
     Tensor& t = p->trainable ? p->grad : p->value;
     const int64_t n = t.numel();
-    if (!p->trainable) {
-      for (int64_t i = 0; i < n; ++i) at[i] *= inv;
+    if (p->trainable) {
+      t.backend().CopyFromHost(t.raw(), at, t.nbytes());
+    } else {
+      mean_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) mean_[static_cast<size_t>(i)] = at[i] * inv;
+      t.backend().CopyFromHost(t.raw(), mean_.data(), t.nbytes());
     }
-    t.backend().CopyFromHost(t.raw(), at, t.nbytes());
     at += n;
   }
 }
@@ -133,8 +141,13 @@ void OuterSync::Apply(const float* gathered, int replicas) {
   LP_CHECK(replicas >= 1);
   host_.resize(static_cast<size_t>(size_));
   SumInReplicaOrder(gathered, replicas, size_, host_.data());
+  ApplySum(host_.data(), replicas);
+}
+
+void OuterSync::ApplySum(const float* sum, int replicas) {
+  LP_CHECK(replicas >= 1);
   const float inv = 1.0f / static_cast<float>(replicas);
-  const float* at = host_.data();
+  const float* at = sum;
   for (Param* p : params_) {
     const size_t n = static_cast<size_t>(p->value.numel());
     if (!p->trainable) {

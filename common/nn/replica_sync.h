@@ -32,6 +32,8 @@ class ReplicaBucket {
   // gradient becomes their sum, added in replica order; each running statistic their mean
   // (each replica updated it from its own share of the batch).
   void Unpack(const float* gathered, int replicas);
+  // The same from the contributions' sum (added in replica order), as a reduction gives it.
+  void UnpackSum(const float* sum, int replicas);
   // The same on the stage's device, for a collective that gathers in device memory (NCCL):
   // `out`, `gathered` and `scratch` (size() floats) are device buffers. The sum is added in
   // replica order with the backend's Add; the running statistics' mean is taken on the host.
@@ -42,7 +44,7 @@ class ReplicaBucket {
   std::vector<Param*> params_;
   int64_t size_ = 0;
   int64_t trainable_ = 0;  // floats of gradients before the running statistics
-  std::vector<float> host_;
+  std::vector<float> host_, mean_;
 };
 
 // Replicas that synchronise every few steps (Job.replica_sync, DiLoCo): the outer step,
@@ -69,6 +71,8 @@ class OuterSync {
   // the synchronised weights w: m = momentum * m + g; w = w - lr * (g + momentum * m); the
   // parameters become w. Running statistics become the replicas' mean.
   void Apply(const float* gathered, int replicas);
+  // The same from the contributions' sum (added in replica order), as a reduction gives it.
+  void ApplySum(const float* sum, int replicas);
 
  private:
   std::vector<Param*> params_;  // trainable ones first, as ReplicaBucket orders them

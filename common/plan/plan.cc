@@ -249,8 +249,10 @@ std::vector<double> ExchangeSeconds(const LinkModel& link, size_t stages) {
   std::vector<double> out(stages, 0.0);
   if (link.replicas <= 1 || link.bytes_per_second <= 0) return out;
   for (size_t k = 0; k < stages && k < link.exchange_bytes.size(); ++k) {
+    // The mesh's reduce-scatter and all-gather: two rounds, 2 (R - 1) / R of the bucket.
+    const double r = link.replicas;
     out[k] =
-        link.latency_seconds + (link.replicas - 1) * link.exchange_bytes[k] / link.bytes_per_second;
+        2 * link.latency_seconds + 2 * (r - 1) / r * link.exchange_bytes[k] / link.bytes_per_second;
   }
   return out;
 }

@@ -55,11 +55,10 @@ absl::StatusOr<Partition> EqualPartition(const std::vector<UnitProfile>& units, 
 //
 // With replicas (Job.replicas = R), every stage runs R times, each on 1/R of the batch:
 // stage_seconds and hop_bytes are then one replica's, for its share. After its backward
-// pass each replica also sends its exchange bucket to the R - 1 others and receives
-// theirs (a gather: replica_sync.h), which is (R - 1) x exchange_bytes each way per step,
-// not overlapped with the stage's compute, and counted against the cores like compute. (A ring
-// all-reduce would move 2 (R - 1) / R x, but adds in an order that depends on the element, and
-// localpar keeps replicas bitwise reproducible.) With R = 2 both move the bucket once.
+// pass each replica also sums its exchange bucket with the R - 1 others' (the mesh's
+// reduce-scatter then all-gather: services/worker/replica_mesh.h), two rounds that move
+// 2 (R - 1) / R x exchange_bytes each way per step, not overlapped with the stage's compute,
+// and counted against the cores like compute.
 struct LinkModel {
   double bytes_per_second = 0;  // 0: an infinitely fast link
   double latency_seconds = 0;

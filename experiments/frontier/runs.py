@@ -199,17 +199,16 @@ def cluster_check(ctx, model, method, check, stages, lr):
 
 
 def mesh_exchange_rate(ctx, replicas):
-    """Seconds per byte of the replicas' gradient exchange on this machine: the mesh
-    all-gather and the sum in replica order, as allreduce_bench measures them for a 16 MiB
-    bucket on loopback (run once per replica count)."""
+    """Seconds per byte of the replicas' gradient exchange on this machine: the mesh's
+    reduce-scatter and all-gather with the sum in replica order, as allreduce_bench measures
+    it for a 16 MiB bucket on loopback (run once per replica count)."""
     bench = os.path.join(os.path.dirname(os.path.abspath(ctx.localpar)), "bench",
                          "allreduce_bench")
     if not os.path.exists(bench):
         fail(f"{bench}: needed for the replicas' checks (build the benchmarks)")
     out = subprocess.run([bench, "--mib=16", f"--replicas={replicas}", "--rounds=5"],
                          capture_output=True, text=True)
-    gather = re.search(r"mesh allgather:\s+([0-9.]+) ms", out.stdout)
-    summed = re.search(r"sum in replica order:\s+([0-9.]+) ms", out.stdout)
-    if out.returncode != 0 or not gather or not summed:
+    reduced = re.search(r"mesh allreduce \([^)]*\):\s+([0-9.]+) ms", out.stdout)
+    if out.returncode != 0 or not reduced:
         fail(f"allreduce_bench failed (exit {out.returncode}): {out.stdout}{out.stderr}")
-    return (float(gather.group(1)) + float(summed.group(1))) * 1e-3 / (16 << 20)
+    return float(reduced.group(1)) * 1e-3 / (16 << 20)

@@ -8,9 +8,10 @@ A step of run r is modelled from what the run sends and computes:
   bytes     bytes the busiest device sends a step (its egress is what `tc tbf` shapes);
   wire      bytes / the link's rate (0 on unshaped links).
 What each method sends, per step, from the busiest device:
-  data parallelism, R replicas: the replica mesh gathers every replica's gradient bucket at
-    every other replica, so (R - 1) x the parameters in R - 1 messages (the frontier model
-    assumes a ring all-reduce, 2 (R - 1) / R of them);
+  data parallelism, R replicas: the replica mesh's reduce-scatter and all-gather, 2 (R - 1) / R
+    x the parameters in 2 (R - 1) messages (as the frontier model's ring all-reduce); runs
+    measured before it (Config.exchange unset) gathered every replica's gradient bucket at
+    every other replica, (R - 1) x the parameters in R - 1 messages;
   GPipe, K stages, M micro-batches: M activations forward and M gradients back, a middle
     stage sending both (K = 2: one direction each);
   CHUNKED and GREEDY: one batch of activations forward;
@@ -51,6 +52,8 @@ def traffic(cfg, profile_stages):
     """(messages, bytes) the busiest device sends a step."""
     if cfg.method == "data_parallel":
         params = sum(s["parameter_bytes"] for s in profile_stages)
+        if getattr(cfg, "exchange", None) == "reduce_scatter":
+            return 2 * (cfg.replicas - 1), 2.0 * (cfg.replicas - 1) / cfg.replicas * params
         return cfg.replicas - 1, (cfg.replicas - 1) * params
     hop = max(s.get("hop_bytes", 0.0) for s in profile_stages)
     k = cfg.stages

@@ -40,6 +40,15 @@ class Config:
     worker_cpu: Optional[float]
     coordinator_cpu: float
     threads: int = 1
+    # How a stage's replicas exchange gradients: "reduce_scatter" (each sends 2 (R - 1) / R of
+    # the bucket) for runs with replicas measured since it replaced the gather; None for runs
+    # without replicas, and in runs cached before (the gather, (R - 1) x).
+    exchange: Optional[str] = None
+
+    def key(self):
+        """The fields as cached: `exchange` only where it is set, so that runs cached before
+        it existed keep their keys."""
+        return {k: v for k, v in self.__dict__.items() if not (k == "exchange" and v is None)}
 
 
 def coordinator_argv(localpar_dir, cfg, bed, out_dir):

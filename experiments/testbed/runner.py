@@ -66,7 +66,7 @@ def run_one(args):
                  else f"; {args.target:g} not reached")
     say(line)
     with open(os.path.join(args.out, "result.json"), "w") as f:
-        json.dump({"config": cfg.__dict__, **{k: v for k, v in result.items() if k != "weights"}},
+        json.dump({"config": cfg.key(), **{k: v for k, v in result.items() if k != "weights"}},
                   f, indent=1)
     if args.check_reference:
         ref = reference_weights(localpar, cfg, os.path.join(args.out, "reference"))

@@ -107,7 +107,8 @@ class TestbedSweep:
             lr=self.chosen[(meth, n)], seed=seed, max_steps=max(1, self.length_for(b) // b),
             eval_every_steps=max(1, self.model.eval_every_examples // b), hold=self.model.hold,
             strictest=self.strictest, text=self.model.text, devices=n, link_mbit=link,
-            worker_cpu=None, coordinator_cpu=self.spec.coordinator_cpu)
+            worker_cpu=None, coordinator_cpu=self.spec.coordinator_cpu,
+            exchange="reduce_scatter" if lay.replicas > 1 else None)
 
     def key(self, cfg):
         return (f"{self.model.name}-{cfg.method}-N{cfg.devices}-L{cfg.link_mbit:g}"
@@ -121,7 +122,7 @@ class TestbedSweep:
                     for meth in self.spec.methods:
                         cfg = self.config(meth, n, link, seed)
                         done = self.cache.get("measured", self.key(cfg))
-                        if done is None or done.get("config") != cfg.__dict__:
+                        if done is None or done.get("config") != cfg.key():
                             todo.append(cfg)
         total = len(self.spec.devices) * len(self.spec.links_mbit) * len(self.spec.seeds) * \
             len(self.spec.methods)
@@ -149,7 +150,7 @@ class TestbedSweep:
                                  max_seconds=self.spec.max_seconds)
         result.pop("weights", None)
         result["cpu_fractions"] = shares
-        self.cache.put("measured", self.key(cfg), {"config": cfg.__dict__, **result})
+        self.cache.put("measured", self.key(cfg), {"config": cfg.key(), **result})
         hit = first_reaching([(p["step"], p["metrics"][-1]) for p in result["points"]],
                              cfg.strictest, not cfg.text, cfg.hold)
         say(f"    {result['steps']} steps, {result['seconds']:.0f} s, "
@@ -164,7 +165,7 @@ class TestbedSweep:
                     for meth in self.spec.methods:
                         cfg = self.config(meth, n, link, seed)
                         done = self.cache.get("measured", self.key(cfg))
-                        if done is not None and done.get("config") == cfg.__dict__:
+                        if done is not None and done.get("config") == cfg.key():
                             out.append((cfg, done))
         return out
 

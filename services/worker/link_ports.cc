@@ -219,7 +219,7 @@ ReplicaExchange& LinkPorts::Exchange(Stage& stage) {
   return *exchange_;
 }
 
-// Replicas: this step's gradient bucket, gathered from every replica and summed.
+// Replicas: this step's gradient bucket, summed over every replica.
 PortState LinkPorts::ExchangeWithReplicas(Stage& stage) {
   if (!setup_.group) return PortState::kReady;
   absl::Status s = Exchange(stage).Finish();
@@ -237,7 +237,7 @@ void LinkPorts::ExchangeFailed(const absl::Status& s) {
   exchange_failed_ = true;
 }
 
-// Replicas that synchronise every few steps: the pseudo-gradients gathered from every
+// Replicas that synchronise every few steps: the pseudo-gradients summed over every
 // replica (on this, the compute thread: no gradient exchange runs in this mode), checked,
 // then the outer step.
 PortState LinkPorts::SyncReplicas(Stage& stage) {
@@ -248,18 +248,16 @@ PortState LinkPorts::SyncReplicas(Stage& stage) {
   }
   const int64_t n = outer_->size();
   outer_send_.resize(static_cast<size_t>(n));
-  outer_gathered_.resize(static_cast<size_t>(n) * static_cast<size_t>(setup_.replicas));
+  outer_sum_.resize(static_cast<size_t>(n));
   outer_->Pack(outer_send_.data());
-  absl::Status s = setup_.group->AllGather(outer_send_.data(), n, outer_gathered_.data());
-  if (s.ok()) {
-    s = CheckGatheredFinite(outer_gathered_.data(), setup_.replicas, n, setup_.stage,
-                            "a pseudo-gradient");
-  }
+  NonFiniteParts bad;
+  absl::Status s = setup_.group->AllReduce(outer_send_.data(), n, outer_sum_.data(), &bad);
+  if (s.ok()) s = NonFiniteError(bad, setup_.stage, n, "a pseudo-gradient");
   if (!s.ok()) {
     ExchangeFailed(s);
     return PortState::kGone;
   }
-  outer_->Apply(outer_gathered_.data(), setup_.replicas);
+  outer_->ApplySum(outer_sum_.data(), setup_.replicas);
   return PortState::kReady;
 }
 

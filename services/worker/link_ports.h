@@ -130,7 +130,7 @@ class LinkPorts final : public StagePorts {
   std::unique_ptr<ReplicaExchange> exchange_;  // replicas, made on first use
   bool exchange_failed_ = false;
   std::unique_ptr<OuterSync> outer_;  // replicas that synchronise every few steps
-  std::vector<float> outer_send_, outer_gathered_;
+  std::vector<float> outer_send_, outer_sum_;
   double send_wait_ = 0;
 };
 

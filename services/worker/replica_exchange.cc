@@ -93,30 +93,17 @@ void ReplicaExchange::Loop() {
   }
 }
 
-// Every replica's part of a gathered bucket is checked as a stream gradient is: one
-// non-finite value and no replica steps. Every replica sees the same gathered bytes, so all
-// of them decide alike, and the message names the replica the values came from.
-absl::Status CheckGatheredFinite(const float* gathered, int replicas, int64_t n, int stage,
-                                 const std::string& what) {
-  for (int r = 0; r < replicas; ++r) {
-    const float* part = gathered + static_cast<size_t>(r) * static_cast<size_t>(n);
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::isfinite(part[i])) continue;
-      if (first < 0) first = i;
-      ++bad;
-    }
-    if (bad == 0) continue;
-    return absl::DataLossError(absl::StrCat("replica ", r, " of stage ", stage, " sent ", what,
-                                            " with ", bad, " non-finite value", bad == 1 ? "" : "s",
-                                            " (the first at index ", first, " of ", n,
-                                            "); no replica takes this step"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReplicaExchange::CheckFinite(const float* gathered, int64_t n) const {
-  return CheckGatheredFinite(gathered, replicas_, n, group_.options().stage, "a gradient bucket");
+// Every replica's part of a bucket is checked as a stream gradient is: one non-finite value
+// and no replica steps. Each chunk's owner checks the parts of its chunk and sends its
+// verdict with the sum, so every replica decides alike, and the message names the replica
+// the values came from.
+absl::Status NonFiniteError(const NonFiniteParts& bad, int stage, int64_t n,
+                            const std::string& what) {
+  if (bad.replica < 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("replica ", bad.replica, " of stage ", stage, " sent ",
+                                          what, " with ", bad.count, " non-finite value",
+                                          bad.count == 1 ? "" : "s", " (the first at index ",
+                                          bad.first, " of ", n, "); no replica takes this step"));
 }
 
 absl::Status ReplicaExchange::Exchange(int g) {
@@ -142,14 +129,14 @@ absl::Status ReplicaExchange::Exchange(int g) {
   }
   ReplicaBucket& bucket = g == kWhole ? *whole_ : *groups_[static_cast<size_t>(g)].bucket;
   std::vector<float>& send = g == kWhole ? whole_send_ : groups_[static_cast<size_t>(g)].send;
-  std::vector<float>& gathered =
-      g == kWhole ? whole_gathered_ : groups_[static_cast<size_t>(g)].gathered;
+  std::vector<float>& sum = g == kWhole ? whole_sum_ : groups_[static_cast<size_t>(g)].sum;
   send.resize(static_cast<size_t>(bucket.size()));
-  gathered.resize(static_cast<size_t>(bucket.size()) * static_cast<size_t>(replicas_));
+  sum.resize(static_cast<size_t>(bucket.size()));
   bucket.Pack(send.data());
-  absl::Status s = group_.AllGather(send.data(), bucket.size(), gathered.data());
-  if (s.ok()) s = CheckFinite(gathered.data(), bucket.size());
-  if (s.ok()) bucket.Unpack(gathered.data(), replicas_);
+  NonFiniteParts bad;
+  absl::Status s = group_.AllReduce(send.data(), bucket.size(), sum.data(), &bad);
+  if (s.ok()) s = NonFiniteError(bad, group_.options().stage, bucket.size(), "a gradient bucket");
+  if (s.ok()) bucket.UnpackSum(sum.data(), replicas_);
   return s;
 }
 

@@ -1,11 +1,11 @@
 // Replicas of a stage (replica_group.h): the exchange of the stage's gradients, group by
 // group (common/nn/replica_sync.h's ParamGroups), on a thread of its own. On the CPU a
-// group's gather starts as soon as the backward pass has finished with it, while the
-// compute thread goes on with the layers before; the step waits for the rest. Every Gloo
-// call is made on that one thread, in the order the groups were started, and every
-// replica's program starts them in the same order (a group not started early starts at
-// the step, in group order, which is the same order). CUDA workers exchange one bucket of
-// the whole stage at the step, on the same thread.
+// group's reduction (the mesh's reduce-scatter and all-gather) starts as soon as the
+// backward pass has finished with it, while the compute thread goes on with the layers
+// before; the step waits for the rest. Every mesh call is made on that one thread, in the order the
+// groups were started, and every replica's program starts them in the same order (a group not
+// started early starts at the step, in group order, which is the same order). CUDA workers exchange
+// one bucket of the whole stage at the step, on the same thread.
 #pragma once
 
 #include <condition_variable>
@@ -23,10 +23,10 @@
 
 namespace localpar {
 
-// DATA_LOSS naming the first replica whose part of a gathered bucket (`replicas` parts of n
-// floats) holds a NaN or an infinity, and how many; `what` names the bucket.
-absl::Status CheckGatheredFinite(const float* gathered, int replicas, int64_t n, int stage,
-                                 const std::string& what);
+// DATA_LOSS naming the first replica whose part of a reduced bucket of n floats held a NaN or
+// an infinity, and how many (`what` names the bucket); OK when none did.
+absl::Status NonFiniteError(const NonFiniteParts& bad, int stage, int64_t n,
+                            const std::string& what);
 
 class ReplicaExchange {
  public:
@@ -45,13 +45,12 @@ class ReplicaExchange {
   static constexpr int kWhole = -2;  // the device path's one bucket
   struct Group {
     std::unique_ptr<ReplicaBucket> bucket;
-    std::vector<float> send, gathered;
+    std::vector<float> send, sum;
     bool started = false;
   };
   void StartLocked(int g);
   void Loop();
   absl::Status Exchange(int g);
-  absl::Status CheckFinite(const float* gathered, int64_t n) const;
 
   ReplicaGroup& group_;
   const int replicas_;
@@ -61,7 +60,7 @@ class ReplicaExchange {
   ParamGroups layout_;
   std::vector<Group> groups_;
   std::unique_ptr<ReplicaBucket> whole_;  // CUDA: the stage in one bucket
-  std::vector<float> whole_send_, whole_gathered_;
+  std::vector<float> whole_send_, whole_sum_;
   Tensor device_send_, device_gathered_, device_sum_;
 
   std::mutex mu_;

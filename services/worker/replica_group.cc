@@ -184,6 +184,21 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
   return absl::OkStatus();
 }
 
+absl::Status ReplicaGroup::AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad) {
+  if (!failed_.ok()) return failed_;
+  const auto start = std::chrono::steady_clock::now();
+  if (!impl_) {
+    if (absl::Status s = Connect(); !s.ok()) return failed_ = s;
+  }
+  if (absl::Status s = impl_->mesh->AllReduce(in, n, sum, bad, options_.timeout); !s.ok()) {
+    impl_.reset();
+    return failed_ = absl::UnavailableError(
+               absl::StrCat("exchanging gradients with the other replicas failed: ", s.message()));
+  }
+  Count(start, n);
+  return absl::OkStatus();
+}
+
 #ifdef LOCALPAR_WITH_NCCL
 namespace {
 
@@ -278,7 +293,11 @@ absl::Status ReplicaGroup::AllGatherOnDevice(const float*, int64_t, float*, Back
 void ReplicaGroup::Count(std::chrono::steady_clock::time_point start, int64_t n) {
   seconds_ =
       seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
+  if (impl_ && impl_->mesh) {
+    bytes_ = impl_->mesh->bytes_sent();  // a group's one mesh, for its lifetime
+  } else {
+    bytes_ += n * static_cast<int64_t>(sizeof(float)) * (options_.replicas - 1);
+  }
 }
 
 void ReplicaGroup::Close() {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "common/core/backend.h"
 #include "services/common/grpc_util.h"
+#include "services/worker/replica_mesh.h"
 
 namespace localpar {
 
@@ -45,6 +46,10 @@ class ReplicaGroup {
   // UNAVAILABLE naming the replicas that did not join, or the peer that was lost; once it
   // fails, every later call fails the same way.
   absl::Status AllGather(const float* in, int64_t n, float* out);
+  // Every replica's n floats added element by element in replica order into sum, over the
+  // mesh's reduce-scatter and all-gather (2 (R - 1) / R of the bucket sent); *bad names the
+  // first replica whose part held a non-finite value (the sum is then not to be used).
+  absl::Status AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad);
   // The same with device buffers of a CUDA `backend`, through NCCL on its stream; returns
   // once the gather is complete. A group uses one of the two, never both.
   absl::Status AllGatherOnDevice(const float* in, int64_t n, float* out, Backend& backend);
@@ -64,7 +69,8 @@ class ReplicaGroup {
   class Impl;
   absl::Status Connect();
   absl::Status ConnectDevice();
-  // One gather of n floats done, begun at `start`: its time and the bytes sent.
+  // One gather of n floats done, begun at `start`: its time and the bytes sent (the mesh's
+  // own count where it has one).
   void Count(std::chrono::steady_clock::time_point start, int64_t n);
 
   const ReplicaGroupOptions options_;

@@ -9,12 +9,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <random>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/nn/replica_sync.h"
+#include "common/nn/step.h"
 #include "services/common/peer_text.h"
 #include "services/worker/mesh_join.h"
 #include "services/worker/mesh_wire.h"
@@ -117,16 +120,125 @@ absl::Status ReplicaMesh::AllGather(const float* in, int64_t n, float* out,
   if (!failed_.ok()) return failed_;
   const size_t payload = static_cast<size_t>(n) * sizeof(float);
   if (payload > 0) std::memcpy(out + static_cast<size_t>(replica_) * n, in, payload);
-  char header[kFrameHeaderBytes];
-  std::memcpy(header, kFrameMagic, 8);
-  PutU64(header + 8, sequence_);
-  PutU64(header + 16, static_cast<uint64_t>(n));
+  std::vector<Out> send(static_cast<size_t>(replicas_));
+  std::vector<In> recv(static_cast<size_t>(replicas_));
+  for (int s = 0; s < replicas_; ++s) {
+    if (s == replica_) continue;
+    send[static_cast<size_t>(s)] = {reinterpret_cast<const char*>(in), payload};
+    recv[static_cast<size_t>(s)] = {reinterpret_cast<char*>(out + static_cast<size_t>(s) * n),
+                                    payload};
+  }
+  return Exchange(send, recv, timeout);
+}
+
+namespace {
+
+// The verdict on one replica's part of a chunk: how many non-finite values, and the first's
+// index in the bucket (kNone when there is none).
+constexpr uint64_t kNone = ~uint64_t{0};
+constexpr size_t kVerdictBytes = 16;
+
+}  // namespace
+
+absl::Status ReplicaMesh::AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad,
+                                    std::chrono::milliseconds timeout) {
+  if (!failed_.ok()) return failed_;
+  const size_t R = static_cast<size_t>(replicas_), me = static_cast<size_t>(replica_);
+  std::vector<int64_t> begin(R), count(R);
+  for (size_t c = 0; c < R; ++c)
+    MicroBatchRange(n, replicas_, static_cast<int>(c), &begin[c], &count[c]);
+  const size_t mine = static_cast<size_t>(count[me]);
+  const size_t verdicts = R * kVerdictBytes;
+  // Chunk c of this bucket to its owner, c; every replica's part of chunk `me` here.
+  parts_.resize(R * mine);
+  if (mine > 0) std::memcpy(&parts_[me * mine], in + begin[me], mine * sizeof(float));
+  std::vector<Out> send(R);
+  std::vector<In> recv(R);
+  for (size_t s = 0; s < R; ++s) {
+    if (s == me) continue;
+    send[s] = {reinterpret_cast<const char*>(in + begin[s]),
+               static_cast<size_t>(count[s]) * sizeof(float)};
+    recv[s] = {reinterpret_cast<char*>(&parts_[s * mine]), mine * sizeof(float)};
+  }
+  if (absl::Status e = Exchange(send, recv, timeout); !e.ok()) return e;
+  // The chunk's sum in replica order, then a verdict on each replica's part.
+  reduced_.resize(mine * sizeof(float) + verdicts);
+  float* reduced = reinterpret_cast<float*>(reduced_.data());
+  SumInReplicaOrder(parts_.data(), replicas_, static_cast<int64_t>(mine), reduced);
+  for (size_t r = 0; r < R; ++r) {
+    uint64_t bad_values = 0, first = kNone;
+    for (size_t i = 0; i < mine; ++i) {
+      if (std::isfinite(parts_[r * mine + i])) continue;
+      if (first == kNone) first = static_cast<uint64_t>(begin[me]) + i;
+      ++bad_values;
+    }
+    char* v = reduced_.data() + mine * sizeof(float) + r * kVerdictBytes;
+    PutU64(v, bad_values);
+    PutU64(v + 8, first);
+  }
+  // Every chunk's sum and verdicts from its owner.
+  std::vector<size_t> at(R, 0);
+  size_t total = 0;
+  for (size_t s = 0; s < R; ++s) {
+    at[s] = total;
+    if (s != me) total += static_cast<size_t>(count[s]) * sizeof(float) + verdicts;
+  }
+  sums_.resize(total);
+  for (size_t s = 0; s < R; ++s) {
+    if (s == me) continue;
+    send[s] = {reduced_.data(), reduced_.size()};
+    recv[s] = {sums_.data() + at[s], static_cast<size_t>(count[s]) * sizeof(float) + verdicts};
+  }
+  if (absl::Status e = Exchange(send, recv, timeout); !e.ok()) return e;
+  *bad = NonFiniteParts();
+  std::vector<uint64_t> bad_values(R, 0), first(R, kNone);
+  for (size_t s = 0; s < R; ++s) {
+    const char* chunk = s == me ? reduced_.data() : sums_.data() + at[s];
+    const size_t bytes = static_cast<size_t>(count[s]) * sizeof(float);
+    if (bytes > 0) std::memcpy(sum + begin[s], chunk, bytes);
+    for (size_t r = 0; r < R; ++r) {
+      const uint64_t k = GetU64(chunk + bytes + r * kVerdictBytes);
+      const uint64_t f = GetU64(chunk + bytes + r * kVerdictBytes + 8);
+      const uint64_t lo = static_cast<uint64_t>(begin[s]),
+                     hi = lo + static_cast<uint64_t>(count[s]);
+      // A verdict is checked like any field from the wire: it must fit the owner's chunk.
+      if (k > static_cast<uint64_t>(count[s]) || (k == 0) != (f == kNone) ||
+          (k > 0 && (f < lo || f >= hi))) {
+        Close();
+        return failed_ = absl::UnavailableError(
+                   absl::StrCat("replica ", replica_, " of ", what_, ": replica ", s,
+                                " sent a verdict that does not fit its chunk (", k,
+                                " non-finite values of ", count[s], ")"));
+      }
+      bad_values[r] += k;
+      first[r] = std::min(first[r], f);
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    if (bad_values[r] == 0) continue;
+    *bad = {static_cast<int>(r), static_cast<int64_t>(bad_values[r]),
+            static_cast<int64_t>(first[r])};
+    break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaMesh::Exchange(const std::vector<Out>& outgoing,
+                                   const std::vector<In>& incoming,
+                                   std::chrono::milliseconds timeout) {
   struct Progress {
     size_t sent = 0, received = 0;
     char header[kFrameHeaderBytes];
+    char out_header[kFrameHeaderBytes];
   };
-  const size_t frame = kFrameHeaderBytes + payload;
   std::vector<Progress> progress(static_cast<size_t>(replicas_));
+  for (int s = 0; s < replicas_; ++s) {
+    if (s == replica_) continue;
+    char* h = progress[static_cast<size_t>(s)].out_header;
+    std::memcpy(h, kFrameMagic, 8);
+    PutU64(h + 8, sequence_);
+    PutU64(h + 16, static_cast<uint64_t>(outgoing[static_cast<size_t>(s)].bytes / sizeof(float)));
+  }
   const auto deadline = Clock::now() + timeout;
   auto fail = [&](std::string why) {
     Close();
@@ -140,8 +252,8 @@ absl::Status ReplicaMesh::AllGather(const float* in, int64_t n, float* out,
       if (s == replica_) continue;
       const Progress& p = progress[static_cast<size_t>(s)];
       short events = 0;
-      if (p.sent < frame) events |= POLLOUT;
-      if (p.received < frame) events |= POLLIN;
+      if (p.sent < kFrameHeaderBytes + outgoing[static_cast<size_t>(s)].bytes) events |= POLLOUT;
+      if (p.received < kFrameHeaderBytes + incoming[static_cast<size_t>(s)].bytes) events |= POLLIN;
       if (events == 0) continue;
       polls.push_back({fds_[static_cast<size_t>(s)], events, 0});
       who.push_back(s);
@@ -161,23 +273,26 @@ absl::Status ReplicaMesh::AllGather(const float* in, int64_t n, float* out,
       const int s = who[k];
       const int fd = polls[k].fd;
       Progress& p = progress[static_cast<size_t>(s)];
-      if ((polls[k].revents & POLLOUT) && p.sent < frame) {
-        const char* from = p.sent < kFrameHeaderBytes
-                               ? header + p.sent
-                               : reinterpret_cast<const char*>(in) + (p.sent - kFrameHeaderBytes);
+      const Out& o = outgoing[static_cast<size_t>(s)];
+      const In& i = incoming[static_cast<size_t>(s)];
+      const size_t out_frame = kFrameHeaderBytes + o.bytes, in_frame = kFrameHeaderBytes + i.bytes;
+      if ((polls[k].revents & POLLOUT) && p.sent < out_frame) {
+        const char* from = p.sent < kFrameHeaderBytes ? p.out_header + p.sent
+                                                      : o.data + (p.sent - kFrameHeaderBytes);
         const size_t left =
-            p.sent < kFrameHeaderBytes ? kFrameHeaderBytes - p.sent : frame - p.sent;
+            p.sent < kFrameHeaderBytes ? kFrameHeaderBytes - p.sent : out_frame - p.sent;
         ssize_t k2 = send(fd, from, left, MSG_NOSIGNAL);
         if (k2 < 0 && errno != EAGAIN && errno != EINTR) return fail(Lost(s, errno));
-        if (k2 > 0) p.sent += static_cast<size_t>(k2);
+        if (k2 > 0) {
+          p.sent += static_cast<size_t>(k2);
+          bytes_sent_ += k2;
+        }
       }
-      if ((polls[k].revents & (POLLIN | POLLHUP | POLLERR)) && p.received < frame) {
-        char* to = p.received < kFrameHeaderBytes
-                       ? p.header + p.received
-                       : reinterpret_cast<char*>(out + static_cast<size_t>(s) * n) +
-                             (p.received - kFrameHeaderBytes);
+      if ((polls[k].revents & (POLLIN | POLLHUP | POLLERR)) && p.received < in_frame) {
+        char* to = p.received < kFrameHeaderBytes ? p.header + p.received
+                                                  : i.data + (p.received - kFrameHeaderBytes);
         const size_t left =
-            p.received < kFrameHeaderBytes ? kFrameHeaderBytes - p.received : frame - p.received;
+            p.received < kFrameHeaderBytes ? kFrameHeaderBytes - p.received : in_frame - p.received;
         ssize_t k2 = recv(fd, to, left, 0);
         if (k2 == 0) return fail(absl::StrCat("replica ", s, " closed its connection"));
         if (k2 < 0 && errno != EAGAIN && errno != EINTR) return fail(Lost(s, errno));
@@ -185,12 +300,12 @@ absl::Status ReplicaMesh::AllGather(const float* in, int64_t n, float* out,
         const bool had_header = p.received >= kFrameHeaderBytes;
         p.received += static_cast<size_t>(k2);
         if (!had_header && p.received >= kFrameHeaderBytes) {
-          const uint64_t sequence = GetU64(p.header + 8), floats = GetU64(p.header + 16);
-          if (std::memcmp(p.header, kFrameMagic, 8) != 0 || sequence != sequence_ ||
-              floats != static_cast<uint64_t>(n)) {
+          const uint64_t sequence = GetU64(p.header + 8), words = GetU64(p.header + 16);
+          const uint64_t due = i.bytes / sizeof(float);
+          if (std::memcmp(p.header, kFrameMagic, 8) != 0 || sequence != sequence_ || words != due) {
             return fail(absl::StrCat(
                 "replica ", s, " sent a frame that is not this gather's bucket (gather ", sequence,
-                " of ", floats, " floats where gather ", sequence_, " of ", n, " was due)"));
+                " of ", words, " floats where gather ", sequence_, " of ", due, " was due)"));
           }
         }
       }

@@ -14,8 +14,15 @@
 //   - anything else that connects (a wrong or short hello, a silent socket, a replica that
 //     is already connected) is closed and counted, and joining goes on; once every peer is
 //     connected the listening socket is closed, so nothing else can connect.
-// Gathering: every frame is a fixed header (magic, the gather's sequence number, its float
-// count) and the floats. A frame that does not match, a closed connection or a peer that
+// Gathering and reducing: every frame is a fixed header (magic, the exchange's sequence
+// number, its count of 4-byte words) and the words.
+// AllReduce sums each element in replica order with a reduce-scatter then an all-gather:
+// replica c owns chunk c of the bucket (MicroBatchRange over the replicas); every replica
+// sends chunk c to its owner, which adds the R parts in replica order (the order
+// SumInReplicaOrder uses, so the sum is the same bit for bit) and checks each part for
+// non-finite values; then every owner sends its chunk's sum, with its verdict on each
+// replica's part, to every replica. Each replica sends 2 (R - 1) / R of the bucket, where a
+// gather sends (R - 1) x. A frame that does not match, a closed connection or a peer that
 // sends nothing before the deadline ends the gather with an error naming the replica; the
 // mesh is then failed, and the coordinator configures the stage again. Nothing a peer sends
 // can end the process.
@@ -31,6 +38,14 @@
 #include "absl/status/statusor.h"
 
 namespace localpar {
+
+// Non-finite values in the replicas' parts of a bucket: the first replica (in replica order)
+// whose part holds any, how many, and the index of its first (replica -1: none).
+struct NonFiniteParts {
+  int replica = -1;
+  int64_t count = 0;
+  int64_t first = -1;
+};
 
 class ReplicaMesh {
  public:
@@ -52,6 +67,15 @@ class ReplicaMesh {
   // `timeout` bounds the wait for the slowest peer.
   absl::Status AllGather(const float* in, int64_t n, float* out, std::chrono::milliseconds timeout);
 
+  // Every replica's n floats added element by element in replica order, into sum (n floats),
+  // sending 2 (R - 1) / R of them; *bad says which replica's part held a NaN or an
+  // infinity (the sum is then not to be used).
+  absl::Status AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad,
+                         std::chrono::milliseconds timeout);
+
+  // Bytes this replica has sent in gathers and reductions, frame headers included.
+  int64_t bytes_sent() const { return bytes_sent_; }
+
   // Shuts every connection: a peer waiting on this replica fails at once.
   void Close();
 
@@ -61,6 +85,20 @@ class ReplicaMesh {
  private:
   struct Peer;
   ReplicaMesh(int replica, int replicas, std::string what);
+  // One frame to and one from every other replica s: outgoing[s] goes out, incoming[s] is
+  // filled;
+  // both sizes are multiples of 4 bytes. A peer's frame must carry this exchange's
+  // sequence number and exactly recv[s]'s size.
+  struct Out {
+    const char* data = nullptr;
+    size_t bytes = 0;
+  };
+  struct In {
+    char* data = nullptr;
+    size_t bytes = 0;
+  };
+  absl::Status Exchange(const std::vector<Out>& outgoing, const std::vector<In>& incoming,
+                        std::chrono::milliseconds timeout);
 
   const int replica_;
   const int replicas_;
@@ -71,7 +109,11 @@ class ReplicaMesh {
   std::string secret_;    // 32 raw bytes
   std::vector<int> fds_;  // per replica; -1 for this one
   uint64_t sequence_ = 0;
+  int64_t bytes_sent_ = 0;
   int refused_ = 0;
+  std::vector<float> parts_;   // AllReduce: every replica's part of this replica's chunk
+  std::vector<char> reduced_;  // its sum and verdicts, as sent
+  std::vector<char> sums_;     // the other chunks' sums and verdicts, as received
   absl::Status failed_;
 };
 

@@ -33,8 +33,10 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Seconds per round for R replicas gathering `floats` each through their mesh.
-double MeshSeconds(int port, int replicas, int64_t floats, int rounds, int round_base) {
+// Seconds per round for R replicas gathering `floats` each through their mesh, or (reduce)
+// summing them in replica order with the mesh's reduce-scatter and all-gather, as workers do.
+double MeshSeconds(int port, int replicas, int64_t floats, int rounds, int round_base,
+                   bool reduce) {
   SecurityOptions security;
   std::vector<double> took(static_cast<size_t>(replicas));
   std::vector<std::thread> threads;
@@ -49,10 +51,15 @@ double MeshSeconds(int port, int replicas, int64_t floats, int rounds, int round
       ReplicaGroup g(o, security);
       std::vector<float> in(static_cast<size_t>(floats), 1.0f + r);
       std::vector<float> out(static_cast<size_t>(floats * replicas));
-      if (!g.AllGather(in.data(), floats, out.data()).ok()) std::exit(1);  // connect, warm up
+      NonFiniteParts bad;
+      auto once = [&] {
+        return reduce ? g.AllReduce(in.data(), floats, out.data(), &bad)
+                      : g.AllGather(in.data(), floats, out.data());
+      };
+      if (!once().ok()) std::exit(1);  // connect, warm up
       auto start = Clock::now();
       for (int i = 0; i < rounds; ++i) {
-        absl::Status s = g.AllGather(in.data(), floats, out.data());
+        absl::Status s = once();
         if (!s.ok()) {
           std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
           std::exit(1);
@@ -147,7 +154,8 @@ int main(int argc, char** argv) {
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   b.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  const double mesh = localpar::MeshSeconds(port, replicas, floats, rounds, 0);
+  const double mesh = localpar::MeshSeconds(port, replicas, floats, rounds, 0, false);
+  const double reduced = localpar::MeshSeconds(port, replicas, floats, rounds, 1, true);
   const double tcp = localpar::TcpSeconds(bytes, rounds);
   // The adding after the gather, on one core, as a worker does it.
   std::vector<float> gathered(static_cast<size_t>(floats * replicas), 1.0f), sum(floats);
@@ -165,6 +173,11 @@ int main(int argc, char** argv) {
   std::printf("raw TCP exchange: %8.3f ms  %6.2f GB/s each way (one pair)\n", 1e3 * tcp,
               static_cast<double>(bytes) / tcp / 1e9);
   std::printf("sum in replica order: %8.3f ms\n", 1e3 * add);
+  // What workers run: each replica sends 2 (R - 1) / R of the bucket, the sum included.
+  std::printf(
+      "mesh allreduce (reduce-scatter, all-gather, summed): %8.3f ms  %6.2f GB/s sent "
+      "per replica\n",
+      1e3 * reduced, 2.0 * (replicas - 1) / replicas * static_cast<double>(bytes) / reduced / 1e9);
   std::printf("mesh / raw TCP (bandwidth per replica): %.2f\n",
               (moved / mesh) / (static_cast<double>(bytes) / tcp));
   server->Shutdown();

@@ -243,11 +243,16 @@ class CalibrationTest(unittest.TestCase):
             cfg = SimpleNamespace(method=method, replicas=1, stages=4, devices=4)
             self.assertEqual(calibrate.traffic(cfg, [{"hop_bytes": 10.0}] * 4), (8, 80.0))
 
-    def test_the_mesh_sends_every_other_replica_its_bucket(self):
+    def test_the_mesh_sends_what_its_exchange_sends(self):
         from experiments.testbed import calibrate
         from types import SimpleNamespace
+        # Runs cached before the reduce-scatter: every other replica got the whole bucket.
         cfg = SimpleNamespace(method="data_parallel", replicas=4, stages=1, devices=4)
         self.assertEqual(calibrate.traffic(cfg, [{"parameter_bytes": 100.0}]), (3, 300.0))
+        # The reduce-scatter and all-gather: 2 (R - 1) / R of it, in 2 (R - 1) messages.
+        cfg = SimpleNamespace(method="data_parallel", replicas=4, stages=1, devices=4,
+                              exchange="reduce_scatter")
+        self.assertEqual(calibrate.traffic(cfg, [{"parameter_bytes": 100.0}]), (6, 150.0))
         cfg = SimpleNamespace(method="gpipe", replicas=1, stages=4, devices=4)
         self.assertEqual(calibrate.traffic(cfg, [{"hop_bytes": 10.0}] * 4), (8, 80.0))
 

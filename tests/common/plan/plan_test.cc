@@ -52,19 +52,26 @@ TEST(Plan, TheBalancedSplitIsTheBestOfEveryContiguousSplit) {
 }
 
 // The projection with replicas against figures worked by hand: each replica computes its
-// share, then receives (R - 1) buckets over the link; the exchange also takes core time.
+// share, then sums the buckets in two rounds that move 2 (R - 1) / R of one over the link;
+// the exchange also takes core time.
 TEST(Plan, ProjectionWithReplicasAddsTheExchangeToEachStageAndToTheCores) {
   LinkModel link;
   link.bytes_per_second = 1e9;
   link.latency_seconds = 1e-4;
   link.replicas = 3;
   link.exchange_bytes = {4e6, 1e6};
-  // Stage 0: 10 ms + 0.1 ms + 2 x 4 ms = 18.1 ms; stage 1: 5 ms + 0.1 + 2 x 1 = 7.1 ms.
-  EXPECT_EQ(ExchangeSeconds(link, 2), (std::vector<double>{0.0081, 0.0021}));
-  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, link), 96 / 0.0181, 1e-6);
-  // On 2 cores: 3 replicas x (18.1 + 7.1) ms / 2 = 37.8 ms bounds the period.
+  // Stage 0: 10 ms + 2 x 0.1 ms + 4/3 x 4 ms = 15.5333 ms; stage 1: 5 + 0.2 + 4/3 x 1 =
+  // 6.5333 ms.
+  const std::vector<double> exchange = ExchangeSeconds(link, 2);
+  ASSERT_EQ(exchange.size(), 2u);
+  EXPECT_NEAR(exchange[0], 0.0002 + 4.0 / 3 * 0.004, 1e-12);
+  EXPECT_NEAR(exchange[1], 0.0002 + 4.0 / 3 * 0.001, 1e-12);
+  const double s0 = 0.010 + exchange[0], s1 = 0.005 + exchange[1];
+  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, link), 96 / s0, 1e-6);
+  // On 2 cores: 3 replicas x (15.53 + 6.53) ms / 2 = 33.1 ms bounds the period.
   link.cores = 2;
-  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, link), 96 / 0.0378, 1e-6);
+  EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, link), 96 / (3 * (s0 + s1) / 2),
+              1e-6);
   // Without replicas nothing changes: the slowest stage.
   LinkModel one;
   EXPECT_NEAR(PredictExamplesPerSecond({0.010, 0.005}, {1e5}, 96, one), 96 / 0.010, 1e-9);

@@ -120,6 +120,48 @@ TEST(ReplicaSync, AStopBetweenSynchronisationsResumesBitwiseInRunAndTrain) {
   }
 }
 
+// Exchanging gradients every step, each replica sends 2 (R - 1) / R of its stage's bucket
+// a step (the mesh's reduce-scatter and all-gather), for R = 2 and 3, within 1% (frame
+// headers and verdicts); the weights stay bitwise equal to `train`'s.
+TEST(ReplicaSync, EachReplicaSendsTwoRMinusOneOverROfTheBucketAStep) {
+  TempDir dir;
+  const std::string bin = testing::BinDir() + "/localpar";
+  const std::string job = dir.Write("wide.textproto", R"(name: "wide" rule: GREEDY batch_size: 24
+epochs: 1 max_steps: 12 seed: 3
+data { synthetic { train_examples: 480 test_examples: 48 shape: [256] classes: 4 seed: 1 } }
+optimizer { adamw {} }
+stages { layers { linear { out_features: 256 } } layers { layer_norm {} } layers { relu {} }
+         head { kind: LINEAR } }
+stages { layers { linear { out_features: 256 } } layers { layer_norm {} } layers { relu {} }
+         head { kind: LINEAR } }
+)");
+  for (int replicas : {2, 3}) {
+    SCOPED_TRACE(replicas);
+    const std::string out = dir.path() + "/r" + std::to_string(replicas);
+    const std::string flag = "--replicas=" + std::to_string(replicas);
+    auto ref = RunProcess({bin, "train", job, "--quiet", flag, "--out=" + out + "-ref"}, 120);
+    ASSERT_EQ(ref.exit_code, 0) << ref.output;
+    auto r = RunProcess({bin, "run", job, "--quiet", flag, "--out=" + out}, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(out + "-ref/weights.pb");
+    ASSERT_TRUE(want.ok()) << want.status();
+    ExpectWeightsFileEquals(out + "/weights.pb", *want);
+    const v1::RunReport report = ReadReport(out + "/report.json");
+    ASSERT_EQ(report.stage_reports_size(), 2);
+    for (int k = 0; k < 2; ++k) {
+      double bucket = 0;  // bytes of the stage's parameters: its layers' and its head's
+      for (const v1::NamedTensor& p : want->stages(k).params()) bucket += p.tensor().data().size();
+      const v1::StageFigures& f = report.stage_reports(k);
+      ASSERT_EQ(f.replica_exchange_bytes_sent_size(), replicas);
+      for (int q = 0; q < replicas; ++q) {
+        const double per_step = f.replica_exchange_bytes_sent(q) / 12;
+        EXPECT_NEAR(per_step / bucket, 2.0 * (replicas - 1) / replicas, 0.01)
+            << "stage " << k << " replica " << q;
+      }
+    }
+  }
+}
+
 TEST(ReplicaSync, SettingsThatCannotApplyAreRefusedNamingTheField) {
   TempDir dir;
   const std::string bin = testing::BinDir() + "/localpar";

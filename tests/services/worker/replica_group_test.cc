@@ -7,9 +7,11 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <thread>
 #include <vector>
 
+#include "common/nn/replica_sync.h"
 #include "services/coordinator/rendezvous_service.h"
 
 namespace localpar {
@@ -61,7 +63,8 @@ TEST_F(Rendezvous, ThreeReplicasGatherEveryBucketInReplicaOrderStepAfterStep) {
         status[r] = g.AllGather(in.data(), kN, got[r].data());
       }
       EXPECT_GT(g.seconds(), 0);
-      EXPECT_EQ(g.bytes_sent(), 3 * kN * 4 * (kReplicas - 1));
+      // Each gather sends the bucket and a 24-byte frame header to each other replica.
+      EXPECT_EQ(g.bytes_sent(), 3 * (kN * 4 + 24) * (kReplicas - 1));
     });
   }
   for (auto& t : threads) t.join();
@@ -73,6 +76,63 @@ TEST_F(Rendezvous, ThreeReplicasGatherEveryBucketInReplicaOrderStepAfterStep) {
             << "replica " << r << " reading replica " << from << "'s element " << i;
       }
     }
+  }
+}
+
+// The reduce-scatter and all-gather: every replica ends with the sum SumInReplicaOrder
+// computes over the gathered buckets (bit for bit: the values are chosen so that the order
+// of the additions shows), sends 2 (R - 1) / R of the bucket plus headers and verdicts, and
+// every replica names the same replica for a NaN or an infinity, with the same count and
+// first index.
+TEST_F(Rendezvous, ThreeReplicasSumInReplicaOrderSendingTwoThirdsOfTheBucket) {
+  constexpr int kReplicas = 3;
+  constexpr int64_t kN = 100001;  // chunks of 33334, 33334 and 33333 floats
+  std::vector<std::vector<float>> in(kReplicas, std::vector<float>(kN));
+  for (int r = 0; r < kReplicas; ++r) {
+    for (int64_t i = 0; i < kN; ++i) {
+      in[r][i] = (r == 1 ? -1e8f : 1e8f) * static_cast<float>(i % 3) + 0.37f * r + 1e-3f * i;
+    }
+  }
+  std::vector<float> gathered;
+  for (int r = 0; r < kReplicas; ++r) gathered.insert(gathered.end(), in[r].begin(), in[r].end());
+  std::vector<float> want(kN);
+  SumInReplicaOrder(gathered.data(), kReplicas, kN, want.data());
+  std::vector<std::vector<float>> got(kReplicas, std::vector<float>(kN, -1.0f));
+  std::vector<NonFiniteParts> clean(kReplicas), dirty(kReplicas);
+  std::vector<absl::Status> status(kReplicas);
+  std::vector<int64_t> bytes(kReplicas);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kReplicas; ++r) {
+    threads.emplace_back([&, r] {
+      ReplicaGroup g(Options(r, kReplicas), security_);
+      status[r] = g.AllReduce(in[r].data(), kN, got[r].data(), &clean[r]);
+      bytes[r] = g.bytes_sent();
+      std::vector<float> bad = in[r];
+      if (r == 2) {
+        bad[5] = std::numeric_limits<float>::quiet_NaN();
+        bad[70000] = std::numeric_limits<float>::infinity();
+      }
+      if (r == 1) bad[90000] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> ignored(kN);
+      if (status[r].ok()) status[r] = g.AllReduce(bad.data(), kN, ignored.data(), &dirty[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const int64_t chunk[] = {33334, 33334, 33333};
+  for (int r = 0; r < kReplicas; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_EQ(got[r], want) << "replica " << r;
+    EXPECT_EQ(clean[r].replica, -1);
+    // Out: the other two chunks (and a header each), then this chunk's sum and three
+    // 16-byte verdicts to each of the two others (and a header each).
+    const int64_t others = (kN - chunk[r]) * 4 + 2 * 24;
+    const int64_t sums = 2 * (chunk[r] * 4 + 3 * 16 + 24);
+    EXPECT_EQ(bytes[r], others + sums) << "replica " << r;
+    EXPECT_NEAR(static_cast<double>(bytes[r]) / (kN * 4), 2.0 * (kReplicas - 1) / kReplicas, 1e-3);
+    // Replica 1 comes first in replica order: its one NaN, at 90000.
+    EXPECT_EQ(dirty[r].replica, 1) << "replica " << r;
+    EXPECT_EQ(dirty[r].count, 1);
+    EXPECT_EQ(dirty[r].first, 90000);
   }
 }
 

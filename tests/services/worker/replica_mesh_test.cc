@@ -166,6 +166,49 @@ TEST(ReplicaMesh, AFrameThatIsNotTheBucketEndsTheGatherNamingTheReplica) {
   close(fd);
 }
 
+// The reduction trusts no verdict a peer sends on its chunk: one claiming more non-finite
+// values than the chunk holds ends the reduction naming that replica, and the mesh stays
+// failed. A first frame of the wrong size is refused as in a gather.
+TEST(ReplicaMesh, AReductionRefusesAVerdictThatDoesNotFitTheChunkOrAFrameOfTheWrongSize) {
+  auto floats = [](std::initializer_list<float> v) {
+    return std::string(reinterpret_cast<const char*>(v.begin()), v.size() * sizeof(float));
+  };
+  {
+    auto a = Listen(0, 2);
+    int fd = JoinByHand(*a);
+    ASSERT_GE(fd, 0);
+    // 4 floats: replica 0 owns [0, 2), replica 1 [2, 4). Replica 1's part of chunk 0, then
+    // chunk 1's sum with two verdicts, the first claiming 5 non-finite values of 2.
+    SendAll(fd, std::string("LPBUCKET") + U64(0) + U64(2) + floats({1, 2}));
+    SendAll(fd, std::string("LPBUCKET") + U64(1) + U64(2 + 8) + floats({3, 4}) + U64(5) + U64(2) +
+                    U64(0) + U64(~uint64_t{0}));
+    std::vector<float> in(4, 1.0f), sum(4);
+    NonFiniteParts bad;
+    absl::Status s = a->AllReduce(in.data(), 4, sum.data(), &bad, milliseconds(5000));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(s.message().find("replica 1 sent a verdict that does not fit its chunk (5 "
+                               "non-finite values of 2)"),
+              std::string::npos)
+        << s;
+    EXPECT_EQ(a->AllReduce(in.data(), 4, sum.data(), &bad, milliseconds(5000)), s);
+    close(fd);
+  }
+  {
+    auto a = Listen(0, 2);
+    int fd = JoinByHand(*a);
+    ASSERT_GE(fd, 0);
+    SendAll(fd, std::string("LPBUCKET") + U64(0) + U64(4) + floats({1, 2, 3, 4}));
+    std::vector<float> in(4, 1.0f), sum(4);
+    NonFiniteParts bad;
+    absl::Status s = a->AllReduce(in.data(), 4, sum.data(), &bad, milliseconds(5000));
+    EXPECT_NE(s.message().find("replica 1 sent a frame that is not this gather's bucket (gather 0 "
+                               "of 4 floats where gather 0 of 2 was due)"),
+              std::string::npos)
+        << s;
+    close(fd);
+  }
+}
+
 TEST(ReplicaMesh, APeerThatClosesOrSaysNothingIsNamed) {
   {
     auto a = Listen(0, 2);
