@@ -42,7 +42,10 @@ def run_config(spec, run):
             "rule": run.arm.rule, "stages": run.arm.stages or 0, "seed": run.seed,
             "epochs": m.epochs or 0, "max_steps": m.max_steps or 0,
             "threads": spec.threads, "device": spec.device, "trainer": spec.trainer,
-            **({"lr": run.lr} if run.lr is not None else {})}
+            **({"lr": run.lr} if run.lr is not None else {}),
+            # Set only where a spec sets them, so that earlier cached runs still match.
+            **{k: v for k, v in (("batch_size", m.batch_size), ("replicas", m.replicas),
+                                 ("sync_every", run.arm.sync_every)) if v is not None}}
 
 
 def from_cache(cache, run, config):
@@ -76,6 +79,8 @@ def command(args, spec, run):
         cmd.append(f"--stages={run.arm.stages}")
     if run.lr is not None:
         cmd.append(f"--lr={run.lr:.6g}")
+    if run.arm.sync_every is not None:
+        cmd.append(f"--sync_every={run.arm.sync_every}")
     return cmd + run.model.budget_flags()
 
 

@@ -34,12 +34,16 @@ class Model:
     lr: Optional[float] = sf.setting(LR, sf.learning_rate, None)
     seeds: Optional[list] = sf.setting("a non-empty list of integers >= 0", sf.seeds, None)
     label: Optional[str] = sf.setting("a name", sf.text, None)
+    # The batch (`--batch_size`) and stage replicas (`--replicas`) of every run on it.
+    batch_size: Optional[int] = sf.setting("must be a positive integer", sf.positive_int, None)
+    replicas: Optional[int] = sf.setting("must be a positive integer", sf.positive_int, None)
     name: str = sf.derived("")  # the label, else the job's name
     data: dict = sf.derived(factory=dict)  # `localpar data`'s figures
     text: bool = sf.derived(False)  # a language model (bits per byte, lower is better)
 
     def budget_flags(self):
-        return [f"--{k}={getattr(self, k)}" for k in ("epochs", "max_steps")
+        return [f"--{k}={getattr(self, k)}"
+                for k in ("epochs", "max_steps", "batch_size", "replicas")
                 if getattr(self, k) is not None]
 
 
@@ -50,6 +54,9 @@ class Arm:
     # A variant of the model's job (its own heads, learning rates per stage), under a label.
     job: Optional[str] = sf.setting("a job file path", sf.text, None)
     lr: Optional[float] = sf.setting(LR, sf.learning_rate, None)
+    # Replicas that synchronise every N steps (`--sync_every`, DiLoCo); the model sets
+    # the replicas.
+    sync_every: Optional[int] = sf.setting("must be a positive integer", sf.positive_int, None)
     label: Optional[str] = sf.setting(
         "letters, digits and _.+/=- only",
         lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_.+/=-]+", v) is not None,
@@ -113,6 +120,8 @@ def load_spec(path):
             a.job = sf.job_path(base, a.job, f"{where}.job")
         if a.lr is not None and a.label is None:
             fail(f"{where}: an arm's lr needs a label")
+        if a.sync_every is not None and a.label is None:
+            fail(f"{where}: an arm's sync_every needs a label")
     if not spec.name:
         spec.name = os.path.splitext(os.path.basename(path))[0]
     return spec
