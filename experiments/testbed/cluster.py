@@ -5,6 +5,7 @@ target has held, measured by the wall clock."""
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -92,6 +93,10 @@ def run(localpar_dir, cfg, bed, run_dir, max_seconds=None):
         fail(f"{cfg.method}: {cfg.stages} x {cfg.replicas} workers on {len(workers)} devices")
     os.makedirs(run_dir, exist_ok=True)
     out_dir = os.path.join(run_dir, "out")
+    # A run measured again (data parallelism after its exchange changed) starts afresh: the
+    # coordinator appends to metrics.jsonl, and the earlier run's evaluations would read as
+    # this one's, ending it at its first step.
+    shutil.rmtree(out_dir, ignore_errors=True)
     procs = []
     try:
         for d in workers:
