@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libmicrohttpd-dev dataset-fashion-mnist
   prometheus curl docker.io cgroupfs-mount apparmor docker-compose debootstrap openssl
   clang-14 libclang-rt-14-dev

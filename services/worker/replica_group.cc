@@ -141,8 +141,18 @@ bool ReplicaGroup::DeviceAvailable() {
 // connects them (replica_mesh.h).
 absl::Status ReplicaGroup::Connect() {
   const std::string stage = absl::StrCat("stage ", options_.stage);
-  absl::StatusOr<std::unique_ptr<ReplicaMesh>> mesh =
-      ReplicaMesh::Listen(options_.host, options_.replica, options_.replicas, stage);
+  std::shared_ptr<const mesh::Tls> tls;  // in a TLS cluster, the mesh is TLS too
+  if (security_.tls()) {
+    absl::StatusOr<std::shared_ptr<const mesh::Tls>> made = mesh::Tls::Make(
+        {security_.cert_pem, security_.key_pem, security_.ca_pem, security_.mutual_tls});
+    if (!made.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("replicas of ", stage, ": ", made.status().message()));
+    }
+    tls = *std::move(made);
+  }
+  absl::StatusOr<std::unique_ptr<ReplicaMesh>> mesh = ReplicaMesh::Listen(
+      options_.host, options_.replica, options_.replicas, stage, std::move(tls));
   if (!mesh.ok()) {
     return absl::UnavailableError(
         absl::StrCat("replicas of ", stage, ": ", mesh.status().message()));

@@ -1,9 +1,9 @@
 // The replicas of one stage as a group: they meet through the coordinator's Rendezvous
 // service (a key-value store over gRPC, so no shared filesystem is assumed) and gather each
 // step's gradient bucket (common/nn/replica_sync.h): CPU workers over their own
-// authenticated TCP mesh (replica_mesh.h), CUDA workers with NCCL in device memory where
-// this build has it (LOCALPAR_WITH_NCCL). The connections are made on first use, from the
-// exchange thread, so that configuring the stages one after another never waits on a peer.
+// authenticated TCP mesh (replica_mesh.h; TLS in a TLS cluster), CUDA workers with NCCL in device
+// memory where this build has it (LOCALPAR_WITH_NCCL). The connections are made on first use, from
+// the exchange thread, so that configuring the stages one after another never waits on a peer.
 #pragma once
 
 #include <atomic>

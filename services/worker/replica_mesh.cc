@@ -40,16 +40,15 @@ using mesh::PutU64;
 using mesh::Resolve;
 
 ReplicaMesh::ReplicaMesh(int replica, int replicas, std::string what)
-    : replica_(replica),
-      replicas_(replicas),
-      what_(std::move(what)),
-      fds_(static_cast<size_t>(replicas), -1) {}
+    : replica_(replica), replicas_(replicas), what_(std::move(what)) {
+  conns_.resize(static_cast<size_t>(replicas));
+}
 
 ReplicaMesh::~ReplicaMesh() { Close(); }
 
-absl::StatusOr<std::unique_ptr<ReplicaMesh>> ReplicaMesh::Listen(const std::string& host,
-                                                                 int replica, int replicas,
-                                                                 std::string what) {
+absl::StatusOr<std::unique_ptr<ReplicaMesh>> ReplicaMesh::Listen(
+    const std::string& host, int replica, int replicas, std::string what,
+    std::shared_ptr<const mesh::Tls> tls) {
   if (replicas < 1 || replica < 0 || replica >= replicas) {
     return absl::InvalidArgumentError(
         absl::StrCat("replica ", replica, " of ", replicas, " is out of range"));
@@ -70,6 +69,7 @@ absl::StatusOr<std::unique_ptr<ReplicaMesh>> ReplicaMesh::Listen(const std::stri
   }
   mesh->listen_fd_ = fd;
   mesh->host_ = host;
+  mesh->tls_ = std::move(tls);
   mesh->port_ =
       ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
                                       : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
@@ -101,16 +101,16 @@ absl::Status ReplicaMesh::Connect(const std::vector<std::string>& published,
     }
     peers[static_cast<size_t>(s)] = *std::move(p);
   }
-  absl::Status joined =
-      mesh::Join(replica_, replicas_, what_, secret_, peers, &fds_, &listen_fd_, &refused_)
-          .Run(timeout);
+  absl::Status joined = mesh::Join(replica_, replicas_, what_, secret_, peers, tls_.get(), &conns_,
+                                   &listen_fd_, &refused_)
+                            .Run(timeout);
   if (!joined.ok()) {
     Close();
     return failed_ = joined;
   }
   const int one = 1;
-  for (int fd : fds_) {
-    if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  for (const mesh::Conn& c : conns_) {
+    if (c.open()) setsockopt(c.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
   return absl::OkStatus();
 }
@@ -223,14 +223,84 @@ absl::Status ReplicaMesh::AllReduce(const float* in, int64_t n, float* sum, NonF
   return absl::OkStatus();
 }
 
+namespace {
+
+// Why the connection to replica s failed.
+std::string Broken(int s, const mesh::Conn& c) {
+  if (c.error_number() != 0) return Lost(s, c.error_number());
+  return absl::StrCat("the TLS connection to replica ", s, " failed: ", c.error());
+}
+
+}  // namespace
+
+// The progress of one exchange with one replica.
+struct ReplicaMesh::Progress {
+  size_t sent = 0, received = 0;
+  short send_waits = POLLOUT, recv_waits = POLLIN;  // what each direction waits for
+  char header[kFrameHeaderBytes];
+  char out_header[kFrameHeaderBytes];
+};
+
+// Sends to replica s until its socket is full or the frame is out; "" or why it failed.
+std::string ReplicaMesh::SendSome(int s, const Out& o, Progress& p) {
+  mesh::Conn& c = conns_[static_cast<size_t>(s)];
+  while (p.sent < kFrameHeaderBytes + o.bytes) {
+    const bool head = p.sent < kFrameHeaderBytes;
+    const char* from = head ? p.out_header + p.sent : o.data + (p.sent - kFrameHeaderBytes);
+    const size_t left = head ? kFrameHeaderBytes - p.sent : kFrameHeaderBytes + o.bytes - p.sent;
+    mesh::Io io;
+    const size_t k = c.Send(from, left, &io);
+    if (k == 0) {
+      if (io == mesh::Io::kWantRead || io == mesh::Io::kWantWrite) {
+        p.send_waits = mesh::EventsFor(io);
+        return "";
+      }
+      return io == mesh::Io::kClosed ? absl::StrCat("replica ", s, " closed its connection")
+                                     : Broken(s, c);
+    }
+    p.sent += k;
+    bytes_sent_ += static_cast<int64_t>(k);
+    p.send_waits = POLLOUT;
+  }
+  return "";
+}
+
+// Reads from replica s until nothing waits or the frame is in, checking its header first.
+std::string ReplicaMesh::RecvSome(int s, const In& i, Progress& p) {
+  mesh::Conn& c = conns_[static_cast<size_t>(s)];
+  while (p.received < kFrameHeaderBytes + i.bytes) {
+    const bool head = p.received < kFrameHeaderBytes;
+    char* to = head ? p.header + p.received : i.data + (p.received - kFrameHeaderBytes);
+    const size_t left =
+        head ? kFrameHeaderBytes - p.received : kFrameHeaderBytes + i.bytes - p.received;
+    mesh::Io io;
+    const size_t k = c.Recv(to, left, &io);
+    if (k == 0) {
+      if (io == mesh::Io::kWantRead || io == mesh::Io::kWantWrite) {
+        p.recv_waits = mesh::EventsFor(io);
+        return "";
+      }
+      return io == mesh::Io::kClosed ? absl::StrCat("replica ", s, " closed its connection")
+                                     : Broken(s, c);
+    }
+    p.received += k;
+    p.recv_waits = POLLIN;
+    if (head && p.received >= kFrameHeaderBytes) {
+      const uint64_t sequence = GetU64(p.header + 8), words = GetU64(p.header + 16);
+      const uint64_t due = i.bytes / sizeof(float);
+      if (std::memcmp(p.header, kFrameMagic, 8) != 0 || sequence != sequence_ || words != due) {
+        return absl::StrCat(
+            "replica ", s, " sent a frame that is not this gather's bucket (gather ", sequence,
+            " of ", words, " floats where gather ", sequence_, " of ", due, " was due)");
+      }
+    }
+  }
+  return "";
+}
+
 absl::Status ReplicaMesh::Exchange(const std::vector<Out>& outgoing,
                                    const std::vector<In>& incoming,
                                    std::chrono::milliseconds timeout) {
-  struct Progress {
-    size_t sent = 0, received = 0;
-    char header[kFrameHeaderBytes];
-    char out_header[kFrameHeaderBytes];
-  };
   std::vector<Progress> progress(static_cast<size_t>(replicas_));
   for (int s = 0; s < replicas_; ++s) {
     if (s == replica_) continue;
@@ -248,15 +318,19 @@ absl::Status ReplicaMesh::Exchange(const std::vector<Out>& outgoing,
   while (true) {
     std::vector<pollfd> polls;
     std::vector<int> who;
+    bool pending = false;  // bytes decrypted already, which poll does not see
     for (int s = 0; s < replicas_; ++s) {
       if (s == replica_) continue;
       const Progress& p = progress[static_cast<size_t>(s)];
-      short events = 0;
-      if (p.sent < kFrameHeaderBytes + outgoing[static_cast<size_t>(s)].bytes) events |= POLLOUT;
-      if (p.received < kFrameHeaderBytes + incoming[static_cast<size_t>(s)].bytes) events |= POLLIN;
-      if (events == 0) continue;
-      polls.push_back({fds_[static_cast<size_t>(s)], events, 0});
+      const bool sending = p.sent < kFrameHeaderBytes + outgoing[static_cast<size_t>(s)].bytes;
+      const bool receiving =
+          p.received < kFrameHeaderBytes + incoming[static_cast<size_t>(s)].bytes;
+      if (!sending && !receiving) continue;
+      const short events =
+          static_cast<short>((sending ? p.send_waits : 0) | (receiving ? p.recv_waits : 0));
+      polls.push_back({conns_[static_cast<size_t>(s)].fd(), events, 0});
       who.push_back(s);
+      pending = pending || (receiving && conns_[static_cast<size_t>(s)].Pending());
     }
     if (polls.empty()) break;
     if (Clock::now() >= deadline) {
@@ -266,49 +340,17 @@ absl::Status ReplicaMesh::Exchange(const std::vector<Out>& outgoing,
                                " did not complete the gather within ", timeout.count() / 1000.0,
                                " s"));
     }
-    if (poll(polls.data(), polls.size(), MillisUntil(deadline)) < 0 && errno != EINTR) {
+    if (poll(polls.data(), polls.size(), pending ? 0 : MillisUntil(deadline)) < 0 &&
+        errno != EINTR) {
       return fail(absl::StrCat("poll: ", Errno(errno)));
     }
     for (size_t k = 0; k < polls.size(); ++k) {
       const int s = who[k];
-      const int fd = polls[k].fd;
+      if (polls[k].revents == 0 && !conns_[static_cast<size_t>(s)].Pending()) continue;
       Progress& p = progress[static_cast<size_t>(s)];
-      const Out& o = outgoing[static_cast<size_t>(s)];
-      const In& i = incoming[static_cast<size_t>(s)];
-      const size_t out_frame = kFrameHeaderBytes + o.bytes, in_frame = kFrameHeaderBytes + i.bytes;
-      if ((polls[k].revents & POLLOUT) && p.sent < out_frame) {
-        const char* from = p.sent < kFrameHeaderBytes ? p.out_header + p.sent
-                                                      : o.data + (p.sent - kFrameHeaderBytes);
-        const size_t left =
-            p.sent < kFrameHeaderBytes ? kFrameHeaderBytes - p.sent : out_frame - p.sent;
-        ssize_t k2 = send(fd, from, left, MSG_NOSIGNAL);
-        if (k2 < 0 && errno != EAGAIN && errno != EINTR) return fail(Lost(s, errno));
-        if (k2 > 0) {
-          p.sent += static_cast<size_t>(k2);
-          bytes_sent_ += k2;
-        }
-      }
-      if ((polls[k].revents & (POLLIN | POLLHUP | POLLERR)) && p.received < in_frame) {
-        char* to = p.received < kFrameHeaderBytes ? p.header + p.received
-                                                  : i.data + (p.received - kFrameHeaderBytes);
-        const size_t left =
-            p.received < kFrameHeaderBytes ? kFrameHeaderBytes - p.received : in_frame - p.received;
-        ssize_t k2 = recv(fd, to, left, 0);
-        if (k2 == 0) return fail(absl::StrCat("replica ", s, " closed its connection"));
-        if (k2 < 0 && errno != EAGAIN && errno != EINTR) return fail(Lost(s, errno));
-        if (k2 < 0) continue;
-        const bool had_header = p.received >= kFrameHeaderBytes;
-        p.received += static_cast<size_t>(k2);
-        if (!had_header && p.received >= kFrameHeaderBytes) {
-          const uint64_t sequence = GetU64(p.header + 8), words = GetU64(p.header + 16);
-          const uint64_t due = i.bytes / sizeof(float);
-          if (std::memcmp(p.header, kFrameMagic, 8) != 0 || sequence != sequence_ || words != due) {
-            return fail(absl::StrCat(
-                "replica ", s, " sent a frame that is not this gather's bucket (gather ", sequence,
-                " of ", words, " floats where gather ", sequence_, " of ", due, " was due)"));
-          }
-        }
-      }
+      std::string why = SendSome(s, outgoing[static_cast<size_t>(s)], p);
+      if (why.empty()) why = RecvSome(s, incoming[static_cast<size_t>(s)], p);
+      if (!why.empty()) return fail(std::move(why));
     }
   }
   ++sequence_;
@@ -316,7 +358,7 @@ absl::Status ReplicaMesh::Exchange(const std::vector<Out>& outgoing,
 }
 
 void ReplicaMesh::Close() {
-  for (int& fd : fds_) CloseFd(fd);
+  for (mesh::Conn& c : conns_) c.Close();
   CloseFd(listen_fd_);
   if (failed_.ok())
     failed_ = absl::CancelledError(absl::StrCat("the mesh of ", what_, " is closed"));

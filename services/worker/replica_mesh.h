@@ -3,6 +3,10 @@
 // replica's bucket over them. It replaces Gloo's TCP transport, which trusted whoever
 // connected to its port (a stranger's frame with an unknown slot aborted the worker).
 //
+// In a TLS cluster every connection is TLS 1.3 with the cluster's credentials, made before
+// the hello (mesh_conn.h): nothing of the hello, the framing or the gradients crosses the
+// network in the clear, and under --mtls a peer without a certificate from --tls_ca fails
+// the handshake and is a stranger.
 // Joining (ReplicaMesh::Listen, then Connect):
 //   - each replica listens on an ephemeral port of its collective host and publishes
 //     "HOST PORT SECRET" through the coordinator's rendezvous (SECRET: 32 random bytes in
@@ -36,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/worker/mesh_conn.h"
 
 namespace localpar {
 
@@ -50,9 +55,10 @@ struct NonFiniteParts {
 class ReplicaMesh {
  public:
   // Listens on `host` (the worker's collective host). `what` names the stage in messages
-  // ("stage 2").
-  static absl::StatusOr<std::unique_ptr<ReplicaMesh>> Listen(const std::string& host, int replica,
-                                                             int replicas, std::string what);
+  // ("stage 2"). With `tls` every connection is TLS (mesh_conn.h); without, in the clear.
+  static absl::StatusOr<std::unique_ptr<ReplicaMesh>> Listen(
+      const std::string& host, int replica, int replicas, std::string what,
+      std::shared_ptr<const mesh::Tls> tls = nullptr);
   ~ReplicaMesh();
 
   // What this replica publishes at the rendezvous: "HOST PORT SECRET".
@@ -99,6 +105,9 @@ class ReplicaMesh {
   };
   absl::Status Exchange(const std::vector<Out>& outgoing, const std::vector<In>& incoming,
                         std::chrono::milliseconds timeout);
+  struct Progress;
+  std::string SendSome(int s, const Out& o, Progress& p);
+  std::string RecvSome(int s, const In& i, Progress& p);
 
   const int replica_;
   const int replicas_;
@@ -106,8 +115,9 @@ class ReplicaMesh {
   std::string host_;
   int port_ = 0;
   int listen_fd_ = -1;
-  std::string secret_;    // 32 raw bytes
-  std::vector<int> fds_;  // per replica; -1 for this one
+  std::shared_ptr<const mesh::Tls> tls_;
+  std::string secret_;             // 32 raw bytes
+  std::vector<mesh::Conn> conns_;  // per replica; closed for this one
   uint64_t sequence_ = 0;
   int64_t bytes_sent_ = 0;
   int refused_ = 0;

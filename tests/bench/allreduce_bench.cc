@@ -2,7 +2,8 @@
 // own TCP mesh, after a rendezvous through the coordinator's Rendezvous service on loopback)
 // against raw TCP on loopback moving the same bytes, measured in the same run. With R
 // replicas each one sends its bucket to the R - 1 others and receives theirs; the raw TCP
-// baseline has every pair of threads exchange the bucket over one socket each way.
+// baseline has every pair of threads exchange the bucket over one socket each way. The
+// reduction runs twice, in the clear and under mutual TLS (certificates made by openssl).
 //
 //   allreduce_bench [--mib=16] [--replicas=2] [--rounds=10]
 #include <arpa/inet.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,9 +37,8 @@ double Since(Clock::time_point t) {
 
 // Seconds per round for R replicas gathering `floats` each through their mesh, or (reduce)
 // summing them in replica order with the mesh's reduce-scatter and all-gather, as workers do.
-double MeshSeconds(int port, int replicas, int64_t floats, int rounds, int round_base,
-                   bool reduce) {
-  SecurityOptions security;
+double MeshSeconds(int port, int replicas, int64_t floats, int rounds, int round_base, bool reduce,
+                   const SecurityOptions& security) {
   std::vector<double> took(static_cast<size_t>(replicas));
   std::vector<std::thread> threads;
   for (int r = 0; r < replicas; ++r) {
@@ -90,6 +91,35 @@ void RecvAll(int fd, char* p, size_t n) {
     p += k;
     n -= static_cast<size_t>(k);
   }
+}
+
+// A Rendezvous service on loopback with `security`'s credentials; its port in *port.
+std::unique_ptr<grpc::Server> Rendezvous(RendezvousService& service,
+                                         const SecurityOptions& security, int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", ServerCredentials(security), port);
+  b.RegisterService(&service);
+  return b.BuildAndStart();
+}
+
+// Mutual TLS credentials for 127.0.0.1 from a CA made here with openssl, in `dir`.
+SecurityOptions MutualTls(const std::string& dir) {
+  const std::string script = "set -e; cd '" + dir + R"(';
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out "$1" 2>/dev/null; }
+key ca.key; openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj "/CN=bench CA"
+printf "subjectAltName=IP:127.0.0.1\n" > san.ext
+key node.key; openssl req -new -key node.key -out node.csr -subj "/CN=127.0.0.1"
+openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 2 \
+  -extfile san.ext 2>/dev/null
+)";
+  std::ofstream(dir + "/make.sh") << script;
+  SecurityOptions s;
+  if (std::system(("bash '" + dir + "/make.sh' > /dev/null 2>&1").c_str()) != 0 ||
+      !LoadSecurity(dir + "/node.pem", dir + "/node.key", dir + "/ca.pem", true, "", &s).ok()) {
+    std::fprintf(stderr, "cannot make certificates with openssl in %s\n", dir.c_str());
+    std::exit(1);
+  }
+  return s;
 }
 
 // Two threads exchanging `bytes` each way over one loopback TCP connection, per round.
@@ -147,15 +177,21 @@ int main(int argc, char** argv) {
   }
   const int64_t floats = static_cast<int64_t>(mib * (1 << 20) / 4);
   const size_t bytes = static_cast<size_t>(floats) * 4;
-  localpar::SecurityOptions security;
-  localpar::RendezvousService service(security);
-  grpc::ServerBuilder b;
+  const localpar::SecurityOptions clear;
+  localpar::RendezvousService service(clear);
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  const double mesh = localpar::MeshSeconds(port, replicas, floats, rounds, 0, false);
-  const double reduced = localpar::MeshSeconds(port, replicas, floats, rounds, 1, true);
+  std::unique_ptr<grpc::Server> server = localpar::Rendezvous(service, clear, &port);
+  const double mesh = localpar::MeshSeconds(port, replicas, floats, rounds, 0, false, clear);
+  const double reduced = localpar::MeshSeconds(port, replicas, floats, rounds, 1, true, clear);
+  // The same reduction as in a cluster run with --tls_cert --tls_key --tls_ca --mtls.
+  char dir[] = "/tmp/allreduce_bench_XXXXXX";
+  if (mkdtemp(dir) == nullptr) return 1;
+  const localpar::SecurityOptions tls = localpar::MutualTls(dir);
+  localpar::RendezvousService tls_service(tls);
+  int tls_port = 0;
+  std::unique_ptr<grpc::Server> tls_server = localpar::Rendezvous(tls_service, tls, &tls_port);
+  const double secured = localpar::MeshSeconds(tls_port, replicas, floats, rounds, 2, true, tls);
+  std::system(("rm -rf '" + std::string(dir) + "'").c_str());
   const double tcp = localpar::TcpSeconds(bytes, rounds);
   // The adding after the gather, on one core, as a worker does it.
   std::vector<float> gathered(static_cast<size_t>(floats * replicas), 1.0f), sum(floats);
@@ -178,8 +214,13 @@ int main(int argc, char** argv) {
       "mesh allreduce (reduce-scatter, all-gather, summed): %8.3f ms  %6.2f GB/s sent "
       "per replica\n",
       1e3 * reduced, 2.0 * (replicas - 1) / replicas * static_cast<double>(bytes) / reduced / 1e9);
+  std::printf("mesh allreduce under mutual TLS: %8.3f ms  %6.2f GB/s sent per replica\n",
+              1e3 * secured,
+              2.0 * (replicas - 1) / replicas * static_cast<double>(bytes) / secured / 1e9);
   std::printf("mesh / raw TCP (bandwidth per replica): %.2f\n",
               (moved / mesh) / (static_cast<double>(bytes) / tcp));
+  std::printf("allreduce under TLS / in the clear (time): %.2f\n", secured / reduced);
   server->Shutdown();
+  tls_server->Shutdown();
   return 0;
 }
