@@ -45,7 +45,8 @@ void ApplyReplicaSyncDefaults(v1::Job& job) {
     v1::ReplicaSync* sync = job.mutable_replica_sync();
     if (!sync->has_outer_lr()) sync->set_outer_lr(0.7f);  // the DiLoCo paper's
     if (!sync->has_outer_momentum()) sync->set_outer_momentum(0.9f);
-  } else if (!job.replica_sync().has_outer_lr() && !job.replica_sync().has_outer_momentum()) {
+  } else if (!job.replica_sync().has_outer_lr() && !job.replica_sync().has_outer_momentum() &&
+             !job.replica_sync().bf16()) {
     job.clear_replica_sync();  // every step: the gradient exchange, no outer step
   }
 }

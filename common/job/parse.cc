@@ -208,6 +208,7 @@ absl::Status ApplyOverrides(const v1::JobOverrides& o, v1::Job* job) {
   if (o.has_outer_momentum()) {
     job->mutable_replica_sync()->set_outer_momentum(static_cast<float>(o.outer_momentum()));
   }
+  if (o.sync_bf16()) job->mutable_replica_sync()->set_bf16(true);
   ApplyReplicaSyncDefaults(*job);
   if (o.eval_every_steps() < 0)
     return absl::InvalidArgumentError("--eval_every_steps: must be >= 0");

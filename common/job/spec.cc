@@ -166,6 +166,7 @@ StepSettings ToStepSettings(const v1::Job& job, int64_t total_steps) {
     o.sync_every = job.replica_sync().every();
     o.outer_lr = job.replica_sync().outer_lr();
     o.outer_momentum = job.replica_sync().outer_momentum();
+    o.sync_bf16 = job.replica_sync().bf16();
   }
   o.total_steps = total_steps;
   o.seed = job.seed();

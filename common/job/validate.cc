@@ -47,8 +47,10 @@ absl::Status ValidateReplicaSync(const v1::Job& job) {
   const v1::ReplicaSync& sync = job.replica_sync();
   if (sync.every() < 0) return Invalid("replica_sync.every", "must be >= 0 (0 or 1: every step)");
   if (sync.every() <= 1) {
-    if (sync.has_outer_lr() || sync.has_outer_momentum()) {
-      return Invalid(sync.has_outer_lr() ? "replica_sync.outer_lr" : "replica_sync.outer_momentum",
+    if (sync.has_outer_lr() || sync.has_outer_momentum() || sync.bf16()) {
+      return Invalid(sync.has_outer_lr()         ? "replica_sync.outer_lr"
+                     : sync.has_outer_momentum() ? "replica_sync.outer_momentum"
+                                                 : "replica_sync.bf16",
                      "applies only with replica_sync.every > 1 (--sync_every)");
     }
     return absl::OkStatus();

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common/core/check.h"
+#include "common/core/dtype.h"
 
 namespace localpar {
 
@@ -87,13 +88,15 @@ void ReplicaBucket::UnpackSum(const float* sum, int replicas) {
   }
 }
 
-OuterSync::OuterSync(Stage& stage, float lr, float momentum) : lr_(lr), momentum_(momentum) {
+OuterSync::OuterSync(Stage& stage, float lr, float momentum, bool bf16)
+    : lr_(lr), momentum_(momentum), bf16_(bf16) {
   for (bool trainable : {true, false}) {
     for (Param* p : stage.params()) {
       if (p->trainable != trainable) continue;
       LP_CHECK_MSG(p->value.dtype() == DType::kF32, "parameter %s is not float32", p->name.c_str());
       params_.push_back(p);
       size_ += p->value.numel();
+      if (trainable) trainable_ += p->value.numel();
     }
   }
 }
@@ -133,6 +136,9 @@ void OuterSync::Pack(float* out) {
     ToHost(p->value, &value_);
     ToHost(p->outer, &outer_);
     for (size_t i = 0; i < value_.size(); ++i) out[i] = outer_[i] - value_[i];
+    if (bf16_) {
+      for (size_t i = 0; i < value_.size(); ++i) out[i] = Bf16ToFloat(FloatToBf16(out[i]));
+    }
     out += value_.size();
   }
 }
@@ -160,7 +166,7 @@ void OuterSync::ApplySum(const float* sum, int replicas) {
     ToHost(p->outer, &outer_);
     ToHost(p->outer_momentum, &momentum_host_);
     for (size_t i = 0; i < n; ++i) {
-      const float g = at[i] * inv;
+      const float g = (bf16_ ? Bf16ToFloat(FloatToBf16(at[i])) : at[i]) * inv;
       const float m = momentum_ * momentum_host_[i] + g;
       momentum_host_[i] = m;
       outer_[i] = outer_[i] - lr_ * (g + momentum_ * m);

@@ -53,31 +53,44 @@ class ReplicaBucket {
 // its pseudo-gradient, the replicas gather them side by side, and every replica applies the
 // same outer step to the same synchronised weights, so that they leave it identical (and
 // equal to the reference trainer's, which runs this same code).
+//
+// With bf16 (ReplicaSync.bf16) the pseudo-gradients cross as bfloat16: each replica rounds
+// its own to the nearest bfloat16 (ties to even) before the exchange, the replicas add the
+// rounded values in float32 in replica order, and the sum is rounded to bfloat16 again, so
+// the bytes of the pseudo-gradients halve in both halves of a reduction. Running statistics
+// stay float32. Every replica and the reference trainer round alike.
 class OuterSync {
  public:
-  OuterSync(Stage& stage, float lr, float momentum);
+  OuterSync(Stage& stage, float lr, float momentum, bool bf16 = false);
 
   // The synchronised weights start as the parameters now (the start of a run, or a restored
   // checkpoint without them) and the momentum at zero; state a checkpoint restored is kept.
   static void Start(Stage& stage);
 
   int64_t size() const { return size_; }  // floats in one replica's contribution
+  // Of those, the pseudo-gradients (first; bfloat16 on the wire with bf16), then the rest.
+  int64_t pseudo_gradients() const { return trainable_; }
+  bool bf16() const { return bf16_; }
   int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(float)); }
   // This replica's contribution: each trainable parameter's pseudo-gradient (the weights at
-  // the last synchronisation minus its own), then every other parameter's value.
+  // the last synchronisation minus its own; rounded to bfloat16 with bf16), then every other
+  // parameter's value.
   void Pack(float* out);
   // `gathered` holds `replicas` contributions in replica order. Their mean g (added in
   // replica order, times 1 / replicas) drives one step of SGD with Nesterov momentum from
   // the synchronised weights w: m = momentum * m + g; w = w - lr * (g + momentum * m); the
   // parameters become w. Running statistics become the replicas' mean.
   void Apply(const float* gathered, int replicas);
-  // The same from the contributions' sum (added in replica order), as a reduction gives it.
+  // The same from the contributions' sum (added in replica order), as a reduction gives it
+  // (with bf16, its pseudo-gradients are rounded to bfloat16 first, as a reduction sends them).
   void ApplySum(const float* sum, int replicas);
 
  private:
   std::vector<Param*> params_;  // trainable ones first, as ReplicaBucket orders them
   int64_t size_ = 0;
+  int64_t trainable_ = 0;
   const float lr_, momentum_;
+  const bool bf16_;
   std::vector<float> host_, value_, outer_, momentum_host_;
 };
 

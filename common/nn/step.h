@@ -30,6 +30,7 @@ struct StepSettings {
   int sync_every = 1;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
+  bool sync_bf16 = false;  // the pseudo-gradients cross as bfloat16 (OuterSync)
   ScheduleConfig schedule;
   int64_t total_steps = 0;  // for the cosine schedule
   uint64_t seed = 0;        // drives dropout masks

@@ -31,8 +31,8 @@ ReferenceTrainer::ReferenceTrainer(std::vector<Model*> replicas, const StepSetti
       if (models_.size() == 1) continue;
       buckets_[r].push_back(std::make_unique<ReplicaBucket>(m.stage(k)));
       if (ReplicasStepAlone(options_)) {
-        outer_[r].push_back(
-            std::make_unique<OuterSync>(m.stage(k), options_.outer_lr, options_.outer_momentum));
+        outer_[r].push_back(std::make_unique<OuterSync>(
+            m.stage(k), options_.outer_lr, options_.outer_momentum, options_.sync_bf16));
       }
       if (r == 0) continue;
       std::vector<Param*> from = models_[0]->stage(k).params(), to = m.stage(k).params();

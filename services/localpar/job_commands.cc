@@ -38,7 +38,8 @@ void Explain(const v1::Job& job, std::ostream& out) {
     out << "# " << t.replicas << " replicas of every stage, ";
     if (ReplicasStepAlone(t)) {
       out << "each stepping alone; every " << t.sync_every << " steps an outer Nesterov step (lr "
-          << t.outer_lr << ", momentum " << t.outer_momentum << ") on their mean pseudo-gradient\n";
+          << t.outer_lr << ", momentum " << t.outer_momentum << ") on their mean pseudo-gradient"
+          << (t.sync_bf16 ? " (exchanged as bfloat16)" : "") << "\n";
     } else {
       out << "their gradients added in replica order before every step\n";
     }

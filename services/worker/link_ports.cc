@@ -1,7 +1,10 @@
 // A worker's ports: a step's items, the gradients it is owed, and the links' framing.
 #include "services/worker/link_ports.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "common/core/dtype.h"
 #include "common/nn/rule.h"
 #include "services/common/grpc_util.h"
 #include "services/common/wire.h"
@@ -244,14 +247,20 @@ PortState LinkPorts::SyncReplicas(Stage& stage) {
   if (!setup_.group) return PortState::kReady;
   if (exchange_failed_) return PortState::kGone;
   if (!outer_) {
-    outer_ = std::make_unique<OuterSync>(stage, setup_.steps.outer_lr, setup_.steps.outer_momentum);
+    outer_ = std::make_unique<OuterSync>(stage, setup_.steps.outer_lr, setup_.steps.outer_momentum,
+                                         setup_.steps.sync_bf16);
   }
   const int64_t n = outer_->size();
   outer_send_.resize(static_cast<size_t>(n));
   outer_sum_.resize(static_cast<size_t>(n));
   outer_->Pack(outer_send_.data());
   NonFiniteParts bad;
-  absl::Status s = setup_.group->AllReduce(outer_send_.data(), n, outer_sum_.data(), &bad);
+  absl::Status s;
+  if (outer_->bf16()) {
+    s = ReduceBf16(outer_->pseudo_gradients(), &bad);
+  } else {
+    s = setup_.group->AllReduce(outer_send_.data(), n, outer_sum_.data(), &bad);
+  }
   if (s.ok()) s = NonFiniteError(bad, setup_.stage, n, "a pseudo-gradient");
   if (!s.ok()) {
     ExchangeFailed(s);
@@ -259,6 +268,34 @@ PortState LinkPorts::SyncReplicas(Stage& stage) {
   }
   outer_->ApplySum(outer_sum_.data(), setup_.replicas);
   return PortState::kReady;
+}
+
+// The pseudo-gradients (the first t floats of outer_send_, bfloat16 values already) as
+// bfloat16 pairs, then the running statistics as floats; their sums into outer_sum_.
+absl::Status LinkPorts::ReduceBf16(int64_t t, NonFiniteParts* bad) {
+  const int64_t n = static_cast<int64_t>(outer_send_.size()), words = (t + 1) / 2;
+  std::vector<float>& pairs = outer_pairs_;
+  pairs.assign(static_cast<size_t>(2 * words), 0.0f);  // sent, then their sums
+  for (int64_t i = 0; i < t; ++i) {
+    const uint32_t h = FloatToBf16(outer_send_[static_cast<size_t>(i)]);
+    uint32_t w;
+    std::memcpy(&w, &pairs[static_cast<size_t>(i / 2)], 4);
+    w |= (i % 2 == 0) ? h : h << 16;
+    std::memcpy(&pairs[static_cast<size_t>(i / 2)], &w, 4);
+  }
+  absl::Status s = setup_.group->AllReduce(pairs.data(), words, pairs.data() + words, bad,
+                                           ReduceFormat::kBf16Pairs);
+  if (!s.ok() || bad->replica >= 0) return s;
+  for (int64_t i = 0; i < t; ++i) {
+    uint32_t w;
+    std::memcpy(&w, &pairs[static_cast<size_t>(words + i / 2)], 4);
+    outer_sum_[static_cast<size_t>(i)] =
+        Bf16ToFloat(static_cast<uint16_t>(i % 2 == 0 ? w & 0xffffu : w >> 16));
+  }
+  if (n == t) return s;
+  s = setup_.group->AllReduce(outer_send_.data() + t, n - t, outer_sum_.data() + t, bad);
+  if (bad->replica >= 0) bad->first += t;  // an index in the whole contribution
+  return s;
 }
 
 // Replicas: a group's gather starts while the backward pass goes on (replica_exchange.h).

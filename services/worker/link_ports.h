@@ -115,6 +115,7 @@ class LinkPorts final : public StagePorts {
   PortState SyncReplicas(Stage& stage) override;
 
  private:
+  absl::Status ReduceBf16(int64_t pseudo_gradients, NonFiniteParts* bad);
   ReplicaExchange& Exchange(Stage& stage);
   // Tells the coordinator why the replicas can no longer step together, once.
   void ExchangeFailed(const absl::Status& s);
@@ -130,7 +131,7 @@ class LinkPorts final : public StagePorts {
   std::unique_ptr<ReplicaExchange> exchange_;  // replicas, made on first use
   bool exchange_failed_ = false;
   std::unique_ptr<OuterSync> outer_;  // replicas that synchronise every few steps
-  std::vector<float> outer_send_, outer_sum_;
+  std::vector<float> outer_send_, outer_sum_, outer_pairs_;
   double send_wait_ = 0;
 };
 

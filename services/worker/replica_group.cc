@@ -194,13 +194,14 @@ absl::Status ReplicaGroup::AllGather(const float* in, int64_t n, float* out) {
   return absl::OkStatus();
 }
 
-absl::Status ReplicaGroup::AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad) {
+absl::Status ReplicaGroup::AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad,
+                                     ReduceFormat format) {
   if (!failed_.ok()) return failed_;
   const auto start = std::chrono::steady_clock::now();
   if (!impl_) {
     if (absl::Status s = Connect(); !s.ok()) return failed_ = s;
   }
-  if (absl::Status s = impl_->mesh->AllReduce(in, n, sum, bad, options_.timeout); !s.ok()) {
+  if (absl::Status s = impl_->mesh->AllReduce(in, n, sum, bad, options_.timeout, format); !s.ok()) {
     impl_.reset();
     return failed_ = absl::UnavailableError(
                absl::StrCat("exchanging gradients with the other replicas failed: ", s.message()));

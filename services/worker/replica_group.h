@@ -49,7 +49,9 @@ class ReplicaGroup {
   // Every replica's n floats added element by element in replica order into sum, over the
   // mesh's reduce-scatter and all-gather (2 (R - 1) / R of the bucket sent); *bad names the
   // first replica whose part held a non-finite value (the sum is then not to be used).
-  absl::Status AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad);
+  // kBf16Pairs: each word holds two bfloat16 values (ReplicaMesh::AllReduce).
+  absl::Status AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad,
+                         ReduceFormat format = ReduceFormat::kFloat32);
   // The same with device buffers of a CUDA `backend`, through NCCL on its stream; returns
   // once the gather is complete. A group uses one of the two, never both.
   absl::Status AllGatherOnDevice(const float* in, int64_t n, float* out, Backend& backend);

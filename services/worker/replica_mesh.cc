@@ -16,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/dtype.h"
 #include "common/nn/replica_sync.h"
 #include "common/nn/step.h"
 #include "services/common/peer_text.h"
@@ -140,8 +141,52 @@ constexpr size_t kVerdictBytes = 16;
 
 }  // namespace
 
+void ReplicaMesh::ReduceChunk(ReduceFormat format, int64_t begin, size_t mine) {
+  const size_t R = static_cast<size_t>(replicas_);
+  reduced_.resize(mine * sizeof(float) + R * kVerdictBytes);
+  // The elements: floats as they are, or each word's two bfloat16 values.
+  const float* parts = parts_.data();
+  size_t elements = mine;
+  uint64_t first_index = static_cast<uint64_t>(begin);
+  if (format == ReduceFormat::kBf16Pairs) {
+    elements = 2 * mine;
+    first_index *= 2;
+    decoded_.resize(R * elements);
+    for (size_t i = 0; i < R * mine; ++i) {
+      uint32_t w;
+      std::memcpy(&w, &parts_[i], 4);
+      decoded_[2 * i] = Bf16ToFloat(static_cast<uint16_t>(w & 0xffffu));
+      decoded_[2 * i + 1] = Bf16ToFloat(static_cast<uint16_t>(w >> 16));
+    }
+    parts = decoded_.data();
+  }
+  if (format == ReduceFormat::kFloat32) {
+    SumInReplicaOrder(parts, replicas_, static_cast<int64_t>(mine),
+                      reinterpret_cast<float*>(reduced_.data()));
+  } else {
+    decoded_sum_.resize(elements);
+    SumInReplicaOrder(parts, replicas_, static_cast<int64_t>(elements), decoded_sum_.data());
+    for (size_t i = 0; i < mine; ++i) {
+      const uint32_t w = static_cast<uint32_t>(FloatToBf16(decoded_sum_[2 * i])) |
+                         (static_cast<uint32_t>(FloatToBf16(decoded_sum_[2 * i + 1])) << 16);
+      std::memcpy(reduced_.data() + 4 * i, &w, 4);
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    uint64_t bad_values = 0, first = kNone;
+    for (size_t i = 0; i < elements; ++i) {
+      if (std::isfinite(parts[r * elements + i])) continue;
+      if (first == kNone) first = first_index + i;
+      ++bad_values;
+    }
+    char* v = reduced_.data() + mine * sizeof(float) + r * kVerdictBytes;
+    PutU64(v, bad_values);
+    PutU64(v + 8, first);
+  }
+}
+
 absl::Status ReplicaMesh::AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad,
-                                    std::chrono::milliseconds timeout) {
+                                    std::chrono::milliseconds timeout, ReduceFormat format) {
   if (!failed_.ok()) return failed_;
   const size_t R = static_cast<size_t>(replicas_), me = static_cast<size_t>(replica_);
   std::vector<int64_t> begin(R), count(R);
@@ -162,20 +207,7 @@ absl::Status ReplicaMesh::AllReduce(const float* in, int64_t n, float* sum, NonF
   }
   if (absl::Status e = Exchange(send, recv, timeout); !e.ok()) return e;
   // The chunk's sum in replica order, then a verdict on each replica's part.
-  reduced_.resize(mine * sizeof(float) + verdicts);
-  float* reduced = reinterpret_cast<float*>(reduced_.data());
-  SumInReplicaOrder(parts_.data(), replicas_, static_cast<int64_t>(mine), reduced);
-  for (size_t r = 0; r < R; ++r) {
-    uint64_t bad_values = 0, first = kNone;
-    for (size_t i = 0; i < mine; ++i) {
-      if (std::isfinite(parts_[r * mine + i])) continue;
-      if (first == kNone) first = static_cast<uint64_t>(begin[me]) + i;
-      ++bad_values;
-    }
-    char* v = reduced_.data() + mine * sizeof(float) + r * kVerdictBytes;
-    PutU64(v, bad_values);
-    PutU64(v + 8, first);
-  }
+  ReduceChunk(format, begin[me], mine);
   // Every chunk's sum and verdicts from its owner.
   std::vector<size_t> at(R, 0);
   size_t total = 0;
@@ -199,16 +231,16 @@ absl::Status ReplicaMesh::AllReduce(const float* in, int64_t n, float* sum, NonF
     for (size_t r = 0; r < R; ++r) {
       const uint64_t k = GetU64(chunk + bytes + r * kVerdictBytes);
       const uint64_t f = GetU64(chunk + bytes + r * kVerdictBytes + 8);
-      const uint64_t lo = static_cast<uint64_t>(begin[s]),
-                     hi = lo + static_cast<uint64_t>(count[s]);
+      const uint64_t per_word = format == ReduceFormat::kBf16Pairs ? 2 : 1;
+      const uint64_t lo = per_word * static_cast<uint64_t>(begin[s]),
+                     hi = lo + per_word * static_cast<uint64_t>(count[s]);
       // A verdict is checked like any field from the wire: it must fit the owner's chunk.
-      if (k > static_cast<uint64_t>(count[s]) || (k == 0) != (f == kNone) ||
-          (k > 0 && (f < lo || f >= hi))) {
+      if (k > hi - lo || (k == 0) != (f == kNone) || (k > 0 && (f < lo || f >= hi))) {
         Close();
         return failed_ = absl::UnavailableError(
                    absl::StrCat("replica ", replica_, " of ", what_, ": replica ", s,
                                 " sent a verdict that does not fit its chunk (", k,
-                                " non-finite values of ", count[s], ")"));
+                                " non-finite values of ", hi - lo, ")"));
       }
       bad_values[r] += k;
       first[r] = std::min(first[r], f);

@@ -52,6 +52,10 @@ struct NonFiniteParts {
   int64_t first = -1;
 };
 
+// What a reduction's 4-byte words hold: a float each, or two bfloat16 values each (the
+// element 2i in the low half of word i), added in float32 and the sum rounded to bfloat16.
+enum class ReduceFormat { kFloat32, kBf16Pairs };
+
 class ReplicaMesh {
  public:
   // Listens on `host` (the worker's collective host). `what` names the stage in messages
@@ -73,11 +77,13 @@ class ReplicaMesh {
   // `timeout` bounds the wait for the slowest peer.
   absl::Status AllGather(const float* in, int64_t n, float* out, std::chrono::milliseconds timeout);
 
-  // Every replica's n floats added element by element in replica order, into sum (n floats),
+  // Every replica's n words added element by element in replica order, into sum (n words),
   // sending 2 (R - 1) / R of them; *bad says which replica's part held a NaN or an
-  // infinity (the sum is then not to be used).
+  // infinity (the sum is then not to be used; its index counts elements, two a word with
+  // kBf16Pairs).
   absl::Status AllReduce(const float* in, int64_t n, float* sum, NonFiniteParts* bad,
-                         std::chrono::milliseconds timeout);
+                         std::chrono::milliseconds timeout,
+                         ReduceFormat format = ReduceFormat::kFloat32);
 
   // Bytes this replica has sent in gathers and reductions, frame headers included.
   int64_t bytes_sent() const { return bytes_sent_; }
@@ -121,9 +127,13 @@ class ReplicaMesh {
   uint64_t sequence_ = 0;
   int64_t bytes_sent_ = 0;
   int refused_ = 0;
-  std::vector<float> parts_;   // AllReduce: every replica's part of this replica's chunk
-  std::vector<char> reduced_;  // its sum and verdicts, as sent
-  std::vector<char> sums_;     // the other chunks' sums and verdicts, as received
+  // This replica's chunk: every replica's part, summed into reduced_ with a verdict on each
+  // part (16 bytes: its count of non-finite elements, the first one's index in the bucket).
+  void ReduceChunk(ReduceFormat format, int64_t begin, size_t words);
+  std::vector<float> parts_;  // AllReduce: every replica's part of this replica's chunk
+  std::vector<float> decoded_, decoded_sum_;  // kBf16Pairs: the parts and their sum as floats
+  std::vector<char> reduced_;                 // its sum and verdicts, as sent
+  std::vector<char> sums_;                    // the other chunks' sums and verdicts, as received
   absl::Status failed_;
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/core/dtype.h"
 #include "common/nn/replica_sync.h"
 #include "tests/common/test_util.h"
 
@@ -322,6 +323,53 @@ TEST(ReplicaSync, ReplicasTrainAloneThenTakeTheOuterNesterovStepTogether) {
     }
   }
   EXPECT_EQ(syncs, 3);
+}
+
+// bfloat16 pseudo-gradients: each replica's contribution is its float32 pseudo-gradient
+// rounded to the nearest bfloat16 (and differs from it somewhere), and the outer step rounds
+// the replicas' sum again before dividing by the replica count.
+TEST(ReplicaSync, Bf16PseudoGradientsAreRoundedBeforeAndAfterTheSum) {
+  Fixture f(SmallModel(2));
+  Stage& stage = f.model->stage(0);
+  OuterSync::Start(stage);
+  int moved = 0;
+  for (Param* p : stage.params()) {
+    std::vector<float> v = p->value.ToHost();
+    for (size_t j = 0; j < v.size(); ++j) v[j] += 1e-3f * std::sin(static_cast<float>(++moved));
+    p->value = Tensor::FromHost(*f.cpu, p->value.shape(), v);
+  }
+  OuterSync exact(stage, 1.0f, 0.0f), half(stage, 1.0f, 0.0f, /*bf16=*/true);
+  ASSERT_EQ(half.pseudo_gradients(), half.size()) << "no running statistics in this stage";
+  const size_t n = static_cast<size_t>(half.size());
+  std::vector<float> a(n), b(n);
+  exact.Pack(a.data());
+  half.Pack(b.data());
+  int rounded = 0;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(b[i], Bf16ToFloat(FloatToBf16(a[i]))) << i;
+    rounded += b[i] != a[i];
+  }
+  EXPECT_GT(rounded, static_cast<int>(n / 2));
+  // Two replicas' contributions added (the second's shifted by one), rounded, then halved.
+  std::vector<float> outer, sum(n);
+  for (Param* p : stage.params()) {
+    std::vector<float> o = p->outer.ToHost();
+    outer.insert(outer.end(), o.begin(), o.end());
+  }
+  int inexact = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sum[i] = b[i] + b[(i + 1) % n];
+    inexact += Bf16ToFloat(FloatToBf16(sum[i])) != sum[i];
+  }
+  EXPECT_GT(inexact, 0) << "the sum needs rounding somewhere";
+  half.ApplySum(sum.data(), 2);
+  size_t i = 0;
+  for (Param* p : stage.params()) {
+    for (float v : p->value.ToHost()) {
+      EXPECT_EQ(v, outer[i] - Bf16ToFloat(FloatToBf16(sum[i])) * 0.5f) << i;
+      ++i;
+    }
+  }
 }
 
 // What a stage's program tells its ports about final gradients, so that replicas can start

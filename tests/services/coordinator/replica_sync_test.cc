@@ -162,6 +162,46 @@ stages { layers { linear { out_features: 256 } } layers { layer_norm {} } layers
   }
 }
 
+// bfloat16 pseudo-gradients (--sync_bf16): the cluster still equals `train` bit for bit
+// (each replica rounds its own, the sum is rounded again, as the reference does), the
+// weights differ from float32 synchronisation, and each replica sends about half the bytes
+// (stage 0's batch-norm running statistics stay float32).
+TEST(ReplicaSync, Bf16PseudoGradientsEqualTrainAndSendAboutHalfTheBytes) {
+  TempDir dir;
+  const std::string bin = testing::BinDir() + "/localpar";
+  const std::string job = dir.Write("job.textproto", SmallJob("CHUNKED", 1));
+  auto command = [&](const char* name, const std::string& out, bool bf16) {
+    std::vector<std::string> argv = {
+        bin,          name,           job,          "--out=" + dir.path() + "/" + out,
+        "--stages=2", "--replicas=2", "--epochs=3", "--sync_every=5",
+        "--quiet"};
+    if (bf16) argv.push_back("--sync_bf16");
+    return RunProcess(argv, 240);
+  };
+  auto ref = command("train", "ref", true);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  auto cluster = command("run", "cluster", true);
+  ASSERT_EQ(cluster.exit_code, 0) << cluster.output;
+  absl::StatusOr<v1::ModelWeights> want = ReadWeightsFile(dir.path() + "/ref/weights.pb");
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectWeightsFileEquals(dir.path() + "/cluster/weights.pb", *want);
+  auto f32 = command("run", "f32", false);
+  ASSERT_EQ(f32.exit_code, 0) << f32.output;
+  absl::StatusOr<v1::ModelWeights> full = ReadWeightsFile(dir.path() + "/f32/weights.pb");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_NE(full->stages(1).params(0).tensor().data(), want->stages(1).params(0).tensor().data());
+  const v1::RunReport half = ReadReport(dir.path() + "/cluster/report.json");
+  const v1::RunReport whole = ReadReport(dir.path() + "/f32/report.json");
+  for (int k = 0; k < 2; ++k) {
+    for (int r = 0; r < 2; ++r) {
+      const double ratio = half.stage_reports(k).replica_exchange_bytes_sent(r) /
+                           whole.stage_reports(k).replica_exchange_bytes_sent(r);
+      EXPECT_GT(ratio, 0.49) << "stage " << k << " replica " << r;
+      EXPECT_LT(ratio, 0.56) << "stage " << k << " replica " << r;
+    }
+  }
+}
+
 TEST(ReplicaSync, SettingsThatCannotApplyAreRefusedNamingTheField) {
   TempDir dir;
   const std::string bin = testing::BinDir() + "/localpar";
@@ -178,6 +218,8 @@ TEST(ReplicaSync, SettingsThatCannotApplyAreRefusedNamingTheField) {
        "replica_sync.outer_momentum: must be in [0, 1)"},
       {{"--replicas=2", "--outer_lr=0.5"},
        "replica_sync.outer_lr: applies only with replica_sync.every > 1"},
+      {{"--replicas=2", "--sync_bf16"},
+       "replica_sync.bf16: applies only with replica_sync.every > 1"},
   };
   for (const Case& c : cases) {
     for (const char* command : {"train", "run", "validate"}) {

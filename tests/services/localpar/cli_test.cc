@@ -210,10 +210,11 @@ TEST(Cli, EachCommandListsOnlyItsOwnFlags) {
   EXPECT_EQ(flags("project"),
             Set({"batch_size", "cores", "data_path", "device", "json", "latency_us", "link_gbps",
                  "project_stages", "replicas", "rule", "stages", "threads"}));
-  EXPECT_EQ(flags("validate"),
-            Set({"batch_size", "data_path", "epochs", "eval_every_steps", "explain", "lr",
-                 "max_steps", "memory_limit_mib", "micro_batches", "outer_lr", "outer_momentum",
-                 "replicas", "resume", "rule", "schedule", "seed", "stages", "sync_every"}));
+  EXPECT_EQ(
+      flags("validate"),
+      Set({"batch_size", "data_path", "epochs", "eval_every_steps", "explain", "lr", "max_steps",
+           "memory_limit_mib", "micro_batches", "outer_lr", "outer_momentum", "replicas", "resume",
+           "rule", "schedule", "seed", "stages", "sync_bf16", "sync_every"}));
   const Set run = flags("run");
   EXPECT_TRUE(run.count("resume_if_present")) << "run takes the coordinator's restart flag";
   EXPECT_TRUE(run.count("resume") && run.count("checkpoint_dir"));

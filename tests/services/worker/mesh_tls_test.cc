@@ -6,7 +6,7 @@
 // joined; a hand-made replica over TLS that sends a wrong frame or a verdict that does not
 // fit is named, as in the clear; and a relay between two replicas records none of the hello,
 // the framing or the gradients (while in the clear it records all three, so the check can
-// fail).
+// fail). A reduction of bfloat16 pairs adds in float32 in replica order and rounds the sum.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -28,6 +28,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_split.h"
+#include "common/core/dtype.h"
 #include "services/worker/replica_mesh.h"
 
 namespace localpar {
@@ -230,6 +231,74 @@ TEST_F(MeshTls, ThreeReplicasReduceUnderMutualTlsExactlyAsInTheClear) {
     EXPECT_EQ(0, std::memcmp(sums[0][r].data(), sums[1][r].data(), 10007 * sizeof(float)));
   }
   EXPECT_EQ(sent[0], sent[1]) << "the frames are the same; TLS's own bytes are not counted";
+}
+
+// A reduction of bfloat16 pairs (DiLoCo's --sync_bf16), here under TLS: each element is the
+// replicas' values added in float32 in replica order and rounded to bfloat16; a NaN in
+// replica 2's part is named with its element index.
+TEST_F(MeshTls, Bf16PairsAreAddedAsFloatsInReplicaOrderAndTheSumRounded) {
+  const int64_t words = 1001, elements = 2 * words;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> values(3, std::vector<float>(elements));
+  std::vector<std::vector<float>> in(3, std::vector<float>(words));
+  for (int r = 0; r < 3; ++r) {
+    for (int64_t i = 0; i < elements; ++i) values[r][i] = normal(rng) * (r + 1);
+    for (int64_t i = 0; i < words; ++i) {
+      const uint32_t w = FloatToBf16(values[r][2 * i]) |
+                         (static_cast<uint32_t>(FloatToBf16(values[r][2 * i + 1])) << 16);
+      std::memcpy(&in[r][i], &w, 4);
+    }
+  }
+  std::vector<std::unique_ptr<ReplicaMesh>> m;
+  for (int r = 0; r < 3; ++r) m.push_back(Listen(r, 3, Creds("node")));
+  std::vector<ReplicaMesh*> raw = {m[0].get(), m[1].get(), m[2].get()};
+  for (const absl::Status& s :
+       ConnectAll(raw, {m[0]->published(), m[1]->published(), m[2]->published()}, 15000)) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  auto reduce = [&](std::vector<NonFiniteParts>* bad) {
+    std::vector<std::vector<float>> sums(3, std::vector<float>(words));
+    std::vector<std::thread> t;
+    for (int r = 0; r < 3; ++r) {
+      t.emplace_back([&, r] {
+        absl::Status s = raw[r]->AllReduce(in[r].data(), words, sums[r].data(), &(*bad)[r],
+                                           milliseconds(10000), ReduceFormat::kBf16Pairs);
+        EXPECT_TRUE(s.ok()) << s;
+      });
+    }
+    for (auto& x : t) x.join();
+    return sums;
+  };
+  std::vector<NonFiniteParts> bad(3);
+  auto sums = reduce(&bad);
+  int rounded = 0;
+  for (int64_t i = 0; i < elements; ++i) {
+    const float exact =
+        (Bf16ToFloat(FloatToBf16(values[0][i])) + Bf16ToFloat(FloatToBf16(values[1][i]))) +
+        Bf16ToFloat(FloatToBf16(values[2][i]));
+    uint32_t w;
+    std::memcpy(&w, &sums[0][i / 2], 4);
+    const uint16_t got = static_cast<uint16_t>(i % 2 == 0 ? w & 0xffffu : w >> 16);
+    ASSERT_EQ(got, FloatToBf16(exact)) << i;
+    rounded += Bf16ToFloat(got) != exact;
+  }
+  EXPECT_GT(rounded, 0);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(bad[r].replica, -1);
+    EXPECT_EQ(std::memcmp(sums[r].data(), sums[0].data(), words * 4), 0) << r;
+  }
+  // A NaN as replica 2's element 1501 (the high half of word 750).
+  uint32_t w;
+  std::memcpy(&w, &in[2][750], 4);
+  w = (w & 0xffffu) | (uint32_t{0x7fc0} << 16);
+  std::memcpy(&in[2][750], &w, 4);
+  reduce(&bad);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(bad[r].replica, 2) << r;
+    EXPECT_EQ(bad[r].count, 1) << r;
+    EXPECT_EQ(bad[r].first, 1501) << r;
+  }
 }
 
 TEST_F(MeshTls, StrangersWithoutTheClustersCertificateAreRefusedBeforeAnythingTheySendIsRead) {
