@@ -114,7 +114,7 @@ def sweep_command(args):
         return 0
     # The tables of every run done so far (all of them once the sweep has finished).
     profiles = {k: run.frontier.profile(run.model, k, spec.device_batch)["stages"]
-                for k in sorted({1} | set(spec.devices))}
+                for k in run.stage_counts()}
     results = run.results()
     fit_seed = min(spec.seeds)
     cal = calibrate.Calibration(results, profiles, lambda cfg: cfg.seed == fit_seed)
@@ -124,14 +124,13 @@ def sweep_command(args):
     report.write(rows, os.path.join(args.out, "testbed.csv"))
     if args.csv:
         report.write(rows, args.csv)
-    md = report.section(rows, cal, fit_seed, run.model.text, len(results),
-                        len(spec.devices) * len(spec.links_mbit) * len(spec.seeds)
-                        * len(spec.methods), args.spec, transfer, fewest)
+    md = report.section(rows, cal, fit_seed, run.model.text, len(results), run.total(),
+                        args.spec, transfer, fewest)
     with open(os.path.join(args.out, "TESTBED.md"), "w") as f:
         f.write(md)
     if args.results:
         from experiments.common import replace_testbed_section, rewrite
-        rewrite(args.results, lambda old: replace_testbed_section(old, md))
+        rewrite(args.results, lambda old: replace_testbed_section(old, md, spec.name))
     print(f"testbed: {len(rows)} rows from {len(results)} runs; "
           f"{os.path.join(args.out, 'TESTBED.md')}")
     return 0

@@ -106,13 +106,15 @@ TESTBED_BEGIN = "<!-- testbed: begin (written by deploy/testbed.py) -->"
 TESTBED_END = "<!-- testbed: end -->"
 
 
-def replace_testbed_section(old, md):
-    """The results file with `md` between the testbed markers; absent, the section goes
-    before the first experiment's (the measured results lead)."""
-    block = f"{TESTBED_BEGIN}\n{md.rstrip()}\n{TESTBED_END}\n"
-    if TESTBED_BEGIN in old and TESTBED_END in old:
-        head, rest = old.split(TESTBED_BEGIN, 1)
-        tail = rest.split(TESTBED_END, 1)[1].lstrip("\n")
+def replace_testbed_section(old, md, name="testbed"):
+    """The results file with `md` between the markers of testbed sweep `name`; absent, the
+    section goes before the first experiment's (the measured results lead)."""
+    begin = TESTBED_BEGIN.replace("testbed:", f"{name}:", 1)
+    end = TESTBED_END.replace("testbed:", f"{name}:", 1)
+    block = f"{begin}\n{md.rstrip()}\n{end}\n"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         return head + block + "\n" + tail
     first = old.find("<!-- experiment ")
     if first < 0:

@@ -45,7 +45,8 @@ def run_config(spec, run):
             **({"lr": run.lr} if run.lr is not None else {}),
             # Set only where a spec sets them, so that earlier cached runs still match.
             **{k: v for k, v in (("batch_size", m.batch_size), ("replicas", m.replicas),
-                                 ("sync_every", run.arm.sync_every)) if v is not None}}
+                                 ("sync_every", run.arm.sync_every),
+                                 ("sync_bf16", run.arm.sync_bf16 or None)) if v is not None}}
 
 
 def from_cache(cache, run, config):
@@ -81,6 +82,8 @@ def command(args, spec, run):
         cmd.append(f"--lr={run.lr:.6g}")
     if run.arm.sync_every is not None:
         cmd.append(f"--sync_every={run.arm.sync_every}")
+    if run.arm.sync_bf16:
+        cmd.append("--sync_bf16")
     return cmd + run.model.budget_flags()
 
 

@@ -57,6 +57,8 @@ class Arm:
     # Replicas that synchronise every N steps (`--sync_every`, DiLoCo); the model sets
     # the replicas.
     sync_every: Optional[int] = sf.setting("must be a positive integer", sf.positive_int, None)
+    # With sync_every: the pseudo-gradients cross as bfloat16 (`--sync_bf16`).
+    sync_bf16: Optional[bool] = sf.setting("true or false", sf.boolean, None)
     label: Optional[str] = sf.setting(
         "letters, digits and _.+/=- only",
         lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_.+/=-]+", v) is not None,
@@ -122,6 +124,8 @@ def load_spec(path):
             fail(f"{where}: an arm's lr needs a label")
         if a.sync_every is not None and a.label is None:
             fail(f"{where}: an arm's sync_every needs a label")
+        if a.sync_bf16 and a.sync_every is None:
+            fail(f"{where}.sync_bf16: applies only with sync_every")
     if not spec.name:
         spec.name = os.path.splitext(os.path.basename(path))[0]
     return spec

@@ -48,13 +48,27 @@ def measured_step_seconds(points):
     return sum((s - mx) * (w - my) for s, w in pts) / sxx
 
 
+def replica_traffic(cfg, parameter_bytes):
+    """(messages, bytes) a replica sends its stage's other replicas a step: every step, or
+    (DiLoCo) one synchronisation every cfg.sync_every steps."""
+    if cfg.replicas < 2:
+        return 0, 0.0
+    if getattr(cfg, "exchange", None) == "reduce_scatter":
+        messages, bytes_ = 2 * (cfg.replicas - 1), 2.0 * (cfg.replicas - 1) / cfg.replicas
+    else:
+        messages, bytes_ = cfg.replicas - 1, float(cfg.replicas - 1)
+    every = getattr(cfg, "sync_every", None) or 1
+    return messages / every, bytes_ * parameter_bytes / every
+
+
 def traffic(cfg, profile_stages):
     """(messages, bytes) the busiest device sends a step."""
-    if cfg.method == "data_parallel":
-        params = sum(s["parameter_bytes"] for s in profile_stages)
-        if getattr(cfg, "exchange", None) == "reduce_scatter":
-            return 2 * (cfg.replicas - 1), 2.0 * (cfg.replicas - 1) / cfg.replicas * params
-        return cfg.replicas - 1, (cfg.replicas - 1) * params
+    if cfg.method in ("data_parallel", "diloco_dp"):
+        return replica_traffic(cfg, sum(s["parameter_bytes"] for s in profile_stages))
+    if cfg.method == "local_diloco":  # each stage's hop, and its replicas' synchronisation
+        hop = max(s.get("hop_bytes", 0.0) for s in profile_stages)
+        m, b = replica_traffic(cfg, max(s["parameter_bytes"] for s in profile_stages))
+        return 1 + m, hop + b
     hop = max(s.get("hop_bytes", 0.0) for s in profile_stages)
     k = cfg.stages
     both = 2 if k > 2 else 1  # a middle stage sends both ways
@@ -71,7 +85,8 @@ def features(cfg, profile_stages, share):
     keys = ("seconds", "head_seconds", "input_grad_seconds")
     scaled = [{**s, **{k: s.get(k, 0.0) / share for k in keys}} for s in profile_stages]
     cost = "pipelined_backprop" if cfg.method in PIPELINED else {
-        "data_parallel": "data_parallel", "OVERLAP": "overlap"}.get(cfg.method, "local")
+        "data_parallel": "data_parallel", "diloco_dp": "data_parallel",
+        "OVERLAP": "overlap"}.get(cfg.method, "local")
     micro = cfg.devices if cfg.method in PIPELINED else 1
     compute = step_seconds(cost, scaled, 1, micro, math.inf, 0.0)
     messages, bytes_ = traffic(cfg, profile_stages)
@@ -105,7 +120,7 @@ class Calibration:
         self.rows = []  # (cfg, features, measured step s, fitted?)
         for cfg, res in results:
             share = min(v for k, v in res["cpu_fractions"].items() if k != "coordinator")
-            prof = profiles[1 if cfg.method == "data_parallel" else cfg.stages]
+            prof = profiles[cfg.stages]
             m = measured_step_seconds(res["points"])
             if m is None or m <= 0:
                 continue

@@ -45,11 +45,14 @@ class Config:
     # the bucket) for runs with replicas measured since it replaced the gather; None for runs
     # without replicas, and in runs cached before (the gather, (R - 1) x).
     exchange: Optional[str] = None
+    # Replicas that synchronise every this many steps (DiLoCo; the job says so too).
+    sync_every: Optional[int] = None
 
     def key(self):
-        """The fields as cached: `exchange` only where it is set, so that runs cached before
-        it existed keep their keys."""
-        return {k: v for k, v in self.__dict__.items() if not (k == "exchange" and v is None)}
+        """The fields as cached: `exchange` and `sync_every` only where they are set, so that
+        runs cached before they existed keep their keys."""
+        return {k: v for k, v in self.__dict__.items()
+                if not (k in ("exchange", "sync_every") and v is None)}
 
 
 def coordinator_argv(localpar_dir, cfg, bed, out_dir):

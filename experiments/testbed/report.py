@@ -25,7 +25,10 @@ def scaled(stages, share):
 
 
 def model_step(cfg, profile_stages, share, latency_s=5e-6):
-    """The frontier's cost model of one step of this run on the testbed's devices."""
+    """The frontier's cost model of one step of this run on the testbed's devices (None for
+    DiLoCo's methods: the frontier models no synchronisation every few steps)."""
+    if cfg.method not in COST:
+        return None
     link = cfg.link_mbit * 1e6 / 8 if cfg.link_mbit else UNSHAPED_BYTES_PER_S
     cost = COST[cfg.method]
     micro = cfg.devices if cost == "pipelined_backprop" else 1
@@ -42,7 +45,7 @@ def rows(results, model, profiles, device_batch, calibration=None):
     fitted = {id(c): used for c, _, _, used in (calibration.rows if calibration else [])}
     for cfg, res in results:
         share = min(v for k, v in res["cpu_fractions"].items() if k != "coordinator")
-        prof = profiles[1 if cfg.method == "data_parallel" else cfg.stages]
+        prof = profiles[cfg.stages]
         step_s = model_step(cfg, prof, share)
         points = res["points"]
         measured_step = measured_step_seconds(points)
@@ -55,7 +58,7 @@ def rows(results, model, profiles, device_batch, calibration=None):
                    "seed": cfg.seed, "target": target, "measured_s": "", "steps": "",
                    "model_s": "", "calibrated_model_s": "",
                    "measured_step_ms": f"{1e3 * measured_step:.3f}" if measured_step else "",
-                   "model_step_ms": f"{1e3 * step_s:.3f}",
+                   "model_step_ms": f"{1e3 * step_s:.3f}" if step_s else "",
                    "calibrated_step_ms": f"{1e3 * cal_step:.3f}" if cal_step else "",
                    "calibration": ("fit" if fitted.get(id(cfg)) else "held out")
                    if id(cfg) in fitted else "",
@@ -63,10 +66,10 @@ def rows(results, model, profiles, device_batch, calibration=None):
             if hit is not None:
                 wall = next(p["wall_seconds"] for p in points if p["step"] == hit[0])
                 steps = hit[0]
+                fill = pipeline_fill(COST.get(cfg.method, "local"), cfg.stages)
                 row.update(measured_s=f"{wall:.2f}", steps=steps,
-                           model_s=f"{(steps + pipeline_fill(COST[cfg.method], cfg.stages)) * step_s:.2f}")
+                           model_s=f"{(steps + fill) * step_s:.2f}" if step_s else "")
                 if cal_step:
-                    fill = pipeline_fill(COST[cfg.method], cfg.stages)
                     row["calibrated_model_s"] = f"{(steps + fill) * cal_step:.2f}"
             out.append(row)
     return out

@@ -52,7 +52,9 @@ def run_one(args):
                          eval_every_steps=args.eval_every_steps, hold=args.hold,
                          strictest=args.target, text=text, devices=args.devices,
                          link_mbit=args.link_mbit, worker_cpu=args.worker_cpu,
-                         coordinator_cpu=args.coordinator_cpu)
+                         coordinator_cpu=args.coordinator_cpu,
+                         exchange="reduce_scatter" if lay.replicas > 1 else None,
+                         sync_every=lay.sync_every if lay.sync_every > 1 else None)
     with devices.Testbed(args.devices, args.link_mbit, args.worker_cpu,
                          args.coordinator_cpu) as bed:
         result = cluster.run(os.path.dirname(localpar), cfg, bed, os.path.join(args.out, "run"))

@@ -39,11 +39,18 @@ class TestbedSweep:
 
     # --- what each method trains -----------------------------------------------------------
 
+    def batch(self, method, n):
+        """The batch `method` trains at `n` devices: every device computes device_batch rows."""
+        lay = methods.layout(method, n)
+        return self.spec.device_batch * (lay.replicas if lay.rule != "BACKPROP" else n)
+
     def trained(self, method, n):
         """(frontier Method, batch): the update the reference trainer computes for `method`
-        at `n` devices (backprop's is the same however it is split)."""
+        at `n` devices (backprop's is the same however it is split). DiLoCo's methods are
+        tuned as the method their inner steps are (methods.tuned_as)."""
+        method, n = methods.tuned_as(method, n)
         lay = methods.layout(method, n)
-        batch = self.spec.device_batch * (lay.replicas if lay.rule != "BACKPROP" else n)
+        batch = self.batch(method, n)
         if lay.rule == "BACKPROP":
             a = Method(rule="BACKPROP", cost="data_parallel", stages=1, train_stages=1,
                        label="data parallel")
@@ -54,19 +61,24 @@ class TestbedSweep:
         return a, batch
 
     def pairs(self):
-        return [(meth, n) for n in self.spec.devices for meth in self.spec.methods]
+        return [(meth, n) for n in self.spec.devices for meth in self.spec.methods
+                if methods.fits(meth, n)]
 
     # --- tuning -----------------------------------------------------------------------------
 
     def tune(self):
         m, fs = self.model, self.frontier
         configs = []
-        for meth, n in self.pairs():
+        tuned = sorted({methods.tuned_as(meth, n) for meth, n in self.pairs()},
+                       key=lambda p: (p[1], p[0]))
+        for meth, n in tuned:
             a, b = self.trained(meth, n)
             configs += [fs.config(m, a, b, lr, self.length_for(b), seed)
                         for lr in lr_grid(m.lr, b) for seed in self.spec.tune_seeds]
         fs.run_all(configs, "testbed tuning (the reference trainer, untimed)")
         for meth, n in self.pairs():
+            if methods.tuned_as(meth, n) != (meth, n):
+                continue
             a, b = self.trained(meth, n)
             grid = lr_grid(m.lr, b)
             candidates = [(lr, {s: fs.hit(m, a, b, lr, self.length_for(b), s,
@@ -79,27 +91,40 @@ class TestbedSweep:
                 edge += (f"; no learning rate reached {self.strictest:g} within "
                          f"{self.length_for(b)} examples (raise length_by_batch[{b}])")
             say(f"tuned: {meth} at {n} devices, B = {b}: lr {lr:.3g}{edge}")
+        for meth, n in tuned:
+            if (meth, n) not in self.chosen:  # a base no pair of the spec measures itself
+                a, b = self.trained(meth, n)
+                _, self.chosen[(meth, n)], _ = choose_setting(
+                    [(lr, {s: fs.hit(m, a, b, lr, self.length_for(b), s, self.strictest)
+                           for s in self.spec.tune_seeds}) for lr in lr_grid(m.lr, b)])
+        for meth, n in self.pairs():
+            base = methods.tuned_as(meth, n)
+            if base != (meth, n):
+                self.chosen[(meth, n)] = self.chosen[base]
+                say(f"tuned: {meth} at {n} devices borrows {base[0]} at {base[1]} "
+                    f"device(s)'s lr {self.chosen[base]:.3g}")
 
     # --- the measured runs ------------------------------------------------------------------
 
     def job(self, meth, n):
         """The job a testbed run trains: the frontier's derived job at this batch (its
         warm-up in steps), with pipelined backprop's micro-batches and schedule."""
-        a, b = self.trained(meth, n)
+        b = self.batch(meth, n)
         path, _ = self.frontier.job_for(self.model, None, b)
         lay = methods.layout(meth, n)
-        if lay.micro_batches == 1:
+        if lay.micro_batches == 1 and lay.sync_every == 1:
             return path
         job = jobs.read_job(path)
         methods.apply(job, lay)
         tail = "" if lay.schedule == "gpipe" else f"-{lay.schedule}"
+        tail += f"-H{lay.sync_every}" if lay.sync_every > 1 else ""
         out = os.path.join(self.args.out, "jobs", f"{self.model.name}-b{b}-m{lay.micro_batches}"
                            f"{tail}.textproto")
         return jobs.write_job(out, job)
 
     def config(self, meth, n, link, seed):
         lay = methods.layout(meth, n)
-        _, b = self.trained(meth, n)
+        b = self.batch(meth, n)
         job = self.job(meth, n)
         return cluster.Config(
             job=os.path.relpath(job, self.args.out), job_hash=jobs.job_hash(job), method=meth,
@@ -108,7 +133,8 @@ class TestbedSweep:
             eval_every_steps=max(1, self.model.eval_every_examples // b), hold=self.model.hold,
             strictest=self.strictest, text=self.model.text, devices=n, link_mbit=link,
             worker_cpu=None, coordinator_cpu=self.spec.coordinator_cpu,
-            exchange="reduce_scatter" if lay.replicas > 1 else None)
+            exchange="reduce_scatter" if lay.replicas > 1 else None,
+            sync_every=lay.sync_every if lay.sync_every > 1 else None)
 
     def key(self, cfg):
         return (f"{self.model.name}-{cfg.method}-N{cfg.devices}-L{cfg.link_mbit:g}"
@@ -120,12 +146,13 @@ class TestbedSweep:
             for n in self.spec.devices:
                 for seed in self.spec.seeds:
                     for meth in self.spec.methods:
+                        if not methods.fits(meth, n):
+                            continue
                         cfg = self.config(meth, n, link, seed)
                         done = self.cache.get("measured", self.key(cfg))
                         if done is None or done.get("config") != cfg.key():
                             todo.append(cfg)
-        total = len(self.spec.devices) * len(self.spec.links_mbit) * len(self.spec.seeds) * \
-            len(self.spec.methods)
+        total = self.total()
         print(f"measured runs: {total - len(todo)} of {total} done")
         if self.args.plan:
             for cfg in todo:
@@ -163,11 +190,21 @@ class TestbedSweep:
             for n in self.spec.devices:
                 for seed in self.spec.seeds:
                     for meth in self.spec.methods:
+                        if not methods.fits(meth, n):
+                            continue
                         cfg = self.config(meth, n, link, seed)
                         done = self.cache.get("measured", self.key(cfg))
                         if done is not None and done.get("config") == cfg.key():
                             out.append((cfg, done))
         return out
+
+    def total(self):
+        """Measured runs in the whole sweep."""
+        return len(self.spec.links_mbit) * len(self.spec.seeds) * len(self.pairs())
+
+    def stage_counts(self):
+        """Every stage count a measured run has (for the profiles its model needs)."""
+        return sorted({1} | {methods.layout(meth, n).stages for meth, n in self.pairs()})
 
 
 def main_sweep(args, spec, cache):

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The testbed of emulated devices (deploy/testbed.py), as root, on 2 devices and 2 link
 settings: a cluster on it ends bitwise equal to `localpar train`; a 4 Mbit/s link holds a run
-to at least the time its bytes need at that rate; nothing it made (namespaces, qdiscs,
+to at least the time its bytes need at that rate; DiLoCo-style data parallelism on it is
+bitwise equal to `localpar train` too; nothing it made (namespaces, qdiscs,
 cgroups) is left after a run, after SIGTERM, or after SIGKILL once `clean` has run; and a
 user who is not root is refused, saying why. The CI smoke of the measurement testbed.
 
@@ -72,6 +73,18 @@ def main():
               f"unshaped run: exit {r.returncode}\n{r.stderr[-3000:]}")
         check(not leftovers(), f"left after a run: {leftovers()}")
         fast = json.load(open(f"{tmp}/fast/result.json")) if r.returncode == 0 else {}
+        # DiLoCo-style data parallelism (2 replicas synchronising every 50 steps, here at the
+        # last of 40): bitwise equal too, and its job says so.
+        diloco = [a if a != "--method=GREEDY" else "--method=diloco_dp" for a in common]
+        r = testbed("run", *diloco, f"--out={tmp}/diloco", "--check_reference")
+        check(r.returncode == 0 and "bitwise equal" in r.stderr,
+              f"diloco_dp run: exit {r.returncode}\n{r.stderr[-3000:]}")
+        if r.returncode == 0:
+            with open(f"{tmp}/diloco/job.textproto") as f:
+                check("every: 50" in f.read(), "the diloco_dp job synchronises every 50 steps")
+            res = json.load(open(f"{tmp}/diloco/result.json"))
+            check(res["config"].get("sync_every") == 50, f"its config: {res['config']}")
+        check(not leftovers(), f"left after a DiLoCo run: {leftovers()}")
         # 4 Mbit/s: 40 steps of 64 KiB from device 0 to device 1 need at least 5.2 s.
         r = testbed("run", *common, "--link_mbit=4", f"--out={tmp}/slow", "--check_reference")
         check(r.returncode == 0, f"4 Mbit/s run: exit {r.returncode}\n{r.stderr[-3000:]}")
