@@ -101,12 +101,23 @@ void DescribeRun(const v1::Job& job, const std::string& version, v1::RunReport* 
   report->set_seed(static_cast<double>(job.seed()));
   report->set_version(version);
   report->set_replicas(std::max(1, job.replicas()));
+  if (job.replica_sync().every() > 1) {
+    report->set_replica_sync_every(job.replica_sync().every());
+    report->set_replica_sync_bf16(job.replica_sync().bf16());
+  }
 }
 
 std::string ReportTable(const v1::RunReport& r) {
   std::string out = absl::StrFormat(
       "\n%s (%s%s), %d steps, %.1f s, %.0f examples/s\n", r.job(), r.rule(),
-      r.replicas() > 1 ? absl::StrFormat(", %d replicas of each stage", r.replicas()) : "",
+      r.replicas() > 1
+          ? absl::StrFormat(
+                ", %d replicas of each stage%s", r.replicas(),
+                r.replica_sync_every() > 1
+                    ? absl::StrFormat(" synchronising every %d steps%s", r.replica_sync_every(),
+                                      r.replica_sync_bf16() ? " in bfloat16" : "")
+                    : "")
+          : "",
       r.steps(), r.wall_seconds(), r.examples_per_second());
   if (r.epochs().empty()) return out;
   const v1::EpochFigures& last = *r.epochs().rbegin();
