@@ -192,6 +192,9 @@ TEST(ReplicaSync, Bf16PseudoGradientsEqualTrainAndSendAboutHalfTheBytes) {
   EXPECT_NE(full->stages(1).params(0).tensor().data(), want->stages(1).params(0).tensor().data());
   const v1::RunReport half = ReadReport(dir.path() + "/cluster/report.json");
   const v1::RunReport whole = ReadReport(dir.path() + "/f32/report.json");
+  EXPECT_EQ(half.replica_sync_every(), 5);
+  EXPECT_TRUE(half.replica_sync_bf16());
+  EXPECT_FALSE(whole.replica_sync_bf16());
   for (int k = 0; k < 2; ++k) {
     for (int r = 0; r < 2; ++r) {
       const double ratio = half.stage_reports(k).replica_exchange_bytes_sent(r) /
