@@ -30,48 +30,19 @@
 #include "absl/strings/str_split.h"
 #include "common/core/dtype.h"
 #include "services/worker/replica_mesh.h"
+#include "tests/services/worker/mesh_test_util.h"
 
 namespace localpar {
 namespace {
 
 using std::chrono::milliseconds;
+using namespace mesh_testing;  // NOLINT: the tests' shared wire helpers
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-int PortOf(const std::string& published) {
-  std::vector<std::string> parts = absl::StrSplit(published, ' ');
-  return std::stoi(parts.at(1));
-}
-
-std::string SecretOf(const std::string& published) {
-  std::vector<std::string> parts = absl::StrSplit(published, ' ');
-  return absl::HexStringToBytes(parts.at(2));
-}
-
-std::string U32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
-std::string U64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
-
-std::string Hello(int from, int to, int replicas, const std::string& secret) {
-  return std::string("LPMESH01", 8) + U32(from) + U32(to) + U32(replicas) + U32(0) + secret +
-         std::string(8, '\0');
-}
-
-int Dial(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // A peer of the test's own, in the clear or over TLS (blocking), with or without a

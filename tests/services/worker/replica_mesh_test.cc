@@ -19,35 +19,13 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_split.h"
+#include "tests/services/worker/mesh_test_util.h"
 
 namespace localpar {
 namespace {
 
 using std::chrono::milliseconds;
-
-int PortOf(const std::string& published) {
-  std::vector<std::string> parts = absl::StrSplit(published, ' ');
-  return std::stoi(parts.at(1));
-}
-
-std::string SecretOf(const std::string& published) {
-  std::vector<std::string> parts = absl::StrSplit(published, ' ');
-  return absl::HexStringToBytes(parts.at(2));
-}
-
-// A plain socket connected to 127.0.0.1:port, or -1.
-int Dial(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+using namespace mesh_testing;  // NOLINT: the tests' shared wire helpers
 
 void SendAll(int fd, const std::string& bytes) {
   ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
@@ -63,16 +41,6 @@ std::string RecvN(int fd, size_t n) {
   }
   got.resize(have);
   return got;
-}
-
-std::string U32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
-std::string U64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
-
-// A hello as replica `from` would send it to `to` (little-endian host, as the test runs on).
-std::string Hello(int from, int to, int replicas, const std::string& secret,
-                  const char* magic = "LPMESH01") {
-  return std::string(magic, 8) + U32(from) + U32(to) + U32(replicas) + U32(0) + secret +
-         std::string(8, '\0');
 }
 
 std::unique_ptr<ReplicaMesh> Listen(int replica, int replicas) {
