@@ -184,7 +184,8 @@ Conn::Conn(Conn&& o) noexcept
     : fd_(std::exchange(o.fd_, -1)),
       ssl_(std::exchange(o.ssl_, nullptr)),
       error_(std::move(o.error_)),
-      errno_(o.errno_) {}
+      errno_(o.errno_),
+      starved_(o.starved_) {}
 
 Conn& Conn::operator=(Conn&& o) noexcept {
   if (this != &o) {
@@ -193,6 +194,7 @@ Conn& Conn::operator=(Conn&& o) noexcept {
     ssl_ = std::exchange(o.ssl_, nullptr);
     error_ = std::move(o.error_);
     errno_ = o.errno_;
+    starved_ = o.starved_;
   }
   return *this;
 }
@@ -239,8 +241,9 @@ Io Conn::Handshake() {
   QuietPipe quiet;
   ERR_clear_error();
   const int r = SSL_do_handshake(ssl_);
-  if (r == 1) return Io::kDone;
-  return Failed(SSL_get_error(ssl_, r));
+  const Io io = r == 1 ? Io::kDone : Failed(SSL_get_error(ssl_, r));
+  starved_ = io == Io::kWantRead;
+  return io;
 }
 
 size_t Conn::Send(const char* data, size_t bytes, Io* io) {
@@ -275,8 +278,10 @@ size_t Conn::Recv(char* data, size_t bytes, Io* io) {
     QuietPipe quiet;
     ERR_clear_error();
     const int r = SSL_read(ssl_, data, n);
+    starved_ = false;
     if (r > 0) return static_cast<size_t>(r);
     *io = Failed(SSL_get_error(ssl_, r));
+    starved_ = *io == Io::kWantRead;
     return 0;
   }
   const ssize_t k = recv(fd_, data, static_cast<size_t>(n), 0);
@@ -293,6 +298,10 @@ size_t Conn::Recv(char* data, size_t bytes, Io* io) {
   return 0;
 }
 
-bool Conn::Pending() const { return ssl_ != nullptr && SSL_has_pending(ssl_) == 1; }
+bool Conn::Pending() const {
+  // With read-ahead a buffer can hold part of a record: reading it again before the socket
+  // has more would only spin.
+  return ssl_ != nullptr && !starved_ && SSL_has_pending(ssl_) == 1;
+}
 
 }  // namespace localpar::mesh

@@ -68,7 +68,8 @@ class Conn {
   // why none moved (kClosed: the peer ended the connection).
   size_t Send(const char* data, size_t bytes, Io* io);
   size_t Recv(char* data, size_t bytes, Io* io);
-  // Bytes already decrypted and waiting to be read, which poll cannot see.
+  // Bytes read from the socket already and waiting in OpenSSL's buffer, which poll cannot
+  // see; false once a read found only part of a record there (then poll must wait for more).
   bool Pending() const;
   // Why the last operation failed (kFailed), and its errno where the socket failed (else 0).
   const std::string& error() const { return error_; }
@@ -83,6 +84,7 @@ class Conn {
   ssl_st* ssl_ = nullptr;
   std::string error_;
   int errno_ = 0;
+  bool starved_ = false;  // the last read or handshake step wanted more from the socket
 };
 
 }  // namespace localpar::mesh
