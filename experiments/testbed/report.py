@@ -156,7 +156,8 @@ def section(rows_, calibration, fit_seed, text, done, total, spec_path, transfer
         "# The testbed: measured time to target at equal devices",
         "",
         f"Written by `deploy/testbed.py sweep {spec_path} --out OUT --results RESULTS.md "
-        "--csv docs/results/testbed.csv` from `experiments/cache/testbed.jsonl` "
+        f"--csv docs/results/{os.path.splitext(os.path.basename(spec_path))[0]}.csv` from "
+        "`experiments/cache/testbed.jsonl` "
         f"({done} of {total} runs measured so far; `--plan` lists the rest). Each run is a real "
         "`localpar run` cluster on emulated devices: every worker and the coordinator in its own "
         "network namespace, a `tc tbf` rate on each device's egress, a CPU share each "
