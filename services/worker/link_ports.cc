@@ -1,14 +1,12 @@
 // A worker's ports: a step's items, the gradients it is owed, and the links' framing.
 #include "services/worker/link_ports.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
-#include "common/core/dtype.h"
 #include "common/nn/rule.h"
 #include "services/common/grpc_util.h"
 #include "services/common/wire.h"
 #include "services/worker/item_check.h"
+#include "services/worker/mesh_wire.h"
 
 namespace localpar {
 namespace {
@@ -275,23 +273,12 @@ PortState LinkPorts::SyncReplicas(Stage& stage) {
 absl::Status LinkPorts::ReduceBf16(int64_t t, NonFiniteParts* bad) {
   const int64_t n = static_cast<int64_t>(outer_send_.size()), words = (t + 1) / 2;
   std::vector<float>& pairs = outer_pairs_;
-  pairs.assign(static_cast<size_t>(2 * words), 0.0f);  // sent, then their sums
-  for (int64_t i = 0; i < t; ++i) {
-    const uint32_t h = FloatToBf16(outer_send_[static_cast<size_t>(i)]);
-    uint32_t w;
-    std::memcpy(&w, &pairs[static_cast<size_t>(i / 2)], 4);
-    w |= (i % 2 == 0) ? h : h << 16;
-    std::memcpy(&pairs[static_cast<size_t>(i / 2)], &w, 4);
-  }
+  pairs.resize(static_cast<size_t>(2 * words));  // sent, then their sums
+  mesh::PackBf16Pairs(outer_send_.data(), t, pairs.data());
   absl::Status s = setup_.group->AllReduce(pairs.data(), words, pairs.data() + words, bad,
                                            ReduceFormat::kBf16Pairs);
   if (!s.ok() || bad->replica >= 0) return s;
-  for (int64_t i = 0; i < t; ++i) {
-    uint32_t w;
-    std::memcpy(&w, &pairs[static_cast<size_t>(words + i / 2)], 4);
-    outer_sum_[static_cast<size_t>(i)] =
-        Bf16ToFloat(static_cast<uint16_t>(i % 2 == 0 ? w & 0xffffu : w >> 16));
-  }
+  mesh::UnpackBf16Pairs(pairs.data() + words, t, outer_sum_.data());
   if (n == t) return s;
   s = setup_.group->AllReduce(outer_send_.data() + t, n - t, outer_sum_.data() + t, bad);
   if (bad->replica >= 0) bad->first += t;  // an index in the whole contribution

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/core/dtype.h"
 #include "services/common/peer_text.h"
 
 namespace localpar::mesh {
@@ -34,6 +35,22 @@ uint64_t GetU64(const char* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
   return v;
+}
+
+void PackBf16Pairs(const float* in, int64_t n, float* words) {
+  for (int64_t i = 0; i < n; i += 2) {
+    const uint32_t hi = i + 1 < n ? FloatToBf16(in[i + 1]) : 0;
+    const uint32_t w = static_cast<uint32_t>(FloatToBf16(in[i])) | (hi << 16);
+    std::memcpy(&words[i / 2], &w, 4);
+  }
+}
+
+void UnpackBf16Pairs(const float* words, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t w;
+    std::memcpy(&w, &words[i / 2], 4);
+    out[i] = Bf16ToFloat(static_cast<uint16_t>(i % 2 == 0 ? w & 0xffffu : w >> 16));
+  }
 }
 
 bool SameSecret(const std::string& a, const std::string& b) {

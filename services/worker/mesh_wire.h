@@ -36,6 +36,12 @@ void PutU64(char* p, uint64_t v);
 uint32_t GetU32(const char* p);
 uint64_t GetU64(const char* p);
 
+// The words of a bfloat16-pairs reduction (ReduceFormat::kBf16Pairs): element 2i in the low
+// half of word i, 2i + 1 in the high half. Packing n floats rounds each to bfloat16 into
+// (n + 1) / 2 words (an odd n leaves the last high half 0); unpacking gives n floats back.
+void PackBf16Pairs(const float* in, int64_t n, float* words);
+void UnpackBf16Pairs(const float* words, int64_t n, float* out);
+
 // Compares every byte, whatever differs (no early exit to time).
 bool SameSecret(const std::string& a, const std::string& b);
 

@@ -16,7 +16,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/core/dtype.h"
 #include "common/nn/replica_sync.h"
 #include "common/nn/step.h"
 #include "services/common/peer_text.h"
@@ -152,12 +151,7 @@ void ReplicaMesh::ReduceChunk(ReduceFormat format, int64_t begin, size_t mine) {
     elements = 2 * mine;
     first_index *= 2;
     decoded_.resize(R * elements);
-    for (size_t i = 0; i < R * mine; ++i) {
-      uint32_t w;
-      std::memcpy(&w, &parts_[i], 4);
-      decoded_[2 * i] = Bf16ToFloat(static_cast<uint16_t>(w & 0xffffu));
-      decoded_[2 * i + 1] = Bf16ToFloat(static_cast<uint16_t>(w >> 16));
-    }
+    mesh::UnpackBf16Pairs(parts_.data(), static_cast<int64_t>(R * elements), decoded_.data());
     parts = decoded_.data();
   }
   if (format == ReduceFormat::kFloat32) {
@@ -166,11 +160,8 @@ void ReplicaMesh::ReduceChunk(ReduceFormat format, int64_t begin, size_t mine) {
   } else {
     decoded_sum_.resize(elements);
     SumInReplicaOrder(parts, replicas_, static_cast<int64_t>(elements), decoded_sum_.data());
-    for (size_t i = 0; i < mine; ++i) {
-      const uint32_t w = static_cast<uint32_t>(FloatToBf16(decoded_sum_[2 * i])) |
-                         (static_cast<uint32_t>(FloatToBf16(decoded_sum_[2 * i + 1])) << 16);
-      std::memcpy(reduced_.data() + 4 * i, &w, 4);
-    }
+    mesh::PackBf16Pairs(decoded_sum_.data(), static_cast<int64_t>(elements),
+                        reinterpret_cast<float*>(reduced_.data()));
   }
   for (size_t r = 0; r < R; ++r) {
     uint64_t bad_values = 0, first = kNone;
