@@ -12,6 +12,7 @@
 #include "common/job/spec.h"
 #include "common/model_io/model_file.h"
 #include "common/nn/program.h"
+#include "common/nn/replica_sync.h"
 #include "google/protobuf/text_format.h"
 
 namespace localpar {
@@ -45,6 +46,58 @@ void CopyState(const Tensor& from, Tensor* to, Backend& to_backend, const Shape&
   if (host.empty()) return;
   from.backend().CopyToHost(host.data(), from.raw(), host.size());
   to->backend().CopyFromHost(to->raw(), host.data(), host.size());
+}
+
+// Whether any trainable parameter's weights differ from its synchronised ones (bitwise).
+bool AwayFromSynchronised(Stage& stage) {
+  for (Param* p : stage.params()) {
+    if (!p->trainable || !p->outer.defined()) continue;
+    if (p->value.ToHost() != p->outer.ToHost()) return true;
+  }
+  return false;
+}
+
+// Restores stage k of checkpoint `m` into `stage`: replica 0's state; every other
+// replica's snapshot is checked (they agree). Replicas that synchronise every few steps
+// (`sync`) are each read, replica 0's last so that its optimizer state is the stage's, and
+// if any replica's weights differ from the synchronised ones their pseudo-gradients take
+// one outer step, as after a run's last step. `progress` sums the head's figures over the
+// replicas; `seconds` receives the longest training time.
+absl::Status RestoreStage(const v1::CheckpointManifest& m, const std::string& where,
+                          const SnapshotRoots& roots, int k, const v1::ReplicaSync& sync,
+                          Stage& stage, EpochProgress* progress, double* seconds) {
+  const int replicas = std::max(1, m.replicas());
+  const bool rare = sync.every() > 1 && replicas > 1;
+  std::unique_ptr<OuterSync> outer;
+  if (rare) {
+    outer = std::make_unique<OuterSync>(stage, sync.outer_lr(), sync.outer_momentum(), sync.bf16());
+  }
+  std::vector<float> gathered;
+  bool differ = false;
+  for (int i = 0; i < replicas; ++i) {
+    const int r = rare ? replicas - 1 - i : i;
+    const v1::StageSnapshot* snap = FindSnapshot(m, k, r);
+    if (snap == nullptr) {
+      return absl::DataLossError(absl::StrCat(where, "/MANIFEST: has no snapshot of stage ", k,
+                                              r > 0 ? absl::StrCat(" replica ", r) : ""));
+    }
+    EpochProgress p;
+    if (absl::Status s = RestoreStageSnapshot(rare || r == 0 ? &stage : nullptr, k, roots(k, r),
+                                              *snap, m.fingerprint(), &p, r);
+        !s.ok()) {
+      return s;
+    }
+    progress->head.Add(p.head);
+    *seconds = std::max(*seconds, p.train_seconds);
+    if (rare) {
+      OuterSync::Start(stage);
+      gathered.resize(static_cast<size_t>(outer->size() * replicas));
+      outer->Pack(gathered.data() + r * outer->size());
+      differ = differ || AwayFromSynchronised(stage);
+    }
+  }
+  if (differ) outer->Apply(gathered.data(), replicas);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -131,22 +184,13 @@ absl::StatusOr<RegroupPlan> PlanRegroup(const v1::CheckpointManifest& m, const s
         "count (--replicas), and nothing else; these differ: ",
         absl::StrJoin(diff, "; ")));
   }
-  if (old->replica_sync().every() > 1 &&
-      (old->stages_size() != job.stages_size() || old->replicas() != job.replicas())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot resume from ", where, " (job ", m.job(), ", step ", m.step(), ") with ",
-        LayoutName(job.stages_size(), std::max(1, job.replicas())),
-        ": its replicas synchronise every ", old->replica_sync().every(),
-        " steps (replica_sync.every), so each kept its own weights and outer state since the "
-        "last synchronisation; it resumes only as it was written, ",
-        LayoutName(old->stages_size(), std::max(1, old->replicas()))));
-  }
   RegroupPlan plan;
   plan.from_stages = old->stages_size();
   plan.from_replicas = std::max(1, old->replicas());
   plan.to_stages = job.stages_size();
   plan.to_replicas = std::max(1, job.replicas());
   plan.step = m.step();
+  plan.sync_every = old->replica_sync().every() > 1 ? old->replica_sync().every() : 0;
   // The micro-batches and BACKPROP's schedule, where they change (the state does not).
   const bool micro = old->micro_batches() != job.micro_batches();
   const bool schedule = old->pipeline_schedule() != job.pipeline_schedule();
@@ -193,7 +237,13 @@ std::string DescribeRegroup(const RegroupPlan& p) {
       p.from_rule != p.to_rule
           ? absl::StrCat(", and the rule from ", p.from_rule, " to ", p.to_rule)
           : "",
-      ": every layer's parameters and optimizer state carry over");
+      p.sync_every > 0
+          ? absl::StrCat(": the replicas (synchronising every ", p.sync_every,
+                         " steps) are synchronised first, one outer step on their "
+                         "pseudo-gradients since the last synchronisation if they differ; then "
+                         "every layer's synchronised weights, outer momentum and replica 0's "
+                         "optimizer state carry over")
+          : std::string(": every layer's parameters and optimizer state carry over"));
   if (!p.kept_heads.empty())
     absl::StrAppend(&s, "; heads kept: ", absl::StrJoin(p.kept_heads, ", "));
   if (!p.fresh_heads.empty()) {
@@ -233,7 +283,6 @@ absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::stri
   std::map<std::string, const ParamInfo*> wanted;
   for (const ParamInfo& p : to) wanted[p.readable] = &p;
   const std::set<std::string> fresh(plan->fresh_heads.begin(), plan->fresh_heads.end());
-  const int replicas = std::max(1, m.replicas());
   // The checkpoint's stages are read one at a time: each is built, restored, copied into
   // `model` tensor by tensor and let go before the next, so this holds `model` and one of
   // the checkpoint's stages, not two models.
@@ -248,21 +297,10 @@ absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::stri
   ApplyJobToBackend(*old_job, cpu);
   auto read_stage = [&](int k, Stage& stage) -> absl::Status {
     for (Param* p : stage.params()) p->grad = Tensor();
-    for (int r = 0; r < replicas; ++r) {
-      const v1::StageSnapshot* snap = FindSnapshot(m, k, r);
-      if (snap == nullptr) {
-        return absl::DataLossError(absl::StrCat(where, "/MANIFEST: has no snapshot of stage ", k,
-                                                r > 0 ? absl::StrCat(" replica ", r) : ""));
-      }
-      // Every replica's snapshot is checked; replica 0's state is the stage's (they agree).
-      EpochProgress p;
-      if (absl::Status s = RestoreStageSnapshot(r == 0 ? &stage : nullptr, k, roots(k, r), *snap,
-                                                m.fingerprint(), &p, r);
-          !s.ok()) {
-        return s;
-      }
-      old_progress[k].head.Add(p.head);
-      seconds = std::max(seconds, p.train_seconds);
+    if (absl::Status s = RestoreStage(m, where, roots, k, old_job->replica_sync(), stage,
+                                      &old_progress[k], &seconds);
+        !s.ok()) {
+      return s;
     }
     const int64_t steps = stage.optimizer().steps();
     if (optimizer_steps >= 0 && steps != optimizer_steps) {
@@ -290,6 +328,10 @@ absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::stri
       CopyState(from.value->value, &dst.value, be, shape);
       CopyState(from.value->state1, &dst.state1, be, shape);
       CopyState(from.value->state2, &dst.state2, be, shape);
+      if (from.value->outer.defined()) {
+        CopyState(from.value->outer, &dst.outer, be, shape);
+        CopyState(from.value->outer_momentum, &dst.outer_momentum, be, shape);
+      }
       copied.insert(from.readable);
     }
     return absl::OkStatus();

@@ -28,8 +28,9 @@ std::string LocalSnapshotDir(const std::string& root, int stage, int replica, in
 // What resuming a checkpoint as another job's layout (and perhaps rule) does.
 struct RegroupPlan {
   int from_stages = 0, from_replicas = 1, to_stages = 0, to_replicas = 1;
-  std::string from_rule, to_rule;         // UpdateRule names (with micro-batches when they differ)
-  int64_t step = 0;                       // the checkpoint's
+  std::string from_rule, to_rule;  // UpdateRule names (with micro-batches when they differ)
+  int64_t step = 0;                // the checkpoint's
+  int sync_every = 0;  // replica_sync.every of a checkpoint whose replicas synchronise rarely
   std::vector<std::string> kept_heads;    // both layouts have their boundary ("heads.7")
   std::vector<std::string> fresh_heads;   // the job's heads the checkpoint has none for
   std::vector<std::string> unused_heads;  // the checkpoint's heads the job has no place for
@@ -66,6 +67,12 @@ using SnapshotRoots = std::function<std::string(int stage, int replica)>;
 // error `model` may be partly written: discard it.
 // `progress` receives, per stage of `model`, the epoch's training figures so far: a kept
 // head's, summed over the checkpoint's replicas (zero for a fresh head).
+// Replicas that synchronise every few steps (replica_sync.every > 1) are synchronised first:
+// if any replica's weights differ from the synchronised ones (a checkpoint between
+// synchronisations), their pseudo-gradients drive one outer step (OuterSync, as after a
+// run's last step), so `model` receives the synchronised weights (as its parameters and as
+// Param::outer), the outer momentum, the running statistics' mean over the replicas, and
+// replica 0's optimizer moments.
 absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::string& where,
                                 const SnapshotRoots& roots, const v1::Job& job, Model& model,
                                 std::vector<EpochProgress>* progress);

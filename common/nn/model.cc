@@ -140,7 +140,8 @@ void Model::CopyStateFrom(Model& from) {
   for (int k = 0; k < num_stages(); ++k) {
     std::vector<Param*> src = from.stage(k).params(), dst = stage(k).params();
     for (size_t i = 0; i < src.size(); ++i) {
-      for (Tensor Param::*t : {&Param::value, &Param::state1, &Param::state2}) {
+      for (Tensor Param::*t :
+           {&Param::value, &Param::state1, &Param::state2, &Param::outer, &Param::outer_momentum}) {
         const Tensor& a = (*src[i]).*t;
         Tensor& b = (*dst[i]).*t;
         if (!a.defined()) continue;

@@ -38,9 +38,9 @@ class Model {
   int num_stages() const { return static_cast<int>(stages_.size()); }
   Stage& stage(int k) { return *stages_[k]; }
   int64_t num_parameters();
-  // Makes this model's parameters, optimizer state and optimizer step count those of
-  // `from` (a model of the same config, on the same backend): a replica starting where
-  // another is.
+  // Makes this model's parameters, optimizer state, outer state (replica_sync) and optimizer
+  // step count those of `from` (a model of the same config, on the same backend): a replica
+  // starting where another is.
   void CopyStateFrom(Model& from);
 
  private:

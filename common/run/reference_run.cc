@@ -93,7 +93,8 @@ absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Repl
     return s;
   }
   // The checkpoint is read once: the other replicas copy the first's state (replicas that
-  // synchronise every few steps read their own after the trainer is made: RestoreEach).
+  // synchronise every few steps read their own after the trainer is made, RestoreEach,
+  // unless the checkpoint is regrouped: then they were synchronised on loading).
   for (size_t r = 1; r < replicas.models.size(); ++r) {
     replicas.models[r]->CopyStateFrom(*replicas.models[0]);
   }
@@ -110,9 +111,9 @@ absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Repl
 }
 
 // Replicas that synchronise every few steps each kept their own weights, optimizer and
-// outer state since the last synchronisation: each reads its own snapshots (PlanRegroup
-// kept the checkpoint's layout). After the trainer is made, which starts every replica
-// from the first's parameters.
+// outer state since the last synchronisation: each reads its own snapshots (the same
+// layout as the checkpoint's). After the trainer is made, which starts every replica from
+// the first's parameters.
 absl::Status RestoreEach(const Resumed& resumed, Replicas& replicas) {
   const v1::CheckpointManifest& m = resumed.found.manifest;
   const int count = static_cast<int>(replicas.models.size());
@@ -290,7 +291,7 @@ absl::StatusOr<v1::RunReport> RunReference(const v1::Job& job, const DataSplit& 
   RunLedger& ledger = **opened;
   ReferenceTrainer trainer(replicas->pointers(), ToStepSettings(job, ledger.total_steps()));
   const DataCursor cursor = resumed ? StartAt(*resumed, ledger, trainer) : DataCursor{};
-  if (resumed && job.replica_sync().every() > 1) {
+  if (resumed && job.replica_sync().every() > 1 && !resumed->regroup) {
     if (absl::Status s = RestoreEach(*resumed, *replicas); !s.ok()) return s;
   }
   if (resumed) {

@@ -9,6 +9,10 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/core/cpu_backend.h"
 #include "common/job/parse.h"
@@ -85,7 +89,9 @@ std::map<std::string, State> ByName(const v1::Job& job, Model& model) {
 // A checkpoint of `model` as `localpar run` writes one: each replica's snapshot under its own
 // directory, the manifest in root/ckpt-000003. Stage k's replica r kept (k + 1) * 10 + r
 // predictions of its epoch so far.
-FoundCheckpoint SaveCheckpoint(const v1::Job& job, Model& model, const std::string& root) {
+// With `models`, replica r's snapshot is of models[r] (replicas that synchronise rarely).
+FoundCheckpoint SaveCheckpoint(const v1::Job& job, Model& model, const std::string& root,
+                               const std::vector<Model*>& models = {}) {
   const int replicas = std::max(1, job.replicas());
   v1::CheckpointManifest m;
   m.set_id(3);
@@ -103,8 +109,9 @@ FoundCheckpoint SaveCheckpoint(const v1::Job& job, Model& model, const std::stri
       p.head.count = (k + 1) * 10 + r;
       p.head.correct = k + r;
       p.train_seconds = 1.5;
+      Model& of = models.empty() ? model : *models[static_cast<size_t>(r)];
       absl::StatusOr<v1::StageSnapshot> s = SaveStageSnapshot(
-          model.stage(k), k, 5, p, "old-run", LocalSnapshotDir(root, k, r, replicas), 3, r);
+          of.stage(k), k, 5, p, "old-run", LocalSnapshotDir(root, k, r, replicas), 3, r);
       EXPECT_TRUE(s.ok()) << s.status();
       *(r == 0 ? m.add_stages() : m.add_replica_stages()) = *s;
     }
@@ -212,6 +219,105 @@ TEST(Regroup, NewBoundariesHeadsStartSeededAndARoundTripKeepsEveryLayer) {
   }
   EXPECT_EQ(progress[0].head.count, 0);   // heads.2: fresh
   EXPECT_EQ(progress[1].head.count, 10);  // heads.6: replica 0 carried the old stage 0's
+}
+
+// Param::outer and Param::outer_momentum of every trainable parameter, by name.
+std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> Outer(const v1::Job& job,
+                                                                               Model& model) {
+  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> out;
+  for (const ParamInfo& p : DescribeParams(ToModelConfig(job), model, model.num_stages() - 1)) {
+    if (!p.value->trainable) continue;
+    EXPECT_TRUE(p.value->outer.defined() && p.value->outer_momentum.defined()) << p.readable;
+    if (!p.value->outer.defined() || !p.value->outer_momentum.defined()) continue;
+    out[p.readable] = {p.value->outer.ToHost(), p.value->outer_momentum.ToHost()};
+  }
+  return out;
+}
+
+// Replicas that synchronise every 4 steps, checkpointed between synchronisations (each with
+// its own weights, moments and running statistics; the same synchronised weights w and
+// outer momentum m): regrouped as 2 stages x 3 replicas, their pseudo-gradients take one
+// outer step first, checked against the formula in double: g = mean(w - theta_r),
+// m' = mu m + g, w' = w - lr (g + mu m'). The new layout gets w' as weights and as the
+// synchronised weights, m', the running statistics' mean and replica 0's moments. A
+// checkpoint at a synchronisation (every replica at w) takes no step.
+TEST(Regroup, ReplicasThatSynchroniseRarelyAreSynchronisedFirst) {
+  DataDir dir;
+  CpuBackend cpu{CpuOptions{}};
+  const std::string sync =
+      "replicas: 2\nreplica_sync { every: 4 outer_lr: 0.5 outer_momentum: 0.8 }";
+  const v1::Job four = Job(dir, 4, 2, sync), two = Job(dir, 2, 3, sync);
+  for (const bool between : {true, false}) {
+    SCOPED_TRACE(between ? "between synchronisations" : "at a synchronisation");
+    std::vector<std::unique_ptr<Model>> old;
+    for (int r = 0; r < 2; ++r) {
+      old.push_back(Build(cpu, four));
+      Scramble(*old.back(), 11 + static_cast<uint32_t>(r));
+      std::mt19937 rng(5);  // the same synchronised state for both replicas
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (int k = 0; k < 4; ++k) {
+        for (Param* p : old.back()->stage(k).params()) {
+          if (!p->trainable) continue;
+          std::vector<float> w(static_cast<size_t>(p->value.numel())), m(w.size());
+          for (size_t i = 0; i < w.size(); ++i) w[i] = u(rng), m[i] = u(rng);
+          p->outer = Tensor::FromHost(cpu, p->value.shape(), w);
+          p->outer_momentum = Tensor::FromHost(cpu, p->value.shape(), m);
+          if (!between) p->value.CopyFrom(p->outer);
+        }
+      }
+    }
+    const std::string root = dir.file(between ? "between" : "at");
+    FoundCheckpoint found = SaveCheckpoint(four, *old[0], root, {old[0].get(), old[1].get()});
+    absl::StatusOr<RegroupPlan> plan = PlanRegroup(found.manifest, found.dir, two);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->sync_every, 4);
+    EXPECT_NE(DescribeRegroup(*plan).find("synchronised first"), std::string::npos);
+
+    std::unique_ptr<Model> model = Build(cpu, two);
+    std::vector<EpochProgress> progress;
+    absl::Status s =
+        LoadCheckpointInto(found.manifest, found.dir, Roots(root, 2), two, *model, &progress);
+    ASSERT_TRUE(s.ok()) << s;
+    const std::map<std::string, State> a = ByName(four, *old[0]), b = ByName(four, *old[1]),
+                                       got = ByName(two, *model);
+    const auto before = Outer(four, *old[0]), after = Outer(two, *model);
+    std::set<std::string> trainable;
+    for (const auto& [name, wm] : before) trainable.insert(name);
+    int checked = 0, stats = 0;
+    for (const auto& [name, state] : got) {
+      if (!a.count(name)) continue;  // a fresh head
+      EXPECT_EQ(state.state1, a.at(name).state1) << name;
+      EXPECT_EQ(state.state2, a.at(name).state2) << name;
+      if (!trainable.count(name)) {  // a running statistic: the replicas' mean, if they synced
+        for (size_t i = 0; i < state.value.size(); ++i) {
+          const double mean = (double{a.at(name).value[i]} + b.at(name).value[i]) / 2;
+          EXPECT_NEAR(state.value[i], between ? mean : a.at(name).value[i], 1e-6) << name;
+        }
+        ++stats;
+        continue;
+      }
+      ASSERT_TRUE(after.count(name)) << name;
+      const auto& [w, m] = before.at(name);
+      const auto& [w2, m2] = after.at(name);
+      EXPECT_EQ(state.value, w2) << name;  // the weights are the synchronised ones
+      for (size_t i = 0; i < w.size(); ++i) {
+        const double g =
+            between
+                ? ((double{w[i]} - a.at(name).value[i]) + (double{w[i]} - b.at(name).value[i])) / 2
+                : 0.0;
+        const double mom = between ? 0.8 * m[i] + g : m[i];
+        const double want = between ? w[i] - 0.5 * (g + 0.8 * mom) : w[i];
+        ASSERT_NEAR(m2[i], mom, 1e-5) << name << "[" << i << "]";
+        ASSERT_NEAR(w2[i], want, 1e-5) << name << "[" << i << "]";
+        if (!between) {
+          ASSERT_EQ(w2[i], w[i]) << name << "[" << i << "]";
+        }
+      }
+      ++checked;
+    }
+    EXPECT_GT(checked, 6);
+    EXPECT_GT(stats, 0);  // batch norm's running statistics
+  }
 }
 
 TEST(Regroup, ChangesBesidesTheLayoutAreRefusedNamingTheField) {
