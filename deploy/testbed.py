@@ -120,12 +120,12 @@ def sweep_command(args):
     cal = calibrate.Calibration(results, profiles, lambda cfg: cfg.seed == fit_seed)
     fewest = min(spec.devices)
     transfer = calibrate.Calibration(results, profiles, lambda cfg: cfg.devices == fewest)
-    rows = report.rows(results, run.model, profiles, spec.device_batch, cal)
+    rows = report.rows(results, run.model, profiles, spec.device_batch, cal, spec.max_seconds)
     report.write(rows, os.path.join(args.out, "testbed.csv"))
     if args.csv:
         report.write(rows, args.csv)
     md = report.section(rows, cal, fit_seed, run.model.text, len(results), run.total(),
-                        args.spec, transfer, fewest)
+                        args.spec, transfer, fewest, spec.max_seconds)
     with open(os.path.join(args.out, "TESTBED.md"), "w") as f:
         f.write(md)
     if args.results:

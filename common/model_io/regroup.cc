@@ -59,44 +59,52 @@ bool AwayFromSynchronised(Stage& stage) {
 
 // Restores stage k of checkpoint `m` into `stage`: replica 0's state; every other
 // replica's snapshot is checked (they agree). Replicas that synchronise every few steps
-// (`sync`) are each read, replica 0's last so that its optimizer state is the stage's, and
-// if any replica's weights differ from the synchronised ones their pseudo-gradients take
-// one outer step, as after a run's last step. `progress` sums the head's figures over the
+// (`sync`) are each read in replica order and their contributions summed as they come (in
+// replica order, as a reduction adds them: two copies of the stage's floats, whatever the
+// replica count); replica 0's state is then read again, so that its optimizer state is the
+// stage's, and if any replica's weights differ from the synchronised ones the sum takes one
+// outer step, as after a run's last step. `progress` sums the head's figures over the
 // replicas; `seconds` receives the longest training time.
 absl::Status RestoreStage(const v1::CheckpointManifest& m, const std::string& where,
                           const SnapshotRoots& roots, int k, const v1::ReplicaSync& sync,
                           Stage& stage, EpochProgress* progress, double* seconds) {
   const int replicas = std::max(1, m.replicas());
   const bool rare = sync.every() > 1 && replicas > 1;
-  std::unique_ptr<OuterSync> outer;
-  if (rare) {
-    outer = std::make_unique<OuterSync>(stage, sync.outer_lr(), sync.outer_momentum(), sync.bf16());
-  }
-  std::vector<float> gathered;
-  bool differ = false;
-  for (int i = 0; i < replicas; ++i) {
-    const int r = rare ? replicas - 1 - i : i;
+  auto restore = [&](int r, EpochProgress* p) -> absl::Status {
     const v1::StageSnapshot* snap = FindSnapshot(m, k, r);
     if (snap == nullptr) {
       return absl::DataLossError(absl::StrCat(where, "/MANIFEST: has no snapshot of stage ", k,
                                               r > 0 ? absl::StrCat(" replica ", r) : ""));
     }
+    return RestoreStageSnapshot(rare || r == 0 ? &stage : nullptr, k, roots(k, r), *snap,
+                                m.fingerprint(), p, r);
+  };
+  std::unique_ptr<OuterSync> outer;
+  if (rare) {
+    outer = std::make_unique<OuterSync>(stage, sync.outer_lr(), sync.outer_momentum(), sync.bf16());
+  }
+  std::vector<float> sum, part;
+  bool differ = false;
+  for (int r = 0; r < replicas; ++r) {
     EpochProgress p;
-    if (absl::Status s = RestoreStageSnapshot(rare || r == 0 ? &stage : nullptr, k, roots(k, r),
-                                              *snap, m.fingerprint(), &p, r);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = restore(r, &p); !s.ok()) return s;
     progress->head.Add(p.head);
     *seconds = std::max(*seconds, p.train_seconds);
-    if (rare) {
-      OuterSync::Start(stage);
-      gathered.resize(static_cast<size_t>(outer->size() * replicas));
-      outer->Pack(gathered.data() + r * outer->size());
-      differ = differ || AwayFromSynchronised(stage);
+    if (!rare) continue;
+    OuterSync::Start(stage);
+    part.resize(static_cast<size_t>(outer->size()));
+    outer->Pack(part.data());
+    if (r == 0) {
+      sum = part;
+    } else {
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
     }
+    differ = differ || AwayFromSynchronised(stage);
   }
-  if (differ) outer->Apply(gathered.data(), replicas);
+  if (!rare) return absl::OkStatus();
+  EpochProgress again;
+  if (absl::Status s = restore(0, &again); !s.ok()) return s;
+  if (differ) outer->ApplySum(sum.data(), replicas);
   return absl::OkStatus();
 }
 

@@ -63,7 +63,8 @@ using SnapshotRoots = std::function<std::string(int stage, int replica)>;
 // checksum, run) and puts its state into `model`, built from `job`: every layer's
 // parameters and optimizer moments, the heads both layouts have, and the optimizer's step
 // count. Fresh heads keep the model's seeded values and start with zero moments. The
-// checkpoint's stages are read one at a time, so this holds `model` and one of them. On an
+// checkpoint's stages are read one at a time, so this holds `model` and one of them (and
+// two float copies of its parameters for replicas that synchronise every few steps). On an
 // error `model` may be partly written: discard it.
 // `progress` receives, per stage of `model`, the epoch's training figures so far: a kept
 // head's, summed over the checkpoint's replicas (zero for a fresh head).

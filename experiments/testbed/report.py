@@ -35,11 +35,14 @@ def model_step(cfg, profile_stages, share, latency_s=5e-6):
     return step_seconds(cost, scaled(profile_stages, share), cfg.replicas, micro, link, latency_s)
 
 
-def rows(results, model, profiles, device_batch, calibration=None):
+def rows(results, model, profiles, device_batch, calibration=None, max_seconds=None):
     """One row per run and target. `profiles` maps a stage count to the frontier profile's
     stages at `device_batch` rows; `calibration` (calibrate.Calibration), when given, adds
     the calibrated model's step and time, and whether the run was fitted or held out. The
-    measured step is the slope of wall time over steps (evaluations included)."""
+    measured step is the slope of wall time over steps (evaluations included). A target
+    first reached after `max_seconds` is a miss, as for a run that never reached it: a run
+    stopped at its budget ends only once the steps already fed have drained (minutes on a
+    10 Mbit/s link), and what it reaches then would make budgets differ between runs."""
     from experiments.testbed.calibrate import measured_step_seconds
     out = []
     fitted = {id(c): used for c, _, _, used in (calibration.rows if calibration else [])}
@@ -63,8 +66,9 @@ def rows(results, model, profiles, device_batch, calibration=None):
                    "calibration": ("fit" if fitted.get(id(cfg)) else "held out")
                    if id(cfg) in fitted else "",
                    "worker_cpu": f"{share:.3f}"}
-            if hit is not None:
-                wall = next(p["wall_seconds"] for p in points if p["step"] == hit[0])
+            wall = None if hit is None else next(p["wall_seconds"] for p in points
+                                                  if p["step"] == hit[0])
+            if wall is not None and (max_seconds is None or wall <= max_seconds):
                 steps = hit[0]
                 fill = pipeline_fill(COST.get(cfg.method, "local"), cfg.stages)
                 row.update(measured_s=f"{wall:.2f}", steps=steps,
@@ -80,9 +84,10 @@ def write(rows_, path):
     write_csv(path, rows_, COLUMNS)
 
 
-def markdown(rows_, text):
+def markdown(rows_, text, max_seconds=None):
     """Median measured seconds to each target over seeds, per device count, link and method,
     with the seeds that reached it; a miss counts as infinitely long in the median."""
+    over = f"> {max_seconds:g} s" if max_seconds else "> budget"
     fmt = (lambda t: f"{t:.2f} bits/byte") if text else (lambda t: f"{100 * t:.0f}%")
     keys = sorted({(r["devices"], r["link_mbit"], r["method"]) for r in rows_},
                   key=lambda k: (k[0], -k[1] if k[1] else -1e9, k[2]))
@@ -98,7 +103,7 @@ def markdown(rows_, text):
             times = [float(r["measured_s"]) if r["measured_s"] != "" else math.inf for r in rs]
             reached = sum(1 for x in times if x != math.inf)
             med = median(times) if times else math.inf
-            cells.append(("> budget" if med == math.inf else f"{med:.0f}")
+            cells.append((over if med == math.inf else f"{med:.0f}")
                          + f" ({reached}/{len(rs)})")
         md.append(f"| {n} | {f'{link:g} Mbit/s' if link else 'unshaped'} | {meth} | "
                   + " | ".join(cells) + " |")
@@ -149,7 +154,7 @@ def transfer_markdown(calibration, fit_devices):
 
 
 def section(rows_, calibration, fit_seed, text, done, total, spec_path, transfer=None,
-            transfer_devices=None):
+            transfer_devices=None, max_seconds=None):
     """The testbed's section of RESULTS.md: how it was made, the measured table, the
     calibrated model against the held-out runs."""
     head = [
@@ -163,10 +168,12 @@ def section(rows_, calibration, fit_seed, text, done, total, spec_path, transfer
         "network namespace, a `tc tbf` rate on each device's egress, a CPU share each "
         "(docs/experiments.md). Every time in this section is **measured** wall-clock time "
         "on the testbed unless it says *model*; a method's seconds are the median over its "
-        "seeds, with how many of them reached the target (a miss counts as longer than any).",
+        "seeds, with how many of them reached the target (a miss counts as longer than any"
+        + (f"; a run still short of a target after {max_seconds:g} s misses it" if max_seconds
+           else "") + ").",
         "",
     ]
-    out = "\n".join(head) + markdown(rows_, text) + "\n" + \
+    out = "\n".join(head) + markdown(rows_, text, max_seconds) + "\n" + \
         calibration_markdown(calibration, fit_seed)
     if transfer is not None:
         out += "\n" + transfer_markdown(transfer, transfer_devices)

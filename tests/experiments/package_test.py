@@ -258,6 +258,25 @@ class CalibrationTest(unittest.TestCase):
         cfg = SimpleNamespace(method="gpipe", replicas=1, stages=4, devices=4)
         self.assertEqual(calibrate.traffic(cfg, [{"hop_bytes": 10.0}] * 4), (8, 80.0))
 
+    def test_a_target_reached_after_the_budget_is_a_miss(self):
+        from experiments.testbed import report
+        from types import SimpleNamespace
+        runs, prof = self.runs([1.2, 2e-3, 5e-4, 3e-9, 1.1])
+        cfg, res = runs[0]
+        # An evaluation every 100 s: 2.80 holds from 200 s, 2.65 from 400 s.
+        values = [3.0, 2.9, 2.79, 2.7, 2.64, 2.6, 2.5, 2.4]
+        res = {**res, "points": [{"step": 10 * k, "wall_seconds": 100.0 * k, "metrics": [v]}
+                                 for k, v in enumerate(values)]}
+        model = SimpleNamespace(targets=[2.8, 2.65], text=True, hold=1)
+        def measured(max_seconds):
+            rows = report.rows([(cfg, res)], model, prof, 16, None, max_seconds)
+            return {r["target"]: r["measured_s"] for r in rows}
+        self.assertEqual(measured(None), {2.8: "200.00", 2.65: "400.00"})
+        self.assertEqual(measured(400), {2.8: "200.00", 2.65: "400.00"})
+        self.assertEqual(measured(399), {2.8: "200.00", 2.65: ""})
+        md = report.markdown(report.rows([(cfg, res)], model, prof, 16, None, 300), True, 300)
+        self.assertIn("| 200 (1/1) | > 300 s (0/1) |", md)
+
 
 class ShippedCacheTest(unittest.TestCase):
     """The committed caches answer for every run the shipped sweeps ask for."""
