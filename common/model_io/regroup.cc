@@ -265,6 +265,11 @@ std::string DescribeRegroup(const RegroupPlan& p) {
   return s;
 }
 
+bool ChangesLayout(const RegroupPlan& p) {
+  return p.from_stages != p.to_stages || p.from_replicas != p.to_replicas ||
+         p.from_rule != p.to_rule || !p.fresh_heads.empty() || !p.unused_heads.empty();
+}
+
 v1::Regroup RegroupRecord(const RegroupPlan& p) {
   v1::Regroup r;
   r.set_step(p.step);
@@ -277,7 +282,7 @@ v1::Regroup RegroupRecord(const RegroupPlan& p) {
 
 absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::string& where,
                                 const SnapshotRoots& roots, const v1::Job& job, Model& model,
-                                std::vector<EpochProgress>* progress) {
+                                std::vector<EpochProgress>* progress, bool synchronise) {
   absl::StatusOr<RegroupPlan> plan = PlanRegroup(m, where, job);
   if (!plan.ok()) return plan.status();
   absl::StatusOr<v1::Job> old_job = CheckpointJob(m, where);
@@ -303,10 +308,10 @@ absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::stri
   absl::Status failed;
   CpuBackend cpu{CpuOptions{}};
   ApplyJobToBackend(*old_job, cpu);
+  const v1::ReplicaSync sync = synchronise ? old_job->replica_sync() : v1::ReplicaSync();
   auto read_stage = [&](int k, Stage& stage) -> absl::Status {
     for (Param* p : stage.params()) p->grad = Tensor();
-    if (absl::Status s = RestoreStage(m, where, roots, k, old_job->replica_sync(), stage,
-                                      &old_progress[k], &seconds);
+    if (absl::Status s = RestoreStage(m, where, roots, k, sync, stage, &old_progress[k], &seconds);
         !s.ok()) {
       return s;
     }

@@ -73,10 +73,15 @@ using SnapshotRoots = std::function<std::string(int stage, int replica)>;
 // synchronisations), their pseudo-gradients drive one outer step (OuterSync, as after a
 // run's last step), so `model` receives the synchronised weights (as its parameters and as
 // Param::outer), the outer momentum, the running statistics' mean over the replicas, and
-// replica 0's optimizer moments.
+// replica 0's optimizer moments. `synchronise` false skips that and gives `model` replica 0's
+// state as it is: for a resume in the checkpoint's own layout, where every replica then reads
+// its own snapshots.
 absl::Status LoadCheckpointInto(const v1::CheckpointManifest& m, const std::string& where,
                                 const SnapshotRoots& roots, const v1::Job& job, Model& model,
-                                std::vector<EpochProgress>* progress);
+                                std::vector<EpochProgress>* progress, bool synchronise = true);
+
+// Whether `p` changes anything: the stages, the replicas, the rule or the heads.
+bool ChangesLayout(const RegroupPlan& p);
 
 // Regroups checkpoint `from` for `job`: writes every stage's snapshot, for every replica, to
 // `to_roots`, then its manifest as checkpoint `id` under `root` (the same step and data

@@ -85,23 +85,23 @@ absl::StatusOr<Resumed> Resume(const std::string& root, const v1::Job& job, Repl
   if (!plan.ok()) return plan.status();
   Resumed out;
   const int from_replicas = plan->from_replicas;
+  const bool changes = ChangesLayout(*plan);
+  // In the checkpoint's own layout, replicas that synchronise every few steps each read
+  // their own snapshots after the trainer is made (RestoreEach), so they are not
+  // synchronised here; in another layout they are, on loading.
   if (absl::Status s = LoadCheckpointInto(
           found->manifest, found->dir,
           [&](int k, int r) { return LocalSnapshotDir(dir, k, r, from_replicas); }, job,
-          *replicas.models[0], &out.progress);
+          *replicas.models[0], &out.progress, /*synchronise=*/changes);
       !s.ok()) {
     return s;
   }
-  // The checkpoint is read once: the other replicas copy the first's state (replicas that
-  // synchronise every few steps read their own after the trainer is made, RestoreEach,
-  // unless the checkpoint is regrouped: then they were synchronised on loading).
+  // The checkpoint is read once: the other replicas copy the first's state.
   for (size_t r = 1; r < replicas.models.size(); ++r) {
     replicas.models[r]->CopyStateFrom(*replicas.models[0]);
   }
   log << "resuming from " << found->dir << " at step " << found->manifest.step() << "\n";
-  if (plan->from_stages != plan->to_stages || plan->from_replicas != plan->to_replicas ||
-      plan->from_rule != plan->to_rule || !plan->fresh_heads.empty() ||
-      !plan->unused_heads.empty()) {
+  if (changes) {
     log << DescribeRegroup(*plan) << "\n";
     out.regroup = *plan;
   }

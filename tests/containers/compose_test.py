@@ -29,6 +29,7 @@ Usage: compose_test.py [--keep-images-only]   (run from anywhere; exits non-zero
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -220,6 +221,22 @@ def free_port():
         return s.getsockname()[1]
 
 
+PROM_CONF = "/etc/prometheus/prometheus.yml"
+
+
+def fast_scrape_config(workdir, name):
+    """deploy/compose/prometheus.yml with its scrape interval set to 1 s (same targets)."""
+    with open(os.path.join(ROOT, "deploy/compose/prometheus.yml")) as f:
+        text = f.read()
+    fast, n = re.subn(r"(?m)^(\s*scrape_interval:\s*)\S+", r"\g<1>1s", text)
+    if n != 1:
+        raise Failure("deploy/compose/prometheus.yml: expected one scrape_interval line")
+    path = os.path.join(workdir, f"{name}.prometheus.yml")
+    with open(path, "w") as f:
+        f.write(fast)
+    return path
+
+
 class Cluster:
     """One Compose project: the shipped file plus this test's override."""
 
@@ -244,7 +261,10 @@ class Cluster:
             for w in WORKERS:
                 f.write(f"  {w}:\n    image: {image}\n")
             f.write(f"  coordinator:\n    image: {image}\n    command: {json.dumps(coordinator_flags)}\n")
-            f.write(f"  prometheus:\n    image: {prom_image}\n")
+            # Scraped every second here: a short run's restarted worker must show some rise
+            # between two samples (at the shipped 5 s a 4 s replay may show none).
+            mount = json.dumps(f"{fast_scrape_config(workdir, name)}:{PROM_CONF}:ro")
+            f.write(f"  prometheus:\n    image: {prom_image}\n    volumes: [{mount}]\n")
         files = ["deploy/compose/docker-compose.yml"]
         if layout:
             files.append("deploy/compose/docker-compose.replicas.yml")
@@ -395,12 +415,19 @@ def prom_query(port, expr, at):
         return json.load(r)
 
 
-def check_prometheus(port, at):
-    """Per-stage throughput above 0, and every dashboard expression evaluates to some series."""
-    throughput = 'sum by (stage) (rate(localpar_examples_total{phase="train"}[1m]))'
-    reply = prom_query(port, throughput, at)
+def check_prometheus(port, at, since):
+    """Per-stage throughput above 0 at some time of the run (the dashboard's expression, its
+    highest value since `since`), and every dashboard expression evaluates to some series at
+    `at`, a time the coordinator was seen training."""
+    # Two more scrapes, so that the last samples of a stage that finished are in.
+    time.sleep(2.5)
+    now = time.time()
+    span = max(10, int(now - since) + 1)
+    throughput = ('max_over_time((sum by (stage) (rate(localpar_examples_total{phase="train"}'
+                  f'[1m])))[{span}s:1s])')
+    reply = prom_query(port, throughput, now)
     stages = {s["metric"].get("stage"): float(s["value"][1]) for s in reply["data"]["result"]}
-    log(f"prometheus: per-stage throughput at the check time: "
+    log(f"prometheus: highest per-stage throughput in the last {span} s: "
         + ", ".join(f"stage {k} {v:.0f} ex/s" for k, v in sorted(stages.items())))
     if sorted(stages) != ["0", "1", "2", "3"] or not all(v > 0 for v in stages.values()):
         raise Failure(f"expected throughput above 0 for stages 0-3, got {stages}")
@@ -471,7 +498,7 @@ def scenario(workdir, image, prom_image, ref, victim, check_prom, layout=()):
         if check_prom:
             if not training:
                 raise Failure("the coordinator was never seen training after the kill")
-            check_prometheus(port, training[-1])
+            check_prometheus(port, training[-1], start)
     except Failure:
         for s in ["coordinator", victim]:
             log(f"--- docker-compose logs {s} (end) ---\n{cluster.logs(s)[-2500:]}")

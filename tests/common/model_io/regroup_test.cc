@@ -317,6 +317,27 @@ TEST(Regroup, ReplicasThatSynchroniseRarelyAreSynchronisedFirst) {
     }
     EXPECT_GT(checked, 6);
     EXPECT_GT(stats, 0);  // batch norm's running statistics
+
+    // In the checkpoint's own layout nothing is synchronised: replica 0's state as it is
+    // (each replica then reads its own snapshots).
+    absl::StatusOr<RegroupPlan> same = PlanRegroup(found.manifest, found.dir, four);
+    ASSERT_TRUE(same.ok()) << same.status();
+    EXPECT_FALSE(ChangesLayout(*same));
+    EXPECT_TRUE(ChangesLayout(*plan));
+    std::unique_ptr<Model> own = Build(cpu, four);
+    s = LoadCheckpointInto(found.manifest, found.dir, Roots(root, 2), four, *own, &progress,
+                           /*synchronise=*/false);
+    ASSERT_TRUE(s.ok()) << s;
+    const std::map<std::string, State> kept = ByName(four, *own);
+    ASSERT_EQ(kept.size(), a.size());
+    for (const auto& [name, state] : kept) {
+      EXPECT_EQ(state.value, a.at(name).value) << name;
+      EXPECT_EQ(state.state1, a.at(name).state1) << name;
+    }
+    for (const auto& [name, wm] : Outer(four, *own)) {
+      EXPECT_EQ(wm.first, before.at(name).first) << name;
+      EXPECT_EQ(wm.second, before.at(name).second) << name;
+    }
   }
 }
 
