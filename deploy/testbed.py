@@ -34,6 +34,13 @@ def positive_int(v):
     return n
 
 
+def positive_float(v):
+    x = float(v)
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{v}: a positive number of seconds")
+    return x
+
+
 def fraction(v):
     x = float(v)
     if not 0 < x <= 1:
@@ -73,6 +80,12 @@ def parser():
                    help="stop once the last stage's held-out metric has met this `--hold` "
                    "evaluations in a row (bits per byte, or accuracy)")
     r.add_argument("--hold", type=positive_int, default=2)
+    r.add_argument("--max_seconds", type=positive_float, default=None,
+                   help="stop the run after this many seconds (default: none)")
+    r.add_argument("--drain_seconds", type=positive_float, default=None,
+                   help="once stopped (at --target or --max_seconds), kill the coordinator "
+                   "after this many seconds instead of waiting for every step already fed "
+                   "(then no weights or report; default: wait)")
     r.add_argument("--check_reference", action="store_true",
                    help="compare the final weights bitwise with `localpar train` (a "
                    "deterministic rule; no --target)")

@@ -86,11 +86,14 @@ def wait_for_ports(run_dir, devices, procs, timeout=30):
             time.sleep(0.05)
 
 
-def run(localpar_dir, cfg, bed, run_dir, max_seconds=None):
+def run(localpar_dir, cfg, bed, run_dir, max_seconds=None, drain_seconds=None):
     """Trains `cfg` on the testbed `bed` (cfg.stages x cfg.replicas devices), stopped once the
     strictest target has held (or after `max_seconds`). Returns the measurement: the wall
     seconds, every evaluation with the wall time it was written at, the report's training
-    throughput and steps, and how the run ended."""
+    throughput and steps, and how the run ended.
+    A stopped coordinator first finishes every step already fed, which on a slow link is
+    minutes of steps nobody reads. `drain_seconds` set, it gets that long after the stop and
+    is then killed (no weights, report or further evaluations; `drained` is False)."""
     workers = [d for d in bed.devices if d.name != "coordinator"]
     if len(workers) != cfg.stages * cfg.replicas:
         fail(f"{cfg.method}: {cfg.stages} x {cfg.replicas} workers on {len(workers)} devices")
@@ -112,7 +115,8 @@ def run(localpar_dir, cfg, bed, run_dir, max_seconds=None):
                                 os.path.join(run_dir, "coordinator.log"))
         procs.append(coordinator)
         evals = EvalPoints(os.path.join(out_dir, "metrics.jsonl"), cfg.stages, cfg.text)
-        stopped = out_of_time = False
+        stopped = out_of_time = killed = False
+        signalled = None
         while coordinator.poll() is None:
             time.sleep(0.25)
             points = evals.update()
@@ -124,9 +128,16 @@ def run(localpar_dir, cfg, bed, run_dir, max_seconds=None):
                   and time.monotonic() - start > max_seconds):
                 coordinator.send_signal(signal.SIGINT)
                 out_of_time = True
+            if (stopped or out_of_time) and signalled is None:
+                signalled = time.monotonic()
+            if (signalled is not None and drain_seconds is not None
+                    and time.monotonic() - signalled > drain_seconds):
+                coordinator.kill()
+                coordinator.wait()
+                killed = True
         seconds = time.monotonic() - start
         code = coordinator.returncode
-        if code not in (0, 130) or (code == 130 and not (stopped or out_of_time)):
+        if not killed and (code not in (0, 130) or (code == 130 and not (stopped or out_of_time))):
             fail(f"{cfg.method}: the coordinator exited {code}; see {run_dir}/coordinator.log")
     finally:
         for p in procs:
@@ -144,6 +155,7 @@ def run(localpar_dir, cfg, bed, run_dir, max_seconds=None):
         with open(report_path) as f:
             report = json.load(f)
     return {"seconds": seconds, "stopped_at_target": stopped, "out_of_time": out_of_time,
+            "drained": not killed,
             "points": _points_with_time(os.path.join(out_dir, "metrics.jsonl"), cfg),
             "examples_per_second": report.get("examples_per_second"),
             "steps": report.get("steps"), "weights": os.path.join(out_dir, "weights.pb")}

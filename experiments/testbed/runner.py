@@ -44,8 +44,8 @@ def run_one(args):
     job, digest = derived_job(localpar, args.job, lay, args.out, args.micro_batches)
     data = data_figures(localpar, job)
     text = data["labels_per_example"] > 1
-    if args.check_reference and args.target is not None:
-        fail("--check_reference compares whole runs: leave --target out")
+    if args.check_reference and (args.target is not None or args.max_seconds is not None):
+        fail("--check_reference compares whole runs: leave --target and --max_seconds out")
     cfg = cluster.Config(job=job, job_hash=digest, method=args.method, rule=lay.rule,
                          stages=lay.stages, replicas=lay.replicas, batch=args.batch_size,
                          lr=args.lr, seed=args.seed, max_steps=args.max_steps,
@@ -57,11 +57,16 @@ def run_one(args):
                          sync_every=lay.sync_every if lay.sync_every > 1 else None)
     with devices.Testbed(args.devices, args.link_mbit, args.worker_cpu,
                          args.coordinator_cpu) as bed:
-        result = cluster.run(os.path.dirname(localpar), cfg, bed, os.path.join(args.out, "run"))
+        result = cluster.run(os.path.dirname(localpar), cfg, bed, os.path.join(args.out, "run"),
+                             max_seconds=args.max_seconds, drain_seconds=args.drain_seconds)
+    steps = result["steps"] or (result["points"][-1]["step"] if result["points"] else 0)
     line = (f"testbed: {args.method} on {args.devices} devices, "
             + (f"{args.link_mbit:g} Mbit/s" if args.link_mbit else "unshaped links")
-            + f": {result['steps']} steps in {result['seconds']:.1f} s (measured), "
-            f"{result['examples_per_second'] or 0:.0f} examples/s")
+            + f": {steps} steps in {result['seconds']:.1f} s (measured)"
+            + (f", {result['examples_per_second']:.0f} examples/s"
+               if result["examples_per_second"] else "")
+            + ("" if result["drained"] else
+               f"; killed {args.drain_seconds:g} s after its stop (no weights or report)"))
     if args.target is not None:
         t = cluster.seconds_to(result["points"], args.target, text, args.hold)
         line += (f"; to {args.target:g}: {t:.1f} s" if t is not None

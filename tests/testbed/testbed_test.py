@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The testbed of emulated devices (deploy/testbed.py), as root, on 2 devices and 2 link
 settings: a cluster on it ends bitwise equal to `localpar train`; a 4 Mbit/s link holds a run
-to at least the time its bytes need at that rate; DiLoCo-style data parallelism on it is
+to at least the time its bytes need at that rate, and a run stopped at its budget there is
+killed soon after instead of draining what was fed; DiLoCo-style data parallelism on it is
 bitwise equal to `localpar train` too; nothing it made (namespaces, qdiscs,
 cgroups) is left after a run, after SIGTERM, or after SIGKILL once `clean` has run; and a
 user who is not root is refused, saying why. The CI smoke of the measurement testbed.
@@ -95,6 +96,20 @@ def main():
                   f"the link did not hold the run: {slow['seconds']:.1f} s at 4 Mbit/s "
                   f"(its bytes need {need:.1f} s), {fast['seconds']:.1f} s unshaped")
         check(not leftovers(), f"left after a shaped run: {leftovers()}")
+        # Stopped at its budget on that link, where the coordinator feeds far ahead: killed
+        # 1 s after the stop instead of draining every step fed.
+        budget = [job, "--devices=2", "--link_mbit=4", "--max_steps=100000",
+                  "--eval_every_steps=10", "--batch_size=32", "--max_seconds=3",
+                  "--drain_seconds=1", f"--out={tmp}/budget"]
+        r = testbed("run", *budget)
+        check(r.returncode == 0 and "killed 1 s after its stop" in r.stderr,
+              f"a run stopped at its budget: exit {r.returncode}\n{r.stderr[-3000:]}")
+        if r.returncode == 0:
+            res = json.load(open(f"{tmp}/budget/result.json"))
+            check(res["out_of_time"] and not res["drained"] and res["seconds"] < 8,
+                  f"the budget run: out of time {res['out_of_time']}, drained "
+                  f"{res['drained']}, {res['seconds']:.1f} s")
+        check(not leftovers(), f"left after a killed run: {leftovers()}")
         # SIGTERM mid-run: it stops, and removes everything it made.
         long = [job, "--devices=2", "--max_steps=100000", "--eval_every_steps=0",
                 f"--localpar={LOCALPAR}"]
