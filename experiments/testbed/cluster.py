@@ -161,6 +161,14 @@ def run(localpar_dir, cfg, bed, run_dir, max_seconds=None, drain_seconds=None):
             "steps": report.get("steps"), "weights": os.path.join(out_dir, "weights.pb")}
 
 
+def steps_done(result):
+    """Training steps a run took: its report's, or for a run killed after its stop (no
+    report) the last evaluated step."""
+    if result.get("steps"):
+        return result["steps"]
+    return result["points"][-1]["step"] if result["points"] else 0
+
+
 def _points_with_time(path, cfg):
     """Every evaluation with every stage's metric and the wall seconds it was written at."""
     by_step = {}

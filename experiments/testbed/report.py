@@ -41,8 +41,9 @@ def rows(results, model, profiles, device_batch, calibration=None, max_seconds=N
     the calibrated model's step and time, and whether the run was fitted or held out. The
     measured step is the slope of wall time over steps (evaluations included). A target
     first reached after `max_seconds` is a miss, as for a run that never reached it: a run
-    stopped at its budget ends only once the steps already fed have drained (minutes on a
-    10 Mbit/s link), and what it reaches then would make budgets differ between runs."""
+    stopped at its budget goes on while the steps already fed drain (minutes on a 10 Mbit/s
+    link, in runs cached before the sweep killed them), and what it reaches then would make
+    budgets differ between runs."""
     from experiments.testbed.calibrate import measured_step_seconds
     out = []
     fitted = {id(c): used for c, _, _, used in (calibration.rows if calibration else [])}

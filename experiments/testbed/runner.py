@@ -59,10 +59,9 @@ def run_one(args):
                          args.coordinator_cpu) as bed:
         result = cluster.run(os.path.dirname(localpar), cfg, bed, os.path.join(args.out, "run"),
                              max_seconds=args.max_seconds, drain_seconds=args.drain_seconds)
-    steps = result["steps"] or (result["points"][-1]["step"] if result["points"] else 0)
     line = (f"testbed: {args.method} on {args.devices} devices, "
             + (f"{args.link_mbit:g} Mbit/s" if args.link_mbit else "unshaped links")
-            + f": {steps} steps in {result['seconds']:.1f} s (measured)"
+            + f": {cluster.steps_done(result)} steps in {result['seconds']:.1f} s (measured)"
             + (f", {result['examples_per_second']:.0f} examples/s"
                if result["examples_per_second"] else "")
             + ("" if result["drained"] else

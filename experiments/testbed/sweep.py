@@ -186,8 +186,7 @@ class TestbedSweep:
         self.cache.put("measured", self.key(cfg), {"config": cfg.key(), **result})
         hit = first_reaching([(p["step"], p["metrics"][-1]) for p in result["points"]],
                              cfg.strictest, not cfg.text, cfg.hold)
-        last = result["points"][-1]["step"] if result["points"] else 0
-        say(f"    {result['steps'] or last} steps, {result['seconds']:.0f} s, "
+        say(f"    {cluster.steps_done(result)} steps, {result['seconds']:.0f} s, "
             + ("reached" if hit else "missed") + f" {cfg.strictest:g}"
             + ("" if result["drained"] else f" (killed {DRAIN_SECONDS} s after its stop: the "
                "steps already fed were not waited for)"))
