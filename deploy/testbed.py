@@ -130,15 +130,27 @@ def sweep_command(args):
                 for k in run.stage_counts()}
     results = run.results()
     fit_seed = min(spec.seeds)
-    cal = calibrate.Calibration(results, profiles, lambda cfg: cfg.seed == fit_seed)
+    ev = run.evaluation()
+    cal = calibrate.Calibration(results, profiles, lambda cfg: cfg.seed == fit_seed, ev)
     fewest = min(spec.devices)
-    transfer = calibrate.Calibration(results, profiles, lambda cfg: cfg.devices == fewest)
+    transfer = calibrate.Calibration(results, profiles, lambda cfg: cfg.devices == fewest, ev)
     rows = report.rows(results, run.model, profiles, spec.device_batch, cal, spec.max_seconds)
     report.write(rows, os.path.join(args.out, "testbed.csv"))
     if args.csv:
         report.write(rows, args.csv)
     md = report.section(rows, cal, fit_seed, run.model.text, len(results), run.total(),
                         args.spec, transfer, fewest, spec.max_seconds)
+    if spec.recompute_frontier:
+        from experiments.testbed import recompute
+        stages_of = {}
+
+        def profile_stages(k):
+            if k not in stages_of:
+                stages_of[k] = run.frontier.profile(run.model, k, spec.device_batch,
+                                                    measure=False)["stages"]
+            return stages_of[k]
+        link = run.frontier.spec.hardware.link_gbps * 1000
+        md += "\n" + recompute.markdown(run, cal, profile_stages, link)
     with open(os.path.join(args.out, "TESTBED.md"), "w") as f:
         f.write(md)
     if args.results:

@@ -200,8 +200,12 @@ void RunLedger::TrainFigures(int64_t step, int epoch, const std::vector<HeadStat
   if (!metrics_ || step == logged_step_) return;
   const double now = Uptime();
   const int64_t every = options_.train_line_every_steps;
-  const bool due =
-      every > 0 ? step % every == 0 : now - logged_at_ >= options_.train_line_every_seconds;
+  // A monitor's line also at once when the last stage reaches a step that an evaluation
+  // follows: its time against the evaluation's is how long the evaluation took.
+  const int64_t eval_every = job_.eval_every_steps();
+  const bool before_eval = every <= 0 && eval_every > 0 && step % eval_every == 0;
+  const bool due = every > 0 ? step % every == 0
+                             : before_eval || now - logged_at_ >= options_.train_line_every_seconds;
   if (!due) return;
   logged_step_ = step;
   logged_at_ = now;

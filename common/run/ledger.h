@@ -29,7 +29,8 @@ struct LedgerOptions {
   bool live = false;            // `log` is a terminal: the line is rewritten in place
   std::ostream* log = nullptr;  // where the progress line goes (null: nowhere)
   // metrics.jsonl's "train" lines: at every N-th step (in one process, where every step is
-  // seen), or at most every T seconds when the step has moved (a cluster's monitor).
+  // seen), or at most every T seconds when the step has moved (a cluster's monitor), and
+  // then also at each step an evaluation follows (Job.eval_every_steps).
   int64_t train_line_every_steps = 10;
   double train_line_every_seconds = 0;
   // When checkpoints are due: every N training steps, every T seconds (0: never), or when

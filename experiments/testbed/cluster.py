@@ -170,8 +170,11 @@ def steps_done(result):
 
 
 def _points_with_time(path, cfg):
-    """Every evaluation with every stage's metric and the wall seconds it was written at."""
-    by_step = {}
+    """Every evaluation with every stage's metric, the wall seconds it was written at, and
+    how long it took (`eval_seconds`: from the training line of its step, which the
+    coordinator writes when the last stage has trained it, to the evaluation's; None where no
+    such line came before it)."""
+    by_step, trained = {}, {}
     if not os.path.exists(path):
         return []
     with open(path) as f:
@@ -180,13 +183,18 @@ def _points_with_time(path, cfg):
                 p = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if p.get("kind") == "train":
+                trained.setdefault(p["step"], p.get("wall_seconds") or 0.0)
+                continue
             if p.get("kind") not in ("eval", "test", "validation"):
                 continue
             value = p["bits_per_byte"] if cfg.text else p["accuracy"]
-            entry = by_step.setdefault(p["step"], {"metrics": [None] * cfg.stages, "wall": 0.0})
+            entry = by_step.setdefault(p["step"], {"metrics": [None] * cfg.stages, "wall": 0.0,
+                                                   "trained": trained.get(p["step"])})
             entry["metrics"][p["stage"]] = value
             entry["wall"] = max(entry["wall"], p.get("wall_seconds") or 0.0)
-    return [{"step": s, "wall_seconds": e["wall"], "metrics": e["metrics"]}
+    return [{"step": s, "wall_seconds": e["wall"], "metrics": e["metrics"],
+             "eval_seconds": None if e["trained"] is None else e["wall"] - e["trained"]}
             for s, e in sorted(by_step.items()) if None not in e["metrics"]]
 
 

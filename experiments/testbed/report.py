@@ -10,8 +10,9 @@ from experiments.frontier.model import first_reaching, pipeline_fill, step_secon
 from experiments.stats import median
 
 COLUMNS = ["devices", "link_mbit", "method", "stages", "replicas", "batch", "seed", "target",
-           "measured_s", "steps", "model_s", "calibrated_model_s", "measured_step_ms",
-           "model_step_ms", "calibrated_step_ms", "calibration", "worker_cpu"]
+           "measured_s", "measured_eval_s", "steps", "model_s", "calibrated_model_s",
+           "measured_step_ms", "model_step_ms", "calibrated_step_ms", "calibration",
+           "worker_cpu"]
 COST = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop",
         "1f1b": "pipelined_backprop", "zb": "pipelined_backprop", "CHUNKED": "local",
         "GREEDY": "local", "OVERLAP": "overlap"}
@@ -43,7 +44,9 @@ def rows(results, model, profiles, device_batch, calibration=None, max_seconds=N
     first reached after `max_seconds` is a miss, as for a run that never reached it: a run
     stopped at its budget goes on while the steps already fed drain (minutes on a 10 Mbit/s
     link, in runs cached before the sweep killed them), and what it reaches then would make
-    budgets differ between runs."""
+    budgets differ between runs. `measured_eval_s` is how much of `measured_s` the
+    evaluations took, where the run's metrics time every one of them (runs cached before
+    they were timed, and evaluations too short to be seen, leave it empty)."""
     from experiments.testbed.calibrate import measured_step_seconds
     out = []
     fitted = {id(c): used for c, _, _, used in (calibration.rows if calibration else [])}
@@ -59,7 +62,8 @@ def rows(results, model, profiles, device_batch, calibration=None, max_seconds=N
                                  not model.text, model.hold)
             row = {"devices": cfg.devices, "link_mbit": cfg.link_mbit, "method": cfg.method,
                    "stages": cfg.stages, "replicas": cfg.replicas, "batch": cfg.batch,
-                   "seed": cfg.seed, "target": target, "measured_s": "", "steps": "",
+                   "seed": cfg.seed, "target": target, "measured_s": "",
+                   "measured_eval_s": "", "steps": "",
                    "model_s": "", "calibrated_model_s": "",
                    "measured_step_ms": f"{1e3 * measured_step:.3f}" if measured_step else "",
                    "model_step_ms": f"{1e3 * step_s:.3f}" if step_s else "",
@@ -74,6 +78,9 @@ def rows(results, model, profiles, device_batch, calibration=None, max_seconds=N
                 fill = pipeline_fill(COST.get(cfg.method, "local"), cfg.stages)
                 row.update(measured_s=f"{wall:.2f}", steps=steps,
                            model_s=f"{(steps + fill) * step_s:.2f}" if step_s else "")
+                evals = [p.get("eval_seconds") for p in points if p["step"] <= steps]
+                if None not in evals:
+                    row["measured_eval_s"] = f"{sum(max(0.0, e) for e in evals):.2f}"
                 if cal_step:
                     row["calibrated_model_s"] = f"{(steps + fill) * cal_step:.2f}"
             out.append(row)
@@ -154,6 +161,39 @@ def transfer_markdown(calibration, fit_devices):
     return "\n".join(md) + "\n"
 
 
+def evaluation_markdown(rows_, calibration):
+    """How much of each method's time its evaluations take: the calibrated model's share, and
+    the measured one where the run's metrics time every evaluation (at the strictest target
+    each run reached)."""
+    model = {}
+    for cfg, share in calibration.evaluation_shares():
+        model.setdefault((cfg.devices, cfg.link_mbit, cfg.method), []).append(share)
+    if not model:
+        return ""
+    measured = {}
+    for r in rows_:
+        if r["measured_eval_s"] != "" and r["measured_s"] != "":
+            key = (r["devices"], r["link_mbit"], r["method"], r["seed"])
+            measured[key] = float(r["measured_eval_s"]) / float(r["measured_s"])
+    md = ["**Evaluations are part of every measured time.** Each run scores its held-out "
+          "windows after every 4,096 training windows, as the frontier does; a pipeline sends "
+          "every evaluation batch's activations over each of its links, data parallelism "
+          "sends none. The share of each method's time they take (*model*: the calibrated "
+          "model with and without them; *measured*: from the training line the coordinator "
+          "writes when the last stage has trained the step before an evaluation, to the "
+          "evaluation's, in runs whose metrics time every evaluation):", "",
+          "| devices | link | method | evaluations' share: model | measured (runs) |",
+          "|---|---|---|---|---|"]
+    for (n, link, meth), shares in sorted(model.items(), key=lambda g: (g[0][0], g[0][1],
+                                                                        g[0][2])):
+        got = [v for k, v in measured.items() if k[:3] == (n, link, meth)]
+        where = f"{link:g} Mbit/s" if link else "unshaped"
+        md.append(f"| {n} | {where} | {meth} | {100 * median(shares):.0f}% | "
+                  + (f"{100 * median(got):.0f}% ({len(got)})" if got else "not timed")
+                  + " |")
+    return "\n".join(md) + "\n"
+
+
 def section(rows_, calibration, fit_seed, text, done, total, spec_path, transfer=None,
             transfer_devices=None, max_seconds=None):
     """The testbed's section of RESULTS.md: how it was made, the measured table, the
@@ -176,6 +216,9 @@ def section(rows_, calibration, fit_seed, text, done, total, spec_path, transfer
     ]
     out = "\n".join(head) + markdown(rows_, text, max_seconds) + "\n" + \
         calibration_markdown(calibration, fit_seed)
+    evals = evaluation_markdown(rows_, calibration)
+    if evals:
+        out += "\n" + evals
     if transfer is not None:
         out += "\n" + transfer_markdown(transfer, transfer_devices)
     return out

@@ -127,6 +127,16 @@ class TestbedSweep:
                            f"{tail}.textproto")
         return jobs.write_job(out, job)
 
+    def evaluation(self):
+        """What each evaluation scores, for the calibrated model (None when the job scores the
+        whole held-out split, whose size the model does not know)."""
+        from experiments.testbed.calibrate import Evaluation
+        path, _ = self.frontier.job_for(self.model, None, self.spec.device_batch)
+        job = jobs.read_job(path)
+        if job.eval_limit <= 0:
+            return None
+        return Evaluation(job.eval_limit, job.eval_batch_size or 1000, self.spec.device_batch)
+
     def config(self, meth, n, link, seed):
         lay = methods.layout(meth, n)
         b = self.batch(meth, n)

@@ -193,7 +193,7 @@ class CalibrationTest(unittest.TestCase):
     """The testbed's calibrated cost model recovers the parameters that made synthetic runs,
     and predicts runs it was not fitted on."""
 
-    def runs(self, params):
+    def runs(self, params, evaluation=None):
         from experiments.testbed import calibrate
         from experiments.testbed.cluster import Config
         prof = {1: [{"seconds": 0.008, "head_seconds": 0.001, "parameter_bytes": 4e5}],
@@ -208,10 +208,11 @@ class CalibrationTest(unittest.TestCase):
                                                  ("CHUNKED", 2, 1), ("OVERLAP", 2, 1)):
                     cfg = Config(job="j", job_hash="h", method=method, rule="r", stages=stages,
                                  replicas=replicas, batch=16, lr=0.1, seed=seed, max_steps=1,
-                                 eval_every_steps=1, hold=1, strictest=1, text=True, devices=2,
-                                 link_mbit=link, worker_cpu=None, coordinator_cpu=0.25)
+                                 eval_every_steps=64, hold=1, strictest=1, text=True,
+                                 devices=2, link_mbit=link, worker_cpu=None,
+                                 coordinator_cpu=0.25)
                     f = calibrate.features(cfg, prof[1 if method == "data_parallel" else 2],
-                                           0.9)
+                                           0.9, evaluation)
                     step = calibrate.predict(params, f) * (1.01 if seed == 3 else 1.0)
                     points = [{"step": k, "wall_seconds": 1.0 + k * step} for k in range(0, 50, 10)]
                     out.append((cfg, {"points": points, "cpu_fractions": {"d0": 0.9}}))
@@ -228,6 +229,69 @@ class CalibrationTest(unittest.TestCase):
         self.assertEqual(len(held), 16)
         for *_, err in held:  # the held-out runs are 1% slower than the truth
             self.assertAlmostEqual(err, 1 / 1.01 - 1, places=3)
+
+    def test_the_fit_with_evaluations_recovers_the_parameters(self):
+        from experiments.testbed import calibrate
+        truth = [1.2, 2e-3, 5e-4, 3e-9, 1.1]
+        ev = calibrate.Evaluation(limit=2048, batch=512, profile_batch=16)
+        runs, prof = self.runs(truth, ev)
+        cal = calibrate.Calibration(runs, prof, lambda cfg: cfg.seed == 2, ev)
+        for got, want in zip(cal.params, truth):
+            self.assertAlmostEqual(got / want, 1.0, places=2)
+        self.assertIn("evaluations of 2048 examples in batches of 512 modelled", cal.describe())
+
+    def test_an_evaluation_is_a_pipeline_of_forwards_and_transfers(self):
+        from experiments.testbed import calibrate
+        from types import SimpleNamespace
+        ev = calibrate.Evaluation(limit=2048, batch=512, profile_batch=16)
+        # 4 stages of 3 ms a training step each at 16 rows (1 ms forward), 64 KiB of
+        # activations a hop, on 10 Mbit/s links and a whole core.
+        stage = {"seconds": 0.003, "head_seconds": 0.0, "hop_bytes": 65536.0,
+                 "parameter_bytes": 1e5}
+        cfg = SimpleNamespace(method="CHUNKED", rule="CHUNKED", stages=4, replicas=1,
+                              devices=4, link_mbit=10, eval_every_steps=256)
+        f = calibrate.features(cfg, [stage] * 4, 1.0, ev)
+        self.assertEqual((f["eval_batches"], f["eval_stages"]), (4, 4))
+        fwd, hop = 0.001 * 512 / 16, 65536 * 512 / 16 / 1.25e6  # one batch: 32 ms, 1.68 s
+        self.assertAlmostEqual(f["eval_compute"], fwd)
+        self.assertAlmostEqual(f["eval_wire"], hop)
+        ideal = [1.0, 0.0, 0.0, 0.0, 1.0]
+        one = 4 * fwd + 3 * hop + 3 * hop  # 4 forwards, 3 hops, then 3 more batches' hops
+        self.assertAlmostEqual(calibrate.predict(ideal, f) - calibrate.predict(ideal, f, False),
+                               one / 256)
+        # Data parallelism: each replica scores half of every batch and sends nothing.
+        cfg = SimpleNamespace(method="data_parallel", rule="BACKPROP", stages=1, replicas=2,
+                              devices=2, link_mbit=10, eval_every_steps=64)
+        whole = {"seconds": 0.012, "head_seconds": 0.0, "parameter_bytes": 4e5}
+        f = calibrate.features(cfg, [whole], 1.0, ev)
+        self.assertEqual((f["eval_wire"], f["eval_stages"]), (0.0, 1))
+        self.assertAlmostEqual(calibrate.predict(ideal, f) - calibrate.predict(ideal, f, False),
+                               4 * 0.004 * 256 / 16 / 64)
+        # OVERLAP waits for the round trip: activations there, their gradient back.
+        cfg = SimpleNamespace(method="OVERLAP", rule="OVERLAP", stages=2, replicas=1,
+                              devices=2, link_mbit=100, eval_every_steps=256)
+        f = calibrate.features(cfg, [stage, {**stage, "hop_bytes": 0.0}], 1.0)
+        self.assertTrue(f["synchronous"])
+        self.assertAlmostEqual(f["wire"], 2 * 65536 / 12.5e6)
+
+    def test_the_frontier_points_map_onto_the_calibrated_models_runs(self):
+        from experiments.testbed import recompute
+        row = {"cost_kind": "pipelined_backprop", "rule": "BACKPROP", "stages": 8,
+               "batch": 64, "devices": 8}
+        cfg = recompute.as_run(row, 16, 100000)
+        self.assertEqual((cfg.method, cfg.replicas, cfg.micro_batches), ("gpipe", 1, 4))
+        self.assertTrue(recompute.beyond(row))  # 8 stages: more than the testbed measured
+        row = {"cost_kind": "local", "rule": "CHUNKED", "stages": 2, "batch": 64, "devices": 8}
+        cfg = recompute.as_run(row, 16, 100000)
+        self.assertEqual((cfg.method, cfg.stages, cfg.replicas), ("CHUNKED", 2, 4))
+        self.assertFalse(recompute.beyond(row))
+        self.assertTrue(recompute.beyond({**row, "devices": 16}))  # 8 replicas a stage
+        self.assertTrue(recompute.beyond({"cost_kind": "data_parallel", "rule": "BACKPROP",
+                                          "stages": 1, "batch": 16, "devices": 1}))
+        # A local stage with replicas sends its hop and its share of their exchange.
+        from experiments.testbed import calibrate
+        self.assertEqual(calibrate.traffic(cfg, [{"hop_bytes": 10.0, "parameter_bytes": 100.0}]
+                                           * 2), (1 + 6, 10.0 + 150.0))
 
     def test_the_transfer_check_names_each_held_out_run_by_method(self):
         from experiments.testbed import calibrate, report

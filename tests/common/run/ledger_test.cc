@@ -177,5 +177,24 @@ TEST(RunLedger, TrainingLinesGoToMetricsAtEveryNthStep) {
   EXPECT_EQ(Lines(dir.file("metrics.jsonl")).size(), 6u);
 }
 
+TEST(RunLedger, AMonitorsLinesComeByTimeAndAtOnceBeforeEachEvaluation) {
+  DataDir dir;
+  std::ostringstream log;
+  LedgerOptions o = Quiet(&log, dir.path_string());
+  o.train_line_every_steps = 0;
+  o.train_line_every_seconds = 3600;  // none is due by time
+  v1::Job job = SmallJob();
+  job.set_eval_every_steps(4);
+  std::unique_ptr<RunLedger> ledger = Open(job, o);
+  for (int64_t step : {1, 2, 3, 4, 4, 5, 7, 8, 9}) {
+    ledger->TrainFigures(step, 1, {HeadStats{1, 1, 1}, HeadStats{1, 1, 1}}, 10);
+  }
+  // Steps 4 and 8, which evaluations follow (step 4 once), a line per stage.
+  std::vector<std::string> lines = Lines(dir.file("metrics.jsonl"));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_NE(lines[0].find("\"step\":4,"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[2].find("\"step\":8,"), std::string::npos) << lines[2];
+}
+
 }  // namespace
 }  // namespace localpar
