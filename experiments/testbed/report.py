@@ -175,10 +175,12 @@ def evaluation_markdown(rows_, calibration):
         if r["measured_eval_s"] != "" and r["measured_s"] != "":
             key = (r["devices"], r["link_mbit"], r["method"], r["seed"])
             measured[key] = float(r["measured_eval_s"]) / float(r["measured_s"])
-    md = ["**Evaluations are part of every measured time.** Each run scores its held-out "
-          "windows after every 4,096 training windows, as the frontier does; a pipeline sends "
-          "every evaluation batch's activations over each of its links, data parallelism "
-          "sends none. The share of each method's time they take (*model*: the calibrated "
+    ev, cfg = calibration.evaluation, calibration.rows[0][0]
+    md = ["**Evaluations are part of every measured time.** Each run scores "
+          f"{ev.limit:,} held-out examples, in batches of {ev.batch}, after every "
+          f"{cfg.eval_every_steps * cfg.batch:,} training examples, as the frontier does; a "
+          "pipeline sends every evaluation batch's activations over each of its links, data "
+          "parallelism sends none. The share of each method's time they take (*model*: the calibrated "
           "model with and without them; *measured*: from the training line the coordinator "
           "writes when the last stage has trained the step before an evaluation, to the "
           "evaluation's, in runs whose metrics time every evaluation):", "",
