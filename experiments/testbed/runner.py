@@ -66,6 +66,11 @@ def run_one(args):
                if result["examples_per_second"] else "")
             + ("" if result["drained"] else
                f"; killed {args.drain_seconds:g} s after its stop (no weights or report)"))
+    evals = [p.get("eval_seconds") for p in result["points"]]
+    timed = [e for e in evals if e is not None]
+    if timed:  # the end of an epoch's test is not timed (no training line comes before it)
+        line += (f"; evaluations took {sum(timed):.1f} s of it"
+                 + (f" ({len(timed)} of {len(evals)} timed)" if len(timed) < len(evals) else ""))
     if args.target is not None:
         t = cluster.seconds_to(result["points"], args.target, text, args.hold)
         line += (f"; to {args.target:g}: {t:.1f} s" if t is not None

@@ -95,6 +95,13 @@ def main():
             check(slow["seconds"] >= 0.8 * need,
                   f"the link did not hold the run: {slow['seconds']:.1f} s at 4 Mbit/s "
                   f"(its bytes need {need:.1f} s), {fast['seconds']:.1f} s unshaped")
+            # The evaluation within the epoch is timed: the coordinator writes a training line
+            # as soon as the last stage has trained the step it follows (the test at the end
+            # of the epoch is not: no training line of its step is written before it).
+            timed = [p.get("eval_seconds") for p in slow["points"]]
+            check(timed and timed[0] is not None and 0 <= timed[0] < slow["seconds"],
+                  f"the evaluation at step 20 not timed: {timed}")
+            check("evaluations took" in r.stderr, f"the run's line: {r.stderr[-500:]}")
         check(not leftovers(), f"left after a shaped run: {leftovers()}")
         # Stopped at its budget on that link, where the coordinator feeds far ahead: killed
         # 1 s after the stop instead of draining every step fed.
