@@ -142,13 +142,12 @@ def sweep_command(args):
                         args.spec, transfer, fewest, spec.max_seconds)
     if spec.recompute_frontier:
         from experiments.testbed import recompute
-        stages_of = {}
 
-        def profile_stages(k):
-            if k not in stages_of:
-                stages_of[k] = run.frontier.profile(run.model, k, spec.device_batch,
-                                                    measure=False)["stages"]
-            return stages_of[k]
+        def profile_stages(k):  # the frontier's stage counts too (8), from its cache
+            if k not in profiles:
+                profiles[k] = run.frontier.profile(run.model, k, spec.device_batch,
+                                                   measure=False)["stages"]
+            return profiles[k]
         link = run.frontier.spec.hardware.link_gbps * 1000
         md += "\n" + recompute.markdown(run, cal, profile_stages, link)
     with open(os.path.join(args.out, "TESTBED.md"), "w") as f:

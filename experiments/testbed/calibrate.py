@@ -141,7 +141,8 @@ def features(cfg, profile_stages, share, evaluation=None):
     wire = bytes_ / rate
     if cfg.method == "OVERLAP":  # the round trip (activations there, their gradient back)
         hop = max(s.get("hop_bytes", 0.0) for s in profile_stages)  # and any exchange
-        wire = (2 * hop + bytes_ - (2 if cfg.stages > 2 else 1) * hop) / rate
+        exchange = replica_traffic(cfg, max(s["parameter_bytes"] for s in profile_stages))[1]
+        wire = (2 * hop + exchange) / rate
     f = {"compute": compute, "messages": messages, "bytes": bytes_, "wire": wire,
          "synchronous": cfg.method in SYNCHRONOUS or cfg.method == "OVERLAP"}
     if evaluation is not None and cfg.eval_every_steps:
