@@ -9,8 +9,9 @@ For fashion_mlp, fashion_resnet and shakespeare_char (deploy/jobs), GREEDY and B
     pinned (torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1: the first alone leaves
     OpenBLAS's own pool on every core);
   - two cores: `localpar run` (a local cluster, one worker per stage; wall time from the
-    coordinator's start, its final evaluation included; the job's 4 stages or --stages=2,
-    whichever is faster) against PyTorch's best two-core setting of the three tried.
+    coordinator's start, its final evaluation included; the fastest of the settings in
+    `two_core_settings`: the job's 4 stages or --stages=2, and for BACKPROP micro-batches
+    under 1F1B and ZB) against PyTorch's best two-core setting of the three tried.
 Both sides must count the same parameters (batch norm's running statistics included), or
 the benchmark stops: the twin is checked, not trusted.
 The twin is built from the job file itself (proto/job.proto, parsed with protobuf), so it has
@@ -174,12 +175,15 @@ def localpar_rate(build, work, job, rule, steps, command, extra=()):
 
 def bench_job(job_pb2, text, single):
     """The job for the benchmark: one small evaluation at the end, not thousands of
-    examples; with `single`, its network as one stage (every layer, the last stage's head)."""
+    examples, and 400 batches an epoch; with `single`, its network as one stage (every layer, the last stage's head)."""
     from google.protobuf import text_format
     job = job_pb2.Job()
     text_format.Parse(text, job)
     job.eval_limit = 128
     job.eval_every_steps = 0
+    # A whole number of batches an epoch (400, more than any case runs), so that no short
+    # last batch is too small to split into micro-batches.
+    job.data.train_limit = 400 * job.batch_size
     if not single:
         return text_format.MessageToString(job)
     merged = job_pb2.Stage()
@@ -200,6 +204,22 @@ CASES = {
     # nanoGPT's baby GPT: BACKPROP as one stage is nanoGPT's own model, step for step.
     "charlm": ("shakespeare_char", 40, {"BACKPROP": True, "GREEDY": False}),
 }
+
+
+def two_core_settings(rule):
+    """The cluster settings tried on two cores: the job's 4 stages, or regrouped into 2 (one
+    worker per core); BACKPROP also splits each batch into micro-batches, so that a stage
+    computes one while the other computes the next, under 1F1B and ZB. The gradients add up
+    to the whole batch's, so the work per example is the same (with batch norm, a
+    micro-batch's statistics replace the batch's, as in GPipe)."""
+    settings = [(), ("--stages=2",)]
+    if rule == "BACKPROP":
+        for micro in (4, 8):
+            for schedule in ("1f1b", "zb"):
+                settings.append(("--stages=2", f"--micro_batches={micro}",
+                                 f"--schedule={schedule}"))
+        settings.append(("--micro_batches=8", "--schedule=1f1b"))
+    return settings
 
 
 def main():
@@ -252,8 +272,8 @@ def main():
                                          f"{lp['parameters']:.0f}: not the same network")
                     best["lp1"] = max(best["lp1"], lp["examples_per_second"])
                     best["pt1"] = max(best["pt1"], pt["examples_per_second"])
-                    # The job's 4 stages, or regrouped into 2 (one worker per core).
-                    for extra, setting in (((), "4 workers"), (("--stages=2",), "--stages=2")):
+                    for extra in two_core_settings(rule):
+                        setting = " ".join(extra) if extra else "4 workers"
                         r = localpar_rate(build, work, job, rule, 3 * steps, "run",
                                           extra)["examples_per_second"]
                         if r > best["lp2"]:
