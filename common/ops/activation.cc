@@ -1,66 +1,49 @@
 // ReLU and GELU, forward and backward, on the CPU.
-#include <algorithm>
-#include <bit>
 #include <cstdint>
 
 #include "common/core/cpu_backend.h"
+#include "common/core/widest_vectors.h"
 #include "common/ops/activation_math.h"
+#include "common/ops/vector_gelu.h"
 
 namespace localpar {
 namespace {
 
-// tanh without a call into libm, so that the GELU loops vectorise: tanh(u) = sign(u) (1 -
-// 2 / (e^{2|u|} + 1)), with e^y from Cephes' expf (range reduction by ln 2 in two parts, a
-// degree-5 polynomial, the power of two put in the exponent bits). Within 2.5e-7 of the
-// exact tanh everywhere, which is all GELU needs (it uses 1 + tanh and 1 - tanh^2); libm's
-// tanhf, one element at a time, was half of a transformer's training step.
-inline float VectorTanh(float u) {
-  const float y = std::min(2.0f * std::fabs(u), 40.0f);  // e^40 is still a finite float
-  const int32_t n = static_cast<int32_t>(y * 1.44269504088896341f + 0.5f);  // y >= 0: floor
-  const float nf = static_cast<float>(n);
-  const float r = (y - nf * 0.693359375f) + nf * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = (p * r * r + r + 1.0f) * std::bit_cast<float>((n + 127) << 23);
-  return std::copysign(1.0f - 2.0f / (e + 1.0f), u);
-}
-
-inline float CpuGeluValue(float x) {
-  const float t = VectorTanh(kGeluC * (x + kGeluA * x * x * x));
-  return 0.5f * x * (1.0f + t);
-}
-
-inline float CpuGeluDerivative(float x) {
-  const float t = VectorTanh(kGeluC * (x + kGeluA * x * x * x));
-  const float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-}
-
-}  // namespace
-
-void CpuBackend::ReluForward(const float* x, float* y, int64_t n) {
+// The loops are built for the widest vectors the CPU has (widest_vectors.h; this file is
+// compiled with -ffp-contract=off), with the scalar code's bits.
+LP_WIDEST_VECTORS void ReluLoop(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-void CpuBackend::ReluBackward(const float* y, const float* dy, float* dx, int64_t n) {
-  // dy is loaded whatever the sign, so the select vectorises; a load only where y > 0 kept
-  // the loop scalar and branchy (10% of a fashion_resnet step, random signs mispredicting).
+// dy is loaded whatever the sign, so the select vectorises; a load only where y > 0 kept
+// the loop scalar and branchy (10% of a fashion_resnet step, random signs mispredicting).
+LP_WIDEST_VECTORS void ReluBackwardLoop(const float* y, const float* dy, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = dy[i];
     dx[i] = y[i] > 0.0f ? g : 0.0f;
   }
 }
 
-void CpuBackend::GeluForward(const float* x, float* y, int64_t n) {
+LP_WIDEST_VECTORS void GeluLoop(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = CpuGeluValue(x[i]);
 }
 
-void CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+LP_WIDEST_VECTORS void GeluBackwardLoop(const float* x, const float* dy, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * CpuGeluDerivative(x[i]);
+}
+
+}  // namespace
+
+void CpuBackend::ReluForward(const float* x, float* y, int64_t n) { ReluLoop(x, y, n); }
+
+void CpuBackend::ReluBackward(const float* y, const float* dy, float* dx, int64_t n) {
+  ReluBackwardLoop(y, dy, dx, n);
+}
+
+void CpuBackend::GeluForward(const float* x, float* y, int64_t n) { GeluLoop(x, y, n); }
+
+void CpuBackend::GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  GeluBackwardLoop(x, dy, dx, n);
 }
 
 }  // namespace localpar

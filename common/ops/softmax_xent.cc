@@ -18,8 +18,18 @@ void CpuBackend::SoftmaxXent(const float* logits, const int32_t* labels, int64_t
         argmax = c;
       }
     }
+    // Training keeps each e^(z - max) in its row of dlogits, so the gradient's pass scales
+    // them instead of computing every exponential twice (the same values, the same sum).
+    float* d = dlogits ? dlogits + r * cols : nullptr;
     float sum = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) sum += std::exp(z[c] - mx);
+    if (d) {
+      for (int64_t c = 0; c < cols; ++c) {
+        d[c] = std::exp(z[c] - mx);
+        sum += d[c];
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(z[c] - mx);
+    }
     float lse = mx + std::log(sum);
     int32_t label = labels[r];
     // Labels are validated where data enters; an out-of-range one scores as wrong and
@@ -27,11 +37,10 @@ void CpuBackend::SoftmaxXent(const float* logits, const int32_t* labels, int64_t
     bool valid = label >= 0 && label < cols;
     row_loss[r] = valid ? lse - z[label] : 0.0f;
     row_correct[r] = (valid && argmax == label) ? 1.0f : 0.0f;
-    if (dlogits) {
-      float* d = dlogits + r * cols;
+    if (d) {
       float inv = 1.0f / sum;
       for (int64_t c = 0; c < cols; ++c) {
-        float p = std::exp(z[c] - mx) * inv;
+        float p = d[c] * inv;
         d[c] = (p - (c == label ? 1.0f : 0.0f)) * grad_scale;
       }
     }

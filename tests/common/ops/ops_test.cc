@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/core/tensor.h"
 #include "common/nn/replica_sync.h"
 #include "common/ops/activation_math.h"
+#include "common/ops/vector_gelu.h"
 #include "tests/common/test_util.h"
 
 namespace localpar {
@@ -197,6 +199,34 @@ TEST(Gelu, VectorisedTanhMatchesLibm) {
   EXPECT_LT(worst_g, 1e-6);
 }
 
+// The activation loops are also built for AVX2 and AVX-512 and picked at load time; whatever
+// this machine picks must give the bits of the scalar functions, computed here one element at
+// a time (this file is built for x86-64's baseline, without FMA). An odd length runs both the
+// vector body and the scalar tail.
+TEST(Activations, EveryVectorWidthGivesTheElementwiseBits) {
+  auto cpu = MakeCpuBackend();
+  const int n = 4099;
+  const std::vector<float> x = RandomVector(n, 11, -6, 6), g = RandomVector(n, 12, -1, 1);
+  Tensor xt = Tensor::FromHost(*cpu, {n}, x), gt = Tensor::FromHost(*cpu, {n}, g);
+  Tensor y = Tensor::Empty(*cpu, {n}), dx = Tensor::Empty(*cpu, {n});
+  Tensor r = Tensor::Empty(*cpu, {n}), dr = Tensor::Empty(*cpu, {n});
+  cpu->GeluForward(xt.f32(), y.f32(), n);
+  cpu->GeluBackward(xt.f32(), gt.f32(), dx.f32(), n);
+  cpu->ReluForward(xt.f32(), r.f32(), n);
+  cpu->ReluBackward(r.f32(), gt.f32(), dr.f32(), n);
+  const std::vector<float> gy = y.ToHost(), gdx = dx.ToHost(), gr = r.ToHost(), gdr = dr.ToHost();
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  int differ = 0;
+  for (int i = 0; i < n; ++i) {
+    const float want_r = x[i] > 0.0f ? x[i] : 0.0f;
+    differ += !same(gy[i], CpuGeluValue(x[i]));
+    differ += !same(gdx[i], g[i] * CpuGeluDerivative(x[i]));
+    differ += !same(gr[i], want_r);
+    differ += !same(gdr[i], want_r > 0.0f ? g[i] : 0.0f);
+  }
+  EXPECT_EQ(differ, 0);
+}
+
 TEST(Attention, HeadPermutationsAreInversesAndCausalRowsSumToOne) {
   auto cpu = MakeCpuBackend();
   const int b = 2, t = 5, parts = 3, heads = 2, d = 4, n = b * t * parts * heads * d;
@@ -314,6 +344,39 @@ TEST(SoftmaxXent, GradientMatchesFiniteDifferences) {
     numeric[i] = static_cast<float>((total(p) - total(q)) / (2 * eps));
   }
   EXPECT_TRUE(AllClose(d.ToHost(), numeric, 1e-3f, 1e-2f));
+}
+
+// Training keeps each row's exponentials in dlogits instead of computing them twice; the
+// loss and gradient must keep the bits of the textbook two passes, written out here.
+TEST(SoftmaxXent, ComputingEachExponentialOnceKeepsTheTwoPassBits) {
+  auto cpu = MakeCpuBackend();
+  const int rows = 9, cols = 257;
+  const std::vector<float> z = RandomVector(rows * cols, 21, -8, 8);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = (r * 37) % cols;
+  Tensor zt = Tensor::FromHost(*cpu, {rows, cols}, z),
+         y = Tensor::FromHostI32(*cpu, {rows}, labels);
+  Tensor d = Tensor::Empty(*cpu, {rows, cols}), loss = Tensor::Empty(*cpu, {rows}),
+         ok = Tensor::Empty(*cpu, {rows});
+  const float scale = 0.125f;
+  cpu->SoftmaxXent(zt.f32(), y.i32(), rows, cols, scale, d.f32(), loss.f32(), ok.f32());
+  std::vector<float> want_d(z.size()), want_loss(rows);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = z.data() + r * cols;
+    float mx = row[0];
+    for (int c = 1; c < cols; ++c) mx = row[c] > mx ? row[c] : mx;
+    float sum = 0.0f;
+    for (int c = 0; c < cols; ++c) sum += std::exp(row[c] - mx);
+    want_loss[r] = mx + std::log(sum) - row[labels[r]];
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < cols; ++c) {
+      const float p = std::exp(row[c] - mx) * inv;
+      want_d[r * cols + c] = (p - (c == labels[r] ? 1.0f : 0.0f)) * scale;
+    }
+  }
+  const std::vector<float> got_d = d.ToHost(), got_loss = loss.ToHost();
+  EXPECT_EQ(std::memcmp(got_d.data(), want_d.data(), got_d.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(got_loss.data(), want_loss.data(), rows * sizeof(float)), 0);
 }
 
 TEST(Dropout, KeepsTheExpectedFractionAndScalesSurvivors) {
