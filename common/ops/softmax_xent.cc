@@ -1,6 +1,7 @@
 // Softmax cross-entropy with accuracy, on the CPU.
 #include <cmath>
 
+#include "common/core/check.h"
 #include "common/core/cpu_backend.h"
 
 namespace localpar {
@@ -8,6 +9,8 @@ namespace localpar {
 void CpuBackend::SoftmaxXent(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
                              float grad_scale, float* dlogits, float* row_loss,
                              float* row_correct) {
+  // The gradient's row holds the exponentials while the logits are still read.
+  LP_CHECK_MSG(dlogits != logits, "SoftmaxXent: dlogits must not be the logits' buffer");
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * cols;
     int64_t argmax = 0;
