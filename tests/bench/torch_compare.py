@@ -175,7 +175,8 @@ def localpar_rate(build, work, job, rule, steps, command, extra=()):
 
 def bench_job(job_pb2, text, single):
     """The job for the benchmark: one small evaluation at the end, not thousands of
-    examples, and 400 batches an epoch; with `single`, its network as one stage (every layer, the last stage's head)."""
+    examples, and 400 batches an epoch; with `single`, its network as one stage (every
+    layer, the last stage's head)."""
     from google.protobuf import text_format
     job = job_pb2.Job()
     text_format.Parse(text, job)
