@@ -28,6 +28,15 @@ Outputs under --out: jobs/, profiles/, runs/<run>/ (run.json, metrics.jsonl, run
 frontier.csv, heads.csv, checks.csv, plots/*.svg and FRONTIER.md; with --results, the
 Markdown also replaces the frontier section of that file and the plots are copied next to it.
 
+deploy/experiments/frontier_depth.json revises that sweep: backprop at 1, 2, 4, 6 and 8 blocks,
+data parallelism at B = 1024 and 2048 with schedules long enough to reach the targets, the
+grid extended past any edge a reaching point chose, and profiles measured on five occasions.
+It keeps its own cache and borrows the first sweep's runs:
+
+  deploy/frontier.py deploy/experiments/frontier_depth.json --out build/experiments/depth \
+      --localpar build/ci/localpar --cache experiments/cache/frontier_depth.jsonl \
+      --borrow experiments/cache/frontier.jsonl
+
 The code is the package experiments/ (experiments/frontier/); run this with /usr/bin/python3.
 """
 
@@ -36,6 +45,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import cli  # noqa: E402
+from experiments.common import fail  # noqa: E402
 from experiments.cache import RunCache  # noqa: E402
 from experiments.frontier import driver, runs, spec as specs  # noqa: E402
 
@@ -48,6 +58,10 @@ def main():
     p.add_argument("--cache", help="also keep each training run's result and each profile in "
                    "this file (JSON lines), by its configuration (a file to commit, so that a "
                    "sweep spans sessions and machines)")
+    p.add_argument("--borrow", action="append", default=[], metavar="CACHE",
+                   help="also read results from this cache file (another sweep's, never "
+                   "written), where --cache has none: a revised sweep reuses the runs, "
+                   "profiles and checks of the one it revises; repeatable")
     p.add_argument("--checks_only", action="store_true", help="run only the cluster checks: "
                    "checks.csv and CHECKS.md under --out (minutes, where the sweep takes days)")
     p.add_argument("--plan", action="store_true", help="run and measure nothing: say which "
@@ -64,7 +78,12 @@ def main():
         cli.check_localpar(args)
         spec = specs.load_spec(args.spec)
         # --plan writes nothing to the cache, so it may read one a running sweep appends to.
-        cache = RunCache(args.cache) if args.cache else None
+        for path in args.borrow:
+            if not os.path.isfile(path):
+                fail(f"--borrow: {path}: no such cache file")
+        if args.borrow and not args.cache:
+            fail("--borrow: needs --cache (the file this sweep's own results go to)")
+        cache = RunCache(args.cache, also=args.borrow) if args.cache else None
         ctx = runs.Context(args.localpar, args.out, spec.threads, cache, args.reuse)
         driver.run(args, ctx, spec, args.command or cli.this_command())
 

@@ -8,10 +8,11 @@ from experiments.common import rewrite, replace_frontier_section, say, write_csv
 from experiments.frontier import checks, points, report, runs
 from experiments.frontier.sweep import Plan, Sweep
 
-FRONTIER_COLUMNS = ["model", "method", "rule", "stages", "batch", "target", "reached", "bound",
-                    "lr", "lr_edge", "length", "seeds", "missed", "steps", "steps_sd",
-                    "examples", "flops_per_example", "compute_flops", "step_seconds",
-                    "time_seconds", "devices"]
+FRONTIER_COLUMNS = ["model", "method", "rule", "blocks", "stages", "batch", "target", "reached",
+                    "bound", "lr", "lr_edge", "length", "length_edge", "seeds", "missed",
+                    "steps", "steps_sd", "examples", "flops_per_example", "compute_flops",
+                    "step_seconds", "step_seconds_low", "step_seconds_high",
+                    "profile_occasions", "time_seconds", "median_seconds", "devices"]
 
 
 def checks_only(sweep):
@@ -49,11 +50,14 @@ def write_outputs(args, sweep, rows, head_rows, check_rows, depth_rows, command)
               ["model", "method", "stages", "stage", "step", "examples", "lr", "metric"])
     write_csv(os.path.join(out, "checks.csv"), check_rows, checks.CHECK_COLUMNS)
     write_csv(os.path.join(out, "depth.csv"), depth_rows,
-              ["model", "method", "shallow", "batch", "length", "lr", "lr_edge", "seeds", "best"])
+              ["model", "method", "shallow", "blocks", "batch", "length", "lr", "lr_edge",
+               "seeds", "best"])
     md = report.report_markdown(command, sweep.spec, sweep.models, rows, head_rows, check_rows,
                                 plots_dir, depth_rows, sweep.all_models,
                                 cost=report.sweep_cost(sweep.results.values()),
-                                disagreements=sweep.disagreements)
+                                disagreements=sweep.disagreements,
+                                profile_counts=[len(p.get("occasions", [p]))
+                                                for p in sweep.profiles.values()])
     with open(os.path.join(out, "FRONTIER.md"), "w") as f:
         f.write(md)
     if not args.results:

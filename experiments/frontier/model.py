@@ -67,6 +67,40 @@ def at_edge(index, count):
     return count > 1 and index in (0, count - 1)
 
 
+def continued_axis(values, steps):
+    """A grid axis (its values, sorted) continued `steps` values past each end, each step the
+    ratio of the two values nearest that end (2 for an axis of one value)."""
+    v = sorted(values)
+    up = v[-1] / v[-2] if len(v) > 1 else 2.0
+    down = v[1] / v[0] if len(v) > 1 else 2.0
+    return ([v[0] / down ** i for i in range(steps, 0, -1)] + v
+            + [v[-1] * up ** i for i in range(1, steps + 1)])
+
+
+def neighbours(axis, value):
+    """The values on either side of `value` on `axis`, None past an end."""
+    i = axis.index(value)
+    return (axis[i - 1] if i > 0 else None, axis[i + 1] if i + 1 < len(axis) else None)
+
+
+def untried_neighbours(tried, lr_axis, length_axis, setting):
+    """The settings next to `setting` ((lr factor, length)) on the continued grid that are not
+    in `tried`: [(which, neighbour)], `which` "lr" or "length", the neighbour None past the
+    end of its continued axis. A setting none of whose neighbours is missing is a local
+    optimum of the grid; one with a neighbour missing is on an edge of what was tried. An
+    axis of one value, not continued, has no edge."""
+    factor, length = setting
+    out = []
+    for which, axis, value in (("lr", lr_axis, factor), ("length", length_axis, length)):
+        if len(axis) < 2:
+            continue
+        for n in neighbours(axis, value):
+            cand = (n, length) if which == "lr" else (factor, n)
+            if n is None or cand not in tried:
+                out.append((which, None if n is None else cand))
+    return out
+
+
 def stops_paying_off(points, gain=0.9):
     """The batch size past which data parallelism stops gaining: `points` are (B, time,
     bound) in B order (bound: the time is a lower bound, the target was not reached); the
@@ -206,6 +240,24 @@ def covers(done, cfg):
     if cfg["text"]:
         return old["strictest"] <= cfg["strictest"]  # a loss: lower is stricter
     return old["strictest"] >= cfg["strictest"]
+
+
+TIMED = ("seconds", "head_seconds", "input_grad_seconds")
+
+
+def median_profile(occasions):
+    """One profile from several measurements of it: each stage's times the median over the
+    occasions (its FLOPs and bytes are the same on every one), with the occasions kept
+    under "occasions"."""
+    out = dict(occasions[0], occasions=list(occasions))
+    out["stages"] = []
+    for k, stage in enumerate(occasions[0]["stages"]):
+        merged = dict(stage)
+        for field in TIMED:
+            if field in stage:
+                merged[field] = median([o["stages"][k][field] for o in occasions])
+        out["stages"].append(merged)
+    return out
 
 
 # How far the whole network's profiled step may stray from the sum of its stages' before

@@ -56,47 +56,52 @@ plot {", ".join(lines)}
 
 
 def depth_markdown(depth_rows, models):
-    """Which targets need depth: the best the first block alone and the whole network held."""
+    """Which targets need depth: the best each depth of the data-parallel network held."""
     md = ["\n## Targets that need depth\n",
-          "Data parallelism with the whole network and with its first block alone, at the "
+          "Data parallelism with the whole network and with its first blocks alone, at the "
           "reference batch, every learning rate of the grid, trained over the longest length "
           "to its end: the best value each held for `hold` evaluations in a row, at its best "
           "learning rate (mean over the tune seeds; *edge*: at an end of the grid). A target "
           "the first block reaches does not need depth, and a frontier on it says nothing "
-          "about deep networks.\n",
-          "| model | B | examples | first block alone | whole network | targets | need depth |",
-          "|---|---|---|---|---|---|---|"]
-    pairs = []  # (model, first block's row, whole network's row)
-    for m in models:
-        rows = [r for r in depth_rows if r["model"] == m.name]
-        shallow = next((r for r in rows if r["shallow"]), None)
-        whole = next((r for r in rows if not r["shallow"]), None)
-        if shallow and whole:
-            pairs.append((m, shallow, whole))
+          "about deep networks; *half the depth* is how far the network of half the blocks "
+          "stays behind the whole one.\n"]
 
     def better(a, b, text):
         return a < b if text else a > b
-
-    def at(r):
-        return f"(lr {r['lr']:.2g}{', edge' if r['lr_edge'] else ''})"
-    for m, shallow, whole in pairs:
+    notes = []
+    for m in models:
+        rows = sorted((r for r in depth_rows if r["model"] == m.name),
+                      key=lambda r: r["blocks"])
+        whole = next((r for r in rows if not r["shallow"]), None)
+        shallow = [r for r in rows if r["shallow"]]
+        if not whole or not shallow:
+            continue
         text = m.text
-        need = [t for t in m.targets if better(t, shallow["best"], text)]
-        fmt = (lambda v: f"{v:.3f} bits/byte") if text else (lambda v: f"{100 * v:.2f}%")
-        md.append(f"| {m.name} | {whole['batch']} | {whole['length']} | "
-                  f"{fmt(shallow['best'])} {at(shallow)} | {fmt(whole['best'])} {at(whole)} | "
-                  f"{', '.join(fmt_target(t, text) for t in m.targets)} | "
-                  f"{len(need)} of {len(m.targets)} |")
-    for m, shallow, whole in pairs:
-        if not better(whole["best"], shallow["best"], m.text):
-            md.append(f"\n**{m.name}: depth does not pay.** The first block alone holds a "
-                      f"value at least as good as the whole network's, so no target needs the "
-                      f"deep network"
-                      + (", and the model is not swept." if m.depth_only else ".")
-                      + "\n")
+        fmt = (lambda v: f"{v:.3f}") if text else (lambda v: f"{100 * v:.2f}%")
+        first = shallow[0]
+        need = [t for t in m.targets if better(t, first["best"], text)]
+        half = next((r for r in rows if 2 * r["blocks"] == whole["blocks"]), None)
+        gap = ("not run" if half is None else
+               f"{half['best'] - whole['best']:+.3f} bits/byte" if text else
+               f"{100 * (half['best'] - whole['best']):+.2f} points")
+        md += [f"{m.name} ({'held-out bits per byte, lower is better' if text else 'test accuracy'}"
+               f"; B = {whole['batch']}, {whole['length']} examples; targets "
+               f"{', '.join(fmt_target(t, text) for t in m.targets)}: {len(need)} of "
+               f"{len(m.targets)} need more than the first "
+               + (f"{first['blocks']} blocks" if first["blocks"] > 1 else "block")
+               + f"; half the depth: {gap}):\n",
+               "| blocks | method | best held | lr |", "|---|---|---|---|"]
+        md += [f"| {r['blocks']} | {r['method']} | {fmt(r['best'])} | {r['lr']:.2g}"
+               f"{' (edge)' if r['lr_edge'] else ''} |" for r in rows]
+        md.append("")
+        if not better(whole["best"], first["best"], text):
+            notes.append(f"\n**{m.name}: depth does not pay.** The first block alone holds a "
+                         f"value at least as good as the whole network's, so no target needs "
+                         f"the deep network"
+                         + (", and the model is not swept." if m.depth_only else ".") + "\n")
         elif m.depth_only:
-            md.append(f"\n{m.name} is marked depth_only: not swept.\n")
-    return "\n".join(md) + "\n"
+            notes.append(f"\n{m.name} is marked depth_only: not swept.\n")
+    return "\n".join(md + notes) + "\n"
 
 
 def sweep_cost(runs):
@@ -108,7 +113,17 @@ def sweep_cost(runs):
     return len(runs), seconds / 3600, measured
 
 
-def header(command, hw, cost, disagreements):
+def occasions_text(wanted, gap_hours, counts):
+    """How often the profiles were measured: `counts` has each one's number of occasions."""
+    if wanted == 1:
+        return "one occasion"
+    have = (f"{min(counts)}" if min(counts) == max(counts) else
+            f"{min(counts)} to {max(counts)}") if counts else "none"
+    return (f"up to {wanted} separate occasions (runs of the sweep at least {gap_hours:g} h "
+            f"apart; so far {have} each)")
+
+
+def header(command, hw, cost, disagreements, profiles=(1, 0, [])):
     md = ["# The compute/time frontier\n",
           "Regenerate with\n", f"```\n{command}\n```\n",
           "Every point is in [frontier.csv](plots/frontier.csv), the heads against depth in "
@@ -139,8 +154,9 @@ def header(command, hw, cost, disagreements):
         "update, plus the gradient for the stage's input under backprop and OVERLAP, which "
         "send one upstream from every stage but the first), and links carry "
         f"{hw.link_gbps} Gbit/s with {hw.latency_us} us latency. Each profile is "
-        "measured once, one at a time, and kept with --cache, so a rerun chooses the same "
-        "points; delete the cached profiles to measure them again.\n"
+        f"measured one at a time on {occasions_text(*profiles)}, and kept with --cache, so a "
+        "rerun chooses the same points; a stage's time is its median over the occasions, and "
+        "the summary's intervals carry their spread.\n"
         "- *data parallel*: R = B / device_batch replicas of the whole network; a step is one "
         "replica's pass plus a ring all-reduce of every parameter, 2 (R - 1) / R x the bytes.\n"
         "- *pipelined backprop* (GPipe): K stages, M = B / device_batch micro-batches; a step "
@@ -171,7 +187,26 @@ def header(command, hw, cost, disagreements):
     return md
 
 
-def model_intro(m):
+def method_grids(spec, m):
+    """What some methods try beyond the model's grid, and how far the edge stage may go."""
+    out = []
+    for a in spec.methods:
+        extra = [b for b in a.batch_sizes(m) if b not in m.batch_sizes]
+        parts = [f"also B = {', '.join(map(str, extra))}"] if extra else []
+        parts += [f"lengths of {', '.join(map(str, a.lengths(m, b)))} examples at B = {b}"
+                  for b in a.batch_sizes(m) if str(b) in a.lengths_at]
+        if parts:
+            out.append(f"{a.label}: {'; '.join(parts)}")
+    text = f" Beyond that grid: {'; '.join(out)}." if out else ""
+    if m.extend_edges:
+        text += (f" A point that reaches its target on every tune seed at a setting with an "
+                 f"untried neighbour (the next learning rate or length along the grid) tries "
+                 f"that neighbour too, up to {m.extend_edges} steps past each end of the grid, "
+                 "until its choice is a local optimum of what was tried.")
+    return text
+
+
+def model_intro(m, spec=None):
     text, lr, sched = m.text, m.lr, m.schedule
     sched_text = (f"warm-up over {sched.warmup_examples} examples, then "
                   f"{sched.kind.lower()} to {sched.min_lr_fraction:g} x lr over lengths of "
@@ -194,7 +229,8 @@ def model_intro(m):
         + tuned + f"seeds {', '.join(map(str, m.seeds))} (the summary's points also {more}). "
         f"Target{'s' if len(m.targets) > 1 else ''}: "
         f"{', '.join(fmt_target(t, text) for t in m.targets)} "
-        f"({'held-out bits per byte, lower is better' if text else 'test accuracy'}).\n")
+        f"({'held-out bits per byte, lower is better' if text else 'test accuracy'})."
+        + (method_grids(spec, m) if spec else "") + "\n")
 
 
 def target_section(spec, m, mrows, target, plots_dir):
@@ -209,10 +245,12 @@ def target_section(spec, m, mrows, target, plots_dir):
         [(r["compute_flops"], r["time_seconds"]) for r in reached])}
     for r in trows:
         edge = " (edge)" if r["lr_edge"] else ""
+        length_edge = " (edge)" if r.get("length_edge") else ""
         seeds = f"{r['seeds']}" + (f", {r['missed']} missed" if r["missed"] else "")
         time_s = (">" if r["bound"] else "") + f"{r['time_seconds']:.3g}"
         md.append(f"| {r['method']} | {r['batch']} | {r['devices']} | {r['lr']:.2g}{edge} "
-                  f"| {r['length']} | {seeds} | {r['steps']:.0f} ± {r['steps_sd']:.0f} "
+                  f"| {r['length']}{length_edge} | {seeds} "
+                  f"| {r['steps']:.0f} ± {r['steps_sd']:.0f} "
                   f"| {('>' if r['bound'] else '') + fmt_flops(r['compute_flops'])} "
                   f"| {1e3 * r['step_seconds']:.3g} | {time_s} | "
                   f"{'**yes**' if id(r) in front else ''} |")
@@ -254,14 +292,16 @@ def heads_section(spec, m, hrows, plots_dir):
 
 
 def report_markdown(command, spec, models, rows, head_rows, check_rows, plots_dir,
-                    depth_rows=(), all_models=(), cost=None, disagreements=()):
-    md = header(command, spec.hardware, cost, disagreements)
+                    depth_rows=(), all_models=(), cost=None, disagreements=(),
+                    profile_counts=()):
+    md = header(command, spec.hardware, cost, disagreements,
+                (spec.profile_occasions, spec.profile_gap_hours, list(profile_counts)))
     if depth_rows:
         md.append(depth_markdown(depth_rows, all_models or models))
     for m in models:
         mrows = [r for r in rows if r["model"] == m.name]
         md.append(f"\n## {m.name}\n")
-        md.append(model_intro(m))
+        md.append(model_intro(m, spec))
         for target in m.targets:
             md += target_section(spec, m, mrows, target, plots_dir)
         md.append(summary_markdown(mrows, m.targets, m.text, m.device_batch,

@@ -11,6 +11,7 @@ import subprocess
 import time
 from typing import Optional
 
+from experiments import jobs
 from experiments.cache import RunCache
 from experiments.common import fail
 from experiments.frontier.model import covers, examples_seen, first_reaching, run_id
@@ -25,38 +26,51 @@ class Context:
     reuse: bool = False
 
 
-def profile(ctx, job, name, stages, batch, job_key, measure=True):
-    """`localpar project --json` of `job` regrouped into `stages` at `batch` rows, saved as
-    profiles/NAME.json under --out. With a cache, a profile is measured once per
-    configuration (`job_key`: the job's hash) and read back after, so a rerun picks the
-    same summary points (which compare measured step times) and trains nothing new. With
-    `measure` false, only a profile already measured (None when there is none)."""
+def profile(ctx, job, name, stages, batch, job_key, measure=True, occasions=1, gap_s=0.0,
+            invocation=""):
+    """`localpar project --json` of `job` regrouped into `stages` at `batch` rows: its
+    measurements, oldest first, as (list, whether one was measured now), each also saved
+    under --out as profiles/NAME.json. With a cache, a profile is measured on `occasions`
+    separate occasions and read back after, so a rerun picks the same summary points (which
+    compare measured step times) and trains nothing new: one run of the sweep (its
+    `invocation`) measures it at most once, at least `gap_s` seconds after the last time.
+    With `measure` false, only what was measured before (None when nothing was)."""
     path = os.path.join(ctx.out, "profiles", name + ".json")
     if ctx.reuse and os.path.exists(path):
         with open(path) as f:
-            return json.load(f)
+            saved = json.load(f)
+        return saved.get("occasions", [saved]), False
     key = {"job_hash": job_key, "stages": stages, "batch": batch, "threads": ctx.threads}
-    cache_key = f"{name}-t{ctx.threads}"
-    cached = ctx.cache.get("profile", cache_key) if ctx.cache else None
-    if cached is not None and cached.get("key") == key:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(cached["profile"], f, indent=1)
-        return dict(cached["profile"], cached=True)
-    if not measure:
-        return None
+    keys = [f"{name}-t{ctx.threads}" + (f"-o{n}" if n > 1 else "") for n in
+            range(1, occasions + 1)]
+    found = []
+    for cache_key in keys:
+        cached = ctx.cache.get("profile", cache_key) if ctx.cache else None
+        if cached is None or cached.get("key") != key:
+            break
+        found.append(cached)
+    due = (len(found) < occasions and all(c.get("invocation") != invocation for c in found)
+           and time.time() - max((c.get("measured_at", 0) for c in found), default=0) >= gap_s)
+    measured = False
+    if measure and (due or not found):
+        cmd = [ctx.localpar, "project", job, "--json", f"--stages={stages}",
+               f"--batch_size={batch}", "--project_stages=1", f"--threads={ctx.threads}"]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            fail(f"profile failed (exit {out.returncode}): {' '.join(cmd)}: "
+                 f"{out.stderr.strip()}")
+        entry = {"key": key, "profile": json.loads(out.stdout), "measured_at": time.time(),
+                 "invocation": invocation}
+        if ctx.cache:
+            ctx.cache.put("profile", keys[len(found)], entry)
+        found.append(entry)
+        measured = True
+    if not found:
+        return None, False
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    cmd = [ctx.localpar, "project", job, "--json", f"--stages={stages}",
-           f"--batch_size={batch}", "--project_stages=1", f"--threads={ctx.threads}"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        fail(f"profile failed (exit {out.returncode}): {' '.join(cmd)}: {out.stderr.strip()}")
     with open(path, "w") as f:
-        f.write(out.stdout)
-    result = json.loads(out.stdout)
-    if ctx.cache:
-        ctx.cache.put("profile", cache_key, {"key": key, "profile": result})
-    return result
+        json.dump({"occasions": [c["profile"] for c in found]}, f, indent=1)
+    return [c["profile"] for c in found], measured
 
 
 class EvalPoints:
@@ -175,12 +189,18 @@ def train_run(ctx, cfg, run_dir):
 def cluster_check(ctx, model, method, check, stages, lr):
     """A real `localpar run` cluster for check.steps steps (with check.replicas replicas of
     each of `stages` stages, each worker pinned to a CPU of its own with check.pin): its
-    report, with the measured training throughput."""
+    report, with the measured training throughput (the cache keeps what the tables use, so a
+    check measured once is read back)."""
     batch, replicas = check.batch, check.replicas
     name = (f"{model.name}-{method.rule}-K{stages}-R{replicas}-b{batch}"
             + ("-pinned" if check.pin else ""))
     run_dir = os.path.join(ctx.out, "checks", name)
     report_path = os.path.join(run_dir, "report.json")
+    key = {"job_hash": jobs.job_hash(model.job), "steps": check.steps, "lr": f"{lr:.6g}",
+           "threads": ctx.threads}
+    cached = ctx.cache.get("check", f"{name}-t{ctx.threads}") if ctx.cache else None
+    if cached is not None and cached.get("key") == key:
+        return cached
     if not (ctx.reuse and os.path.exists(report_path)):
         os.makedirs(run_dir, exist_ok=True)
         cmd = [ctx.localpar, "run", model.job, f"--rule={method.rule}",
@@ -195,13 +215,22 @@ def cluster_check(ctx, model, method, check, stages, lr):
         if code != 0:
             fail(f"cluster check failed (exit {code}): {' '.join(cmd)}; see {run_dir}/run.log")
     with open(report_path) as f:
-        return json.load(f)
+        report = json.load(f)
+    if ctx.cache:  # what the tables use, so that they are written again without a cluster
+        ctx.cache.put("check", f"{name}-t{ctx.threads}", {
+            "key": key, "steps": report["steps"],
+            "examples_per_second": report["examples_per_second"],
+            "measured_at": time.time()})
+    return report
 
 
 def mesh_exchange_rate(ctx, replicas):
     """Seconds per byte of the replicas' gradient exchange on this machine: the mesh's
     reduce-scatter and all-gather with the sum in replica order, as allreduce_bench measures
     it for a 16 MiB bucket on loopback (run once per replica count)."""
+    cached = ctx.cache.get("mesh_rate", f"R{replicas}") if ctx.cache else None
+    if cached is not None:
+        return cached["seconds_per_byte"]
     bench = os.path.join(os.path.dirname(os.path.abspath(ctx.localpar)), "bench",
                          "allreduce_bench")
     if not os.path.exists(bench):
@@ -211,4 +240,8 @@ def mesh_exchange_rate(ctx, replicas):
     reduced = re.search(r"mesh allreduce \([^)]*\):\s+([0-9.]+) ms", out.stdout)
     if out.returncode != 0 or not reduced:
         fail(f"allreduce_bench failed (exit {out.returncode}): {out.stdout}{out.stderr}")
-    return float(reduced.group(1)) * 1e-3 / (16 << 20)
+    rate = float(reduced.group(1)) * 1e-3 / (16 << 20)
+    if ctx.cache:
+        ctx.cache.put("mesh_rate", f"R{replicas}", {"seconds_per_byte": rate,
+                                                    "measured_at": time.time()})
+    return rate

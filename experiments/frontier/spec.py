@@ -19,6 +19,8 @@
       "tune_seeds": [1],          # the seeds that choose each point's setting (default: seeds)
       "seeds": [2, 3, 4], "summary_seeds": [2, 3, 4, 5, 6],   # the seeds each point reports
       "equal_devices": 16,        # the summary's equal-device comparison
+      "extend_edges": 2,          # a point that reaches its target at a setting on an edge
+                                  # of the grid tries the next ones past it, up to 2 steps
       "reference_batch": 128,     # where the per-depth head plot and the depth check are
       "depth_check": true,        # the whole network and its first block, trained to the end
       "depth_only": false         # true: the depth check alone (targets that need no depth)
@@ -30,13 +32,19 @@
       {"label": "pipelined backprop K=8", "rule": "BACKPROP", "stages": 8,
        "cost": "pipelined_backprop", "train_stages": 1},
       {"label": "GREEDY K=4", "rule": "GREEDY", "stages": 4, "cost": "local"}, ...
+      # More batch sizes for one method, and schedule lengths of its own at some of them:
+      {"label": "data parallel", ..., "extra_batch_sizes": [2048],
+       "lengths_at": {"1024": [786432, 1572864], "2048": [1572864]}}
     ],
+    "profile_occasions": 5,       # each profile measured by this many runs of the sweep,
+    "profile_gap_hours": 1,       # each at least this long after the last
     "cluster_checks": [{"model": "fashion_mlp8", "method": "GREEDY K=4", "batch": 128,
                         "steps": 300, "stages": 2, "replicas": 1, "pin": false}]
   }
 """
 
 import dataclasses
+import os
 from typing import Optional
 
 from experiments import specfile as sf
@@ -90,6 +98,7 @@ class Model:
     reference_batch: Optional[int] = sf.setting(POSITIVE, sf.positive_int, None)
     depth_check: bool = sf.setting("true or false", sf.boolean, True)
     depth_only: bool = sf.setting("true or false", sf.boolean, False)
+    extend_edges: int = sf.setting("a number of grid steps >= 0", sf.whole, 0)
     label: Optional[str] = sf.setting("a name", sf.text, None)
     lengths: list = sf.derived(factory=list)  # every run length, in examples, sorted
     name: str = sf.derived("")
@@ -111,6 +120,22 @@ class Method:
     train_stages: Optional[int] = sf.setting("must be a positive integer", sf.positive_int, None)
     first_stages: Optional[int] = sf.setting("must be a positive integer", sf.positive_int, None)
     label: Optional[str] = sf.setting("a name", sf.text, None)
+    extra_batch_sizes: list = sf.setting(
+        "a list of positive integers", lambda v: v == [] or sf.positive_ints(v), factory=list)
+    lengths_at: dict = sf.setting(
+        "an object from batch sizes (\"1024\") to non-empty lists of example counts",
+        lambda v: isinstance(v, dict) and all(
+            k.isdigit() and int(k) > 0 and sf.positive_ints(x) for k, x in v.items()),
+        factory=dict)
+
+    def batch_sizes(self, m):
+        """The batch sizes this method runs on model `m`: the model's and its own."""
+        return sorted(set(m.batch_sizes) | set(self.extra_batch_sizes))
+
+    def lengths(self, m, batch):
+        """The schedule lengths this method tries at `batch` (its own there, or the model's)."""
+        own = self.lengths_at.get(str(batch))
+        return sorted(own) if own else m.lengths
 
 
 @dataclasses.dataclass
@@ -151,6 +176,9 @@ class Spec:
     hardware: dict = sf.setting("an object (link_gbps, latency_us)",
                                 lambda v: isinstance(v, dict), factory=dict)
     cluster_checks: list = sf.setting("a list", lambda v: isinstance(v, list), factory=list)
+    profile_occasions: int = sf.setting(POSITIVE, sf.positive_int, 1)
+    profile_gap_hours: float = sf.setting("a number of hours >= 0", lambda v: isinstance(
+        v, (int, float)) and not isinstance(v, bool) and v >= 0, 1)
 
     def method(self, label):
         return next(a for a in self.methods if a.label == label)
@@ -199,6 +227,10 @@ def load_spec(path):
         if a.label in labels:
             fail(f"{path}: methods[{i}].label: {a.label} appears twice")
         labels.add(a.label)
+        for m in spec.models:
+            if any(b % m.device_batch for b in a.extra_batch_sizes):
+                fail(f"{path}: methods[{i}].extra_batch_sizes: each must be a multiple of "
+                     f"{m.name or os.path.basename(m.job)}'s device_batch ({m.device_batch})")
         methods.append(a)
     spec.methods = methods
     checks = []

@@ -20,12 +20,13 @@ def summary_points(trows, equal_devices=None):
     """The points a target's summary compares, from (row, setting) pairs of one model and
     target: the fastest backprop point and the fastest local point on ideal hardware, then
     the fastest of each with at most `equal_devices` devices (default: the ideal backprop
-    point's). Shallow baselines are not backprop points here. Points rank by their median
-    time over seeds, a seed that missed counting as infinitely long, so one missed seed of
-    five does not send a point behind every other."""
+    point's). A backprop point is a network of any depth trained by backprop, the shallow
+    ones included: the fastest that reaches the target is the baseline. Points rank by their
+    median time over seeds, a seed that missed counting as infinitely long, so one missed
+    seed of five does not send a point behind every other."""
     def fastest_of(pairs):
         return min(pairs, key=rank) if pairs else None
-    backprop = [p for p in trows if p[0]["rule"] == "BACKPROP" and not p[0]["shallow"]]
+    backprop = [p for p in trows if p[0]["rule"] == "BACKPROP"]
     local = [p for p in trows if p[0]["rule"] in LOCAL_RULES]
     bp, lo = fastest_of(backprop), fastest_of(local)
     cap = equal_devices or (bp[0]["devices"] if bp else None)
@@ -51,17 +52,38 @@ def fastest(rows, rules):
     return min(rows, key=lambda r: r["time_seconds"]) if rows else None
 
 
+def profile_spread(bp, lo, low, high):
+    """A speed-up's interval over seeds widened by the profiles' spread over the occasions
+    they were measured on: each time is steps x a step time, so the interval on log times
+    moves with the step times' ratio, and the widened one holds every pairing of the two
+    points' occasions."""
+    for r in (bp, lo):
+        if "step_range" not in r:
+            return low, high
+    (b_lo, b_hi), (l_lo, l_hi) = bp["step_range"], lo["step_range"]
+    mid = bp["step_seconds"] / lo["step_seconds"]
+    return low * (b_lo / l_hi) / mid, high * (b_hi / l_lo) / mid
+
+
+def interval(bp, lo):
+    """The 95% interval of `lo`'s speed-up over `bp`, with the profiles' spread."""
+    _, low, high = log_ratio_interval(bp["times"], lo["times"])
+    return profile_spread(bp, lo, low, high)
+
+
 def ratio_text(bp, lo, db=None):
     """The speed-up of `lo` over `bp`: the ratio of their geometric-mean times over seeds,
-    with a 95% BCa bootstrap interval on log times; a bound when either side missed its
-    target in some seed (its times then count at the budget)."""
+    with a 95% BCa bootstrap interval on log times, widened by the profiles' spread over
+    their occasions; a bound when either side missed its target in some seed (its times
+    then count at the budget)."""
     if db is not None:
         if db not in bp["by_device_batch"] or db not in lo["by_device_batch"]:
             return "n/a"
         a, b = bp["by_device_batch"][db]["times"], lo["by_device_batch"][db]["times"]
     else:
         a, b = bp["times"], lo["times"]
-    ratio, low, high = log_ratio_interval(a, b)
+    ratio = log_ratio_interval(a, b)[0]
+    low, high = interval(bp, lo) if db is None else (None, None)
     sign = ">" if bp["bound"] and not lo["bound"] else "<" if lo["bound"] and not bp[
         "bound"] else "~" if bp["bound"] else ""
     if db is not None:
@@ -78,9 +100,13 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
     out = ["\n### Summary: where local parallelism is on the frontier\n",
            "Points are ranked by their median time over seeds, a missed seed counting as "
            "infinitely long; each time is that median (model), with the seeds that reached the "
-           "target. Speed-up = the backprop point's geometric-mean time to the target / the "
-           "local point's, with a 95% BCa bootstrap interval on log times over seeds in "
-           "brackets; > or < when one side missed the target in some seed within its budget "
+           "target. The backprop points are networks of every depth trained by backprop; the "
+           "fastest that reaches the target is the baseline. Speed-up = the backprop point's "
+           "geometric-mean time to the target / the local point's, with a 95% BCa bootstrap "
+           "interval on log times over seeds in brackets, widened to hold every pairing of the "
+           "two points' profile occasions; a point whose chosen setting has an untried "
+           "neighbour says which (*lr* or *length on an edge*); > or < when one side missed the "
+           "target in some seed within its budget "
            "(its time there counts at the budget, so the ratio is a bound). *Equal "
            "devices*: the fastest point of each with at most "
            + (f"{equal_devices} devices" if equal_devices else
@@ -98,7 +124,10 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
             return "none", ""
         devices = f"{r['devices']} device{'s' if r['devices'] != 1 else ''}"
         med = r.get("median_seconds", math.inf)
-        return (f"{r['method']}, B = {r['batch']} ({devices})",
+        edge = [w for w, on in (("lr", r["lr_edge"]), ("length", r.get("length_edge")))
+                if on]
+        return (f"{r['method']}, B = {r['batch']} ({devices}"
+                + (f"; {' and '.join(edge)} on an edge" if edge else "") + ")",
                 ("missed" if med == math.inf else f"{med:.3g}") + f" ({reliability(r)})")
 
     for target in sorted(targets, reverse=text):  # loosest first
@@ -107,6 +136,7 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
         bp, lo, bpe, loe = (chosen[k] and chosen[k][0] for k in
                             ("backprop", "local", "backprop_equal", "local_equal"))
         shallow = [r for r in trows if r["shallow"]]
+        shallow = [r for r in shallow if r["blocks"] == min(x["blocks"] for x in shallow)]
         shallow_best = min(shallow, key=lambda r: rank((r, None)), default=None)
         shallow_text = ("not run" if shallow_best is None else
                         ("missed, > " if shallow_best["bound"] else "")
@@ -120,8 +150,8 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
                    f"{cell(lo)[0]} | {cell(lo)[1]} | {ideal} | {cell(bpe)[0]} | "
                    f"{cell(loe)[0]} | {equal} | {shallow_text} |{sens}")
         if bp and lo:
-            low_ideal = log_ratio_interval(bp["times"], lo["times"])[1]
-            low_equal = log_ratio_interval(bpe["times"], loe["times"])[1] if bpe and loe else None
+            low_ideal = interval(bp, lo)[0]
+            low_equal = interval(bpe, loe)[0] if bpe and loe else None
             verdicts.append((target, low_ideal, low_equal))
     out.append("")
     # Where data parallelism stops paying off, from its points' medians; a larger batch that
@@ -147,6 +177,7 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
                     line += (f"stops paying off past B = {b}: B = {nxt['batch']} is less than "
                              "1.1x faster (medians over seeds).")
             out.append(line)
+    out.append(edge_text(mrows))
     out.append("")
     if verdicts:
         both = [v for v in verdicts if v[1] > 1 and v[2] is not None and v[2] > 1]
@@ -164,12 +195,25 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
     return "\n".join(out)
 
 
+def edge_text(mrows):
+    """How many of the points that reach a target were tuned on an edge of the grid."""
+    reached = [r for r in mrows if r["reached"]]
+    if not reached:
+        return ""
+    lr = sum(1 for r in reached if r["lr_edge"])
+    length = sum(1 for r in reached if r.get("length_edge"))
+    return (f"- Edges: of the {len(reached)} points that reach a target, {lr} "
+            f"({100 * lr / len(reached):.0f}%) have an untried learning rate next to their "
+            f"chosen one and {length} ({100 * length / len(reached):.0f}%) an untried schedule "
+            "length.")
+
+
 def claim_text(trows, reached, front, target, text):
     """Where local parallelism stands on this target's frontier, with the numbers."""
     # Ranked as the summary ranks: the median over seeds, a missed seed as +infinity.
     finite = [r for r in trows if r.get("median_seconds", math.inf) < math.inf]
     local = [r for r in finite if r["rule"] in ("GREEDY", "CHUNKED", "OVERLAP")]
-    dp = [r for r in finite if r["rule"] == "BACKPROP" and not r["shallow"]]
+    dp = [r for r in finite if r["rule"] == "BACKPROP"]
     missing = sorted({r["method"] for r in trows if not r["reached"]})
     out = []
     if local and dp:

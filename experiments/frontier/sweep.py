@@ -2,15 +2,19 @@
 point's seeds and the summary's seeds. Later stages depend on earlier results; every run is
 cached by its configuration, so a sweep stopped anywhere resumes where it stopped."""
 
+import itertools
+import math
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from experiments import jobs
 from experiments.common import data_figures, model_name
 from experiments.frontier import runs
 from experiments.frontier.model import (PROFILE_TOLERANCE, at_edge, best_held, choose_setting,
-                                        first_reaching, lr_grid, profile_disagreements, run_id)
+                                        continued_axis, first_reaching, lr_grid, median_profile,
+                                        profile_disagreements, run_id, untried_neighbours)
 
 
 class Plan(Exception):
@@ -23,6 +27,8 @@ class Sweep:
         self.results = {}  # run id -> run.json
         self.asked = []  # every configuration a stage asked for
         self.profiles = {}  # (model, K, first, rows) -> `localpar project --json`
+        self.extra = {}  # (model, method, B) -> [(lr factor, length)] the edge stage added
+        self.invocation = f"{os.getpid()}-{time.time():.0f}"  # this run of the sweep
         self.unmeasured = []
         self.disagreements = []
         self.job_cache = {}
@@ -73,8 +79,38 @@ class Sweep:
                 "strictest": None if whole else min(m.targets) if m.text else max(m.targets),
                 "text": m.text, "train_examples": m.data["train_examples"]}
 
-    def settings(self, m, b):
-        return [(lr, length) for length in m.lengths for lr in lr_grid(m.lr, b)]
+    @staticmethod
+    def lr_at(m, b, factor):
+        """The learning rate of grid factor `factor` at `b`, as lr_grid computes it."""
+        return m.lr.base * math.sqrt(b / m.lr.base_batch) * factor
+
+    def grid(self, m, a, b):
+        """The settings ((lr factor, length)) method `a` tries at `b`: the spec's grid, then
+        those the edge stage added."""
+        base = [(f, length) for length in a.lengths(m, b) for f in m.lr.factors]
+        return base + self.extra.get((m.name, a.label, b), [])
+
+    def settings(self, m, a, b):
+        return [(self.lr_at(m, b, f), length) for f, length in self.grid(m, a, b)]
+
+    def axes(self, m, a, b):
+        """The grid's axes (lr factors, lengths) continued `extend_edges` steps past each
+        end (lengths only with the sweep's schedule); lengths shorter than a step or than
+        `hold` evaluations are left off."""
+        lengths = a.lengths(m, b)
+        floor = max(b, m.eval_every_examples * m.hold)
+        # Without a schedule of the sweep's, a length is only a budget: nothing to tune.
+        steps = m.extend_edges if m.schedule else 0
+        length_axis = [x for x in (round(v) for v in continued_axis(lengths, steps))
+                       if x >= floor or x in lengths]
+        return continued_axis(m.lr.factors, m.extend_edges), length_axis
+
+    def edges(self, m, a, b, index):
+        """Whether the grid setting `index` of `a` at `b` is on an edge of what was tried:
+        (an lr next to it untried, a length next to it untried)."""
+        grid = self.grid(m, a, b)
+        missing = untried_neighbours(set(grid), *self.axes(m, a, b), grid[index])
+        return (any(w == "lr" for w, _ in missing), any(w == "length" for w, _ in missing))
 
     # --- running -------------------------------------------------------------------------
 
@@ -123,11 +159,15 @@ class Sweep:
 
     def profile(self, m, k, rows, first=None, measure=True):
         """`m`'s profile with `k` stages at `rows` rows (with `first`: of its network cut
-        after that many stages)."""
+        after that many stages): the median over the occasions it was measured on, those
+        under "occasions", and "measured" when this run of the sweep measured it; None when
+        it was never measured and `measure` is false."""
         tag = f"-first{first}" if first else ""
         job = m.jobs[first] if first else m.job
-        return runs.profile(self.ctx, job, f"{m.name}{tag}-K{k}-b{rows}", k, rows,
-                            jobs.job_hash(job), measure)
+        found, measured = runs.profile(
+            self.ctx, job, f"{m.name}{tag}-K{k}-b{rows}", k, rows, jobs.job_hash(job), measure,
+            self.spec.profile_occasions, 3600 * self.spec.profile_gap_hours, self.invocation)
+        return None if found is None else dict(median_profile(found), measured=measured)
 
     # --- the stages ----------------------------------------------------------------------
 
@@ -155,6 +195,7 @@ class Sweep:
                     if best is None or m.better(value, best[0]):
                         best = (value, lr)
                 rows.append({"model": m.name, "method": a.label, "shallow": bool(a.first_stages),
+                             "blocks": a.first_stages or len(m.normalized.stages),
                              "batch": b, "length": length, "lr": best[1], "best": best[0],
                              "lr_edge": at_edge(grid.index(best[1]), len(grid)),
                              "seeds": len(m.tune_seeds)})
@@ -162,7 +203,9 @@ class Sweep:
 
     def measure_profiles(self):
         """Profiles first, one at a time, while nothing else runs: every device batch of the
-        sensitivity check, for every stage count (and shallow cut) the methods use. With
+        sensitivity check, for every stage count (and shallow cut) the methods use, each
+        measured once more while it has fewer than `profile_occasions` measurements and the
+        last is `profile_gap_hours` old (separate occasions: runs of the sweep). With
         --plan only profiles already measured: measuring beside a running sweep would skew
         the step times. A profile measured under load disagrees with the others (said here
         and in the report)."""
@@ -175,9 +218,11 @@ class Sweep:
                     if prof is None:
                         self.unmeasured.append(what)
                         continue
-                    cached = prof.pop("cached", False)
+                    measured = prof.pop("measured")
                     self.profiles[(m.name, k, first, db)] = prof
-                    print(f"profiled {what}{', cached' if cached else ''}", file=sys.stderr)
+                    print(f"profiled {what}{'' if measured else ', cached'} ("
+                          f"{len(prof['occasions'])} of {self.spec.profile_occasions} "
+                          "occasions)", file=sys.stderr)
         self.disagreements = profile_disagreements(self.profiles)
         for line in self.disagreements:
             print(f"warning: profiles disagree by more than {PROFILE_TOLERANCE:.0%} (measured "
@@ -190,22 +235,56 @@ class Sweep:
                              target, not m.text, m.hold)
         return hit[0] if hit else None
 
-    def choose(self, m, a, b, target):
-        """The setting (lr, length) of a point, chosen on the tune seeds: (index, setting)."""
+    def choose(self, m, a, b, target, hits=False):
+        """The setting (lr, length) of a point, chosen on the tune seeds: (index into the
+        grid, setting), with `hits` also the steps to target by tune seed (None: missed)."""
         candidates = [((lr, length), {seed: self.hit(m, a, b, lr, length, seed, target)
                                       for seed in m.tune_seeds})
-                      for lr, length in self.settings(m, b)]
-        index, setting, _ = choose_setting(candidates)
-        return index, setting
+                      for lr, length in self.settings(m, a, b)]
+        index, setting, steps = choose_setting(candidates)
+        return (index, setting, steps) if hits else (index, setting)
+
+    def points(self):
+        return [(m, a, b) for m in self.models for a in self.spec.methods
+                for b in a.batch_sizes(m)]
 
     def tune_and_seed(self):
-        """Every setting on the tune seeds, then each point's chosen setting on its seeds."""
-        spec, models = self.spec, self.models
-        self.run_all([self.config(m, a, b, lr, length, seed) for m in models
-                      for a in spec.methods for b in m.batch_sizes
-                      for lr, length in self.settings(m, b) for seed in m.tune_seeds],
+        """Every setting on the tune seeds, the settings past an edge, then each point's
+        chosen setting on its seeds."""
+        self.run_all([self.config(m, a, b, lr, length, seed) for m, a, b in self.points()
+                      for lr, length in self.settings(m, a, b) for seed in m.tune_seeds],
                      "tuning (every setting, on the tune seeds)")
+        self.extend_edges()
         self.run_all([self.config(m, a, b, *self.choose(m, a, b, target)[1], seed)
-                      for m in models for a in spec.methods for b in m.batch_sizes
-                      for target in m.targets for seed in m.seeds],
+                      for m, a, b in self.points() for target in m.targets
+                      for seed in m.seeds],
                      "seeds (each point's chosen setting)")
+
+    def extend_edges(self):
+        """A point that reaches its target on every tune seed at a setting on an edge of the
+        grid (an lr or length next to it untried) gets those neighbours on the tune seeds;
+        rounds go on until every such point is a local optimum of what was tried or its
+        neighbour lies past the `extend_edges` steps its model allows. A point that missed
+        says nothing about which way is better and is left as it is."""
+        for n in itertools.count(1):
+            configs = []
+            for m, a, b in self.points():
+                if not m.extend_edges:
+                    continue
+                added = self.extra.setdefault((m.name, a.label, b), [])
+                for target in m.targets:
+                    index, _, steps = self.choose(m, a, b, target, hits=True)
+                    if any(v is None for v in steps.values()):
+                        continue
+                    grid = self.grid(m, a, b)
+                    for _, cand in untried_neighbours(set(grid), *self.axes(m, a, b),
+                                                      grid[index]):
+                        if cand is None or cand in added:
+                            continue
+                        added.append(cand)
+                        configs += [self.config(m, a, b, self.lr_at(m, b, cand[0]), cand[1],
+                                                seed) for seed in m.tune_seeds]
+            if not configs:
+                return
+            self.run_all(configs, f"edges, round {n} (past a reaching point's edge, on the "
+                         "tune seeds)")

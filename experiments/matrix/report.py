@@ -17,7 +17,8 @@ def fmt_metric(value, text):
 def write_tables(out_dir, outcome):
     write_csv(os.path.join(out_dir, "results.csv"), outcome.rows,
               ["model", "arm", "rule", "lr", "stages", "seed", "metric_name", "metric",
-               "wall_seconds", "examples_per_second", "steps", "sequential_steps", "baseline"])
+               "wall_seconds", "examples_per_second", "steps", "sequential_steps", "baseline",
+               "train_flops"])
     write_csv(os.path.join(out_dir, "stages.csv"), outcome.stage_rows,
               ["model", "arm", "seed", "stage", "test_loss", "test_accuracy", "metric"])
     with open(os.path.join(out_dir, "curves.csv"), "w", newline="") as f:
@@ -134,9 +135,18 @@ def seeds_table(mrows, text, metric):
           f"per-seed gaps){ppl_note}:\n"]
     ppl = " | perplexity vs BACKPROP" if text else ""
     with_lr = any(r["lr"] != "" for r in mrows)
+    flops = {arm: [r["train_flops"] for r in mrows if r["arm"] == arm and r["train_flops"] != ""]
+             for arm in dict.fromkeys(r["arm"] for r in mrows)}
+    ref_flops = (sum(flops["BACKPROP"]) / len(flops["BACKPROP"])
+                 if flops.get("BACKPROP") else None)
+    md[-1] = md[-1].rstrip(":\n") + (
+        "; training FLOPs are 3 x the forward FLOPs of the layers and of the heads a rule "
+        "trains (every stage's under a local rule, the last one's under BACKPROP) per "
+        "example trained, mean over seeds, and their ratio to BACKPROP's:\n")
     md.append(f"| arm |{' lr |' if with_lr else ''} seeds | mean {metric} | min to max "
-              f"| mean gap to BACKPROP | 95% CI of the gap{ppl} |")
-    md.append("|---|---|---|---|---|---|" + ("---|" if text else "") + ("---|" if with_lr else ""))
+              f"| mean gap to BACKPROP | 95% CI of the gap{ppl} | training FLOPs |")
+    md.append("|---|---|---|---|---|---|---|" + ("---|" if text else "")
+              + ("---|" if with_lr else ""))
     arms = list(dict.fromkeys(r["arm"] for r in mrows))
     by_seed = {arm: {r["seed"]: r["metric"] for r in mrows if r["arm"] == arm} for arm in arms}
     unit = (lambda d: f"{d:+.3f}") if text else (lambda d: f"{100 * d:+.2f} pt")
@@ -156,6 +166,9 @@ def seeds_table(mrows, text, metric):
                  f"[{unit(ci[0])}, {unit(ci[1])}]" if ci else ""]
         if text:
             cells.append(f"{100 * (2 ** gap - 1):+.1f}%" if gap is not None else "")
+        mine = flops.get(arm)
+        cells.append("" if not mine else f"{sum(mine) / len(mine):.3g}" + (
+            f" ({sum(mine) / len(mine) / ref_flops:.2f}x)" if ref_flops else ""))
         md.append("| " + " | ".join(cells) + " |")
     return md
 

@@ -10,6 +10,7 @@ import subprocess
 from typing import Optional
 
 from experiments.common import fail, say
+from experiments.frontier.model import training_flops_per_example
 from experiments.jobs import job_hash
 
 CACHED = ("report.json", "curve.csv")
@@ -132,6 +133,28 @@ def run_one(args, cache, spec, run):
             curve = f.read()
         cache.put("run", run.id, {"config": config, "report": report, "curve_csv": curve,
                                   "cpu_seconds": cpu})
+
+
+def flops_per_example(args, cache, run, stages):
+    """Training FLOPs one example of `run` costs with `stages` stages: 3 x the forward FLOPs
+    `localpar project` counts from the shapes, of every layer and of the heads its rule
+    trains (every stage's under a local rule, the last one's under BACKPROP, whose side
+    heads are detached probes), as the frontier counts them. Kept in the cache by the job
+    and stage count."""
+    key = f"{job_hash(run.job)}-K{stages}"
+    entry = cache.get("flops", key) if cache else None
+    if entry is None:
+        cmd = [args.localpar, "project", run.job, "--json", f"--stages={stages}",
+               "--project_stages=1"]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            fail(f"{' '.join(cmd)} failed (exit {out.returncode}): {out.stderr.strip()}")
+        entry = {"stages": [{k: s[k] for k in ("forward_flops", "head_forward_flops")}
+                            for s in json.loads(out.stdout)["stages"]]}
+        if cache:
+            cache.put("flops", key, entry)
+    return training_flops_per_example(
+        entry["stages"], "data_parallel" if run.arm.rule == "BACKPROP" else "local")
 
 
 def cpu_seconds(run_dir, wall):

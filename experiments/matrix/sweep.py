@@ -119,7 +119,7 @@ def plan(args, spec, out):
     return items
 
 
-def row_of(run, report):
+def row_of(run, report, flops_per_example=None):
     m, text = run.model, run.model.text
     last = R.held_out(report["epochs"][-1])
     elapsed, timeline = 0.0, []
@@ -137,6 +137,8 @@ def row_of(run, report):
         "examples_per_second": report["examples_per_second"], "steps": report["steps"],
         "sequential_steps": R.sequential_steps(run.arm.rule, report["stages"], report["steps"]),
         "baseline": m.data["unigram_bits_per_label"] if text else "",
+        "train_flops": (flops_per_example * report["train_examples"]
+                        if flops_per_example is not None else ""),
         "timeline": timeline,
     }
 
@@ -158,7 +160,8 @@ def sweep(args, cache, spec):
                     continue
                 report, curve = R.read_run(run.dir)
                 out.curves[run.id] = curve
-                row = row_of(run, report)
+                row = row_of(run, report, R.flops_per_example(args, cache, run,
+                                                              report["stages"]))
                 out.rows.append(row)
                 for k, s in enumerate(R.held_out(report["epochs"][-1])):
                     out.stage_rows.append({"model": m.name, "arm": row["arm"], "seed": seed,

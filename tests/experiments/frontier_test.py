@@ -114,6 +114,41 @@ def test_logic(fr):
     check(fr.at_edge(0, 4) and fr.at_edge(3, 4) and not fr.at_edge(1, 4)
           and not fr.at_edge(0, 1), "grid edges")
     check(fr.median([3, 1, 2]) == 2 and fr.median([4, 1, 2, 3]) == 2.5, "median")
+    # A grid continued past its ends by the ratio of the values nearest each end.
+    check(fr.continued_axis([1, 2, 4, 8], 2) == [0.25, 0.5, 1, 2, 4, 8, 16, 32]
+          and fr.continued_axis([3], 1) == [1.5, 3, 6] and fr.continued_axis([2, 1], 0) == [1, 2],
+          "continued axes")
+    check(fr.neighbours([1, 2, 4], 1) == (None, 2) and fr.neighbours([1, 2, 4], 2) == (1, 4),
+          "neighbours on an axis")
+    # A setting is on an edge while a neighbour along either axis is untried; one past the
+    # continued axis stays an edge for good; an axis of one value has no edge.
+    lrs, lengths = [0.5, 1, 2, 4], [100, 200, 400]
+    full = {(f, n) for f in (1, 2) for n in (100, 200, 400)}
+    got = fr.untried_neighbours(full, lrs, lengths, (2, 200))
+    check(got == [("lr", (4, 200))], f"an untried lr above: {got}")
+    got = fr.untried_neighbours(full | {(4, n) for n in lengths}, lrs, lengths, (4, 200))
+    check(got == [("lr", None)], f"past the continued axis: {got}")
+    check(fr.untried_neighbours(full | {(0.5, 200)}, lrs, lengths, (1, 200)) == [],
+          "a local optimum of what was tried")
+    got = fr.untried_neighbours(full, lrs, lengths, (1, 400))
+    check(got == [("lr", (0.5, 400)), ("length", None)], f"two edges: {got}")
+    check(fr.untried_neighbours({(1, 100)}, [1], [100], (1, 100)) == [], "a one-value grid")
+    # Profiles measured on several occasions: each stage's times the median, the rest kept.
+    occ = [{"batch": 8, "stages": [{"seconds": s, "head_seconds": h, "forward_flops": 7}]}
+           for s, h in ((3.0, 0.3), (1.0, 0.2), (2.0, 0.1))]
+    med = fr.median_profile(occ)
+    check(med["stages"] == [{"seconds": 2.0, "head_seconds": 0.2, "forward_flops": 7}]
+          and med["occasions"] == occ and med["batch"] == 8, f"median profile {med}")
+    # A speed-up's interval widened by the two points' step times over their occasions:
+    # backprop's step 1.0 (0.9 to 1.2), the local point's 0.5 (0.4 to 0.5), so the ratio of
+    # steps, 2 at the medians, ranges over 1.8 to 3: the interval [1.5, 2.5] becomes
+    # [1.5 x 1.8 / 2, 2.5 x 3 / 2].
+    bp = {"step_seconds": 1.0, "step_range": (0.9, 1.2)}
+    lo = {"step_seconds": 0.5, "step_range": (0.4, 0.5)}
+    got = fr.profile_spread(bp, lo, 1.5, 2.5)
+    check(close(got[0], 1.35) and close(got[1], 3.75), f"profile spread {got}")
+    check(fr.profile_spread({"step_seconds": 1.0}, lo, 1.5, 2.5) == (1.5, 2.5),
+          "no spread without occasions")
     # The bootstrap interval of a ratio of means holds the ratio, is deterministic, and is a
     # point when every seed agrees.
     low, high = fr.bootstrap_ratio([10, 11, 12], [2, 2.2, 1.8])
@@ -185,8 +220,9 @@ def main():
                                   for k, v in vars(mod).items() if not k.startswith("_")})
     test_logic(fr)
     # The shipped sweep file is valid (a mistake there would surface hours into a sweep).
-    spec = fr.load_spec(os.path.join(source, "deploy", "experiments", "frontier.json"))
-    check(spec.models and spec.methods, "deploy/experiments/frontier.json")
+    for name in ("frontier.json", "frontier_depth.json"):
+        spec = fr.load_spec(os.path.join(source, "deploy", "experiments", name))
+        check(spec.models and spec.methods, f"deploy/experiments/{name}")
 
     with tempfile.TemporaryDirectory(prefix="localpar_frontier_") as tmp:
         job = os.path.join(tmp, "tiny.textproto")
@@ -276,8 +312,9 @@ def main():
         r2 = subprocess.run(again, capture_output=True, text=True)
         check(r2.returncode == 0 and "cached" in r2.stderr
               and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r2.stderr)
-              and not re.search(r"rows\n", r2.stderr),
-              f"a rerun trained or profiled again:\n{r2.stderr}")
+              and not re.search(r"rows \(", r2.stderr)
+              and not os.path.exists(os.path.join(tmp, "out2", "checks")),
+              f"a rerun trained, profiled or ran a cluster again:\n{r2.stderr}")
         # --plan trains and measures nothing. With every run cached it says so; with an empty
         # cache it counts the first stage's runs and names every one.
         plan = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--localpar",
@@ -368,14 +405,20 @@ def main():
 
         # Tune seeds: each point's learning rate is chosen on seed 1 alone, and the point is
         # reported over fresh seeds 2 and 3, which train only the chosen setting.
+        # The edge stage: the point reaches 0.9 at both rates on seed 1, so whichever end of
+        # the grid wins, the rate past it (factor 0.5 or 4) is tried too. Data parallelism
+        # also runs B = 32, with a budget of its own there. Profiles are wanted on 2
+        # occasions, with no gap between them.
+        dp_more = dict(methods[0], extra_batch_sizes=[32], lengths_at={"32": [3200000]})
         tuned = os.path.join(tmp, "tuned.json")
         with open(tuned, "w") as f:
-            json.dump({"name": "t", "parallel": 2,
+            json.dump({"name": "t", "parallel": 2, "profile_occasions": 2,
+                       "profile_gap_hours": 0,
                        "models": [{"job": job, "targets": [0.9], "batch_sizes": [16],
                                    "device_batch": 16, "tune_seeds": [1], "seeds": [2, 3],
                                    "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
                                    "max_examples": 4000000, "eval_every_examples": 256,
-                                   "depth_check": False},
+                                   "depth_check": False, "extend_edges": 1},
                                   # The depth check alone: both data-parallel methods over
                                   # 12800 examples each, to the end.
                                   {"job": job, "label": "tinydepth", "targets": [0.9],
@@ -383,23 +426,28 @@ def main():
                                    "lr": {"base": 0.05, "base_batch": 32, "factors": [1]},
                                    "max_examples": 12800, "eval_every_examples": 256,
                                    "depth_only": True}],
-                       "methods": methods[:2],
+                       "methods": [dp_more, methods[1]],
                        # A model that is not swept still gets its cluster checks.
                        "cluster_checks": [{"model": "tinydepth", "method": "data parallel",
                                            "batch": 16, "steps": 20}]}, f)
         out3 = os.path.join(tmp, "out3")
-        r = subprocess.run([sys.executable, os.path.join(source, "deploy", "frontier.py"),
-                            tuned, "--out", out3, "--localpar", localpar],
-                           capture_output=True, text=True)
+        tuned_cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), tuned,
+                     "--localpar", localpar, "--cache", os.path.join(tmp, "cache3.jsonl")]
+        r = subprocess.run(tuned_cmd + ["--out", out3], capture_output=True, text=True)
         check(r.returncode == 0, f"tuned sweep failed:\n{r.stderr}")
         every = {d: json.load(open(os.path.join(out3, "runs", d, "run.json")))
                  for d in os.listdir(os.path.join(out3, "runs"))}
         trained = {d: r for d, r in every.items() if d.startswith("tiny-BACKPROP-K1-b16-")}
         tune = {r["lr"]: r for r in trained.values() if r["seed"] == 1}
-        check(len(tune) == 2, f"seed 1 tunes both learning rates: {sorted(trained)}")
+        base = [0.05 * math.sqrt(16 / 32) * f for f in (1, 2)]
         steps = {lr: fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
                                        0.9, True, 2)[0] for lr, r in tune.items()}
-        best = min(steps, key=lambda lr: (steps[lr], lr))
+        won = min(base, key=lambda lr: (steps[lr], base.index(lr)))
+        past = won / 2 if won == base[0] else won * 2
+        check(len(tune) == 3 and any(close(lr, past) for lr in tune),
+              f"seed 1 tunes both rates and the one past the winner's end: {sorted(trained)}")
+        order = base + [lr for lr in tune if lr not in base]
+        best = min(order, key=lambda lr: (steps[lr], order.index(lr)))
         fresh = [r for r in trained.values() if r["seed"] != 1]
         check(sorted(r["seed"] for r in fresh) == [2, 3] and all(r["lr"] == best for r in fresh),
               f"seeds 2 and 3 train the chosen lr {best} only: {sorted(trained)}")
@@ -408,6 +456,34 @@ def main():
                                      0.9, True, 2)[0] for r in fresh) / 2
         check(int(row["seeds"]) == 2 and close(float(row["steps"]), want),
               f"the point reports the fresh seeds: {row}")
+        # The rate past the grid is at the end of the axis continued one step: an edge for
+        # good if it won, and the winner inside the grid has both neighbours tried.
+        check(row["lr_edge"] == str(best not in base) and row["length_edge"] == "False",
+              f"edges after the edge stage: {row}")
+        rows3 = list(csv.DictReader(open(os.path.join(out3, "frontier.csv"))))
+        check([(r["method"], r["batch"], r["length"]) for r in rows3 if r["batch"] == "32"]
+              == [("data parallel", "32", "3200000")] and rows3[0]["blocks"] == "2"
+              and rows3[-1]["blocks"] == "1", f"a method's own batch size and budget: {rows3}")
+        # The profiles' second occasion: a second run of the sweep measures each once more
+        # and trains nothing; a third measures nothing. The step is the median of the two.
+        out4 = os.path.join(tmp, "out4")
+        r = subprocess.run(tuned_cmd + ["--out", out4], capture_output=True, text=True)
+        profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
+        check(r.returncode == 0 and profiled and all("cached" not in p and "(2 of 2" in p
+                                                      for p in profiled)
+              and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r.stderr),
+              f"the second occasion:\n{r.stderr}")
+        again4 = list(csv.DictReader(open(os.path.join(out4, "frontier.csv"))))[0]
+        check(again4["profile_occasions"] == "2"
+              and float(again4["step_seconds_low"]) <= float(again4["step_seconds"])
+              <= float(again4["step_seconds_high"]), f"a step over two occasions: {again4}")
+        check("so far 2 each" in open(os.path.join(out4, "FRONTIER.md")).read(),
+              "FRONTIER.md counts the occasions")
+        r = subprocess.run(tuned_cmd + ["--out", os.path.join(tmp, "out5")], capture_output=True,
+                           text=True)
+        profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
+        check(r.returncode == 0 and profiled and all(", cached (2 of 2" in p for p in profiled),
+              f"a third run measures nothing:\n{r.stderr}")
         md3 = open(os.path.join(out3, "FRONTIER.md")).read()
         check("chosen on seed 1, reported over fresh seeds 2, 3" in md3,
               "FRONTIER.md states the tuning")
@@ -425,7 +501,9 @@ def main():
             check(close(float(depth[method]["best"]),
                         max(min(a, b) for a, b in zip(acc, acc[1:]))),
                   f"{method}: the best value held twice in a row")
-        check("## Targets that need depth" in md3 and "| tinydepth | 16 | 12800 |" in md3,
+        check("## Targets that need depth" in md3
+              and "tinydepth (test accuracy; B = 16, 12800 examples;" in md3
+              and "| 2 | data parallel |" in md3 and "| 1 | first block alone |" in md3,
               "FRONTIER.md has the depth table")
         check(not any(r["model"] == "tinydepth"
                       for r in csv.DictReader(open(os.path.join(out3, "frontier.csv")))),

@@ -10,6 +10,7 @@ Usage: package_test.py SOURCE_DIR [LOCALPAR_BINARY]
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -169,6 +170,7 @@ class SpecTest(unittest.TestCase):
         for name in names:
             with self.subTest(name=name):
                 loader = tspec.load_spec if name.startswith("testbed") else \
+                    fspec.load_spec if name.startswith("frontier") else \
                     loaders.get(name, mspec.load_spec)
                 loader(os.path.join(shipped, name))
 
@@ -363,11 +365,13 @@ class ShippedCacheTest(unittest.TestCase):
     def test_matrix_cache_answers_every_run_of_paper_and_lm_gap(self):
         for name in ("paper", "lm_gap"):
             with tempfile.TemporaryDirectory() as out:
+                # A copy: what the runner adds (a job's FLOP count, say) stays out of the tree.
+                cache = os.path.join(out, "matrix.jsonl")
+                shutil.copy(os.path.join(SOURCE, "experiments", "cache", "matrix.jsonl"), cache)
                 r = subprocess.run(
                     [sys.executable, os.path.join(SOURCE, "deploy", "experiment.py"),
                      os.path.join(SOURCE, "deploy", "experiments", f"{name}.json"), "--out",
-                     out, "--localpar", LOCALPAR, "--done_only", "--cache",
-                     os.path.join(SOURCE, "experiments", "cache", "matrix.jsonl")],
+                     out, "--localpar", LOCALPAR, "--done_only", "--cache", cache],
                     capture_output=True, text=True)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 md = open(os.path.join(out, "RESULTS.md")).read()

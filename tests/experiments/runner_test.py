@@ -124,6 +124,21 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
             seq = {"BACKPROP": steps * 2 * want_stages, "OVERLAP": 2 * steps + 2 * (want_stages - 1)}
             check(int(row["sequential_steps"]) == seq.get(row["rule"], steps + want_stages - 1),
                   f"{run}: sequential steps {row['sequential_steps']}")
+        # Training FLOPs: 3 x the forward FLOPs of the layers and of the heads the rule
+        # trains, per example trained; BACKPROP trains the last head, GREEDY both.
+        proj = subprocess.run([localpar, "project", lm, "--json", "--stages=2",
+                               "--project_stages=1"], capture_output=True, text=True)
+        check(proj.returncode == 0, f"project: {proj.stderr}")
+        st = json.loads(proj.stdout)["stages"]
+        layers = sum(x["forward_flops"] for x in st)
+        lm_rows = {r["arm"]: r for r in rows if r["model"] == "tiny_lm"}
+        for arm, heads in (("BACKPROP", st[1]["head_forward_flops"]),
+                           ("GREEDY", st[0]["head_forward_flops"] + st[1]["head_forward_flops"])):
+            report = json.load(open(os.path.join(out, "runs", f"tiny_lm-{arm}-seed3",
+                                                 "report.json")))
+            want = 3 * (layers + heads) * report["train_examples"]
+            check(layers > 0 and abs(float(lm_rows[arm]["train_flops"]) - want) <= 1e-9 * want,
+                  f"{arm}: training FLOPs {lm_rows[arm]['train_flops']}, want {want}")
         # Different seeds are different runs.
         a = [r["metric"] for r in rows if r["seed"] == "1"]
         b = [r["metric"] for r in rows if r["seed"] == "2"]
@@ -218,7 +233,8 @@ stages {{ layers {{ transformer_block {{ heads: 2 }} }} head {{ kind: LANGUAGE_M
                   f"{row['arm']}: reference {row['metric']} != cluster {cluster[row['arm']]}")
         log = open(os.path.join(tmp, "ref1", "runs", "tiny_lm-GREEDY-seed3", "run.log")).read()
         check(" train " in log.splitlines()[0], "the reference arm ran `localpar train`")
-        entries = [json.loads(line)["key"] for line in open(cache)]
+        entries = [json.loads(line)["key"] for line in open(cache)
+                   if json.loads(line)["kind"] == "run"]
         check(len(entries) == 3, f"cache entries: {entries}")
         r = subprocess.run(ref_cmd + ["--out", os.path.join(tmp, "ref2")], capture_output=True,
                            text=True)
