@@ -87,10 +87,14 @@ def check(name, stages, rows, coordinator_ms):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("build", nargs="?", default=os.path.join(SOURCE, "build", "ci"))
-    ap.add_argument("--jobs", default="fashion_mlp,fashion_resnet,shakespeare_char")
-    ap.add_argument("--stages", type=int_list, default=[2, 4])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("build", nargs="?", default=os.path.join(SOURCE, "build", "ci"),
+                    help="the build directory with localpar (default build/ci)")
+    ap.add_argument("--jobs", default="fashion_mlp,fashion_resnet,shakespeare_char",
+                    help="comma-separated jobs of deploy/jobs, without .textproto")
+    ap.add_argument("--stages", type=int_list, default=[2, 4],
+                    help="comma-separated stage counts of each cluster (default 2,4)")
+    ap.add_argument("--steps", type=int, default=60,
+                    help="training steps of each cluster (default 60)")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every figure is there")
     args = ap.parse_args()
     ok = True

@@ -224,16 +224,28 @@ def two_core_settings(rule):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("build", nargs="?", default="build/ci")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--cases", default="mlp,resnet,charlm")
-    ap.add_argument("--child", action="store_true")
-    ap.add_argument("--gen"), ap.add_argument("--job"), ap.add_argument("--rule")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--torch_threads", type=int, default=1)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("build", nargs="?", default="build/ci",
+                    help="the build directory with localpar (default build/ci)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternating rounds of both sides; each figure is the best (default 2)")
+    ap.add_argument("--cases", default="mlp,resnet,charlm",
+                    help="comma-separated networks: " + ", ".join(sorted(CASES)))
+    # The PyTorch side runs in a child of this script, one per setting, so that each starts
+    # with its own thread pools: these say what it trains, and for how many steps.
+    ap.add_argument("--steps", type=int, default=30, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--torch_threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gen", help=argparse.SUPPRESS)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--rule", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown:
+        ap.error(f"--cases: {', '.join(unknown)}: not one of {', '.join(sorted(CASES))}")
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
     if args.child:
         torch_child(args)
         return 0
