@@ -267,24 +267,26 @@ class Sweep:
         neighbour lies past the `extend_edges` steps its model allows. A point that missed
         says nothing about which way is better and is left as it is."""
         for n in itertools.count(1):
-            configs = []
+            added, configs = {}, []  # the grids stay as they are until the round is known
             for m, a, b in self.points():
                 if not m.extend_edges:
                     continue
-                added = self.extra.setdefault((m.name, a.label, b), [])
+                grid = self.grid(m, a, b)
+                mine = added.setdefault((m.name, a.label, b), [])
                 for target in m.targets:
                     index, _, steps = self.choose(m, a, b, target, hits=True)
                     if any(v is None for v in steps.values()):
                         continue
-                    grid = self.grid(m, a, b)
                     for _, cand in untried_neighbours(set(grid), *self.axes(m, a, b),
                                                       grid[index]):
-                        if cand is None or cand in added:
+                        if cand is None or cand in mine:
                             continue
-                        added.append(cand)
+                        mine.append(cand)
                         configs += [self.config(m, a, b, self.lr_at(m, b, cand[0]), cand[1],
                                                 seed) for seed in m.tune_seeds]
             if not configs:
                 return
+            for key, cands in added.items():
+                self.extra.setdefault(key, []).extend(cands)
             self.run_all(configs, f"edges, round {n} (past a reaching point's edge, on the "
                          "tune seeds)")
