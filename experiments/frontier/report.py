@@ -206,7 +206,7 @@ def method_grids(spec, m):
     return text
 
 
-def model_intro(m, spec=None):
+def model_intro(m, spec):
     text, lr, sched = m.text, m.lr, m.schedule
     sched_text = (f"warm-up over {sched.warmup_examples} examples, then "
                   f"{sched.kind.lower()} to {sched.min_lr_fraction:g} x lr over lengths of "
@@ -224,13 +224,16 @@ def model_intro(m, spec=None):
         f"{m.device_batch} (also {others}); "
         f"lr grid {lr.base:g} x sqrt(B / {lr.base_batch}) x "
         f"{{{', '.join(f'{f:g}' for f in lr.factors)}}}; {sched_text}; budget "
-        f"{m.max_examples} training examples; evaluated every {m.eval_every_examples} "
+        f"{m.max_examples} training examples"
+        + (" (a run's own length where a method or the edge stage gives it a longer one)"
+           if m.extend_edges or any(a.lengths_at for a in spec.methods) else "") + "; "
+        f"evaluated every {m.eval_every_examples} "
         f"examples; reached when {m.hold} evaluations in a row meet the target; "
         + tuned + f"seeds {', '.join(map(str, m.seeds))} (the summary's points also {more}). "
         f"Target{'s' if len(m.targets) > 1 else ''}: "
         f"{', '.join(fmt_target(t, text) for t in m.targets)} "
         f"({'held-out bits per byte, lower is better' if text else 'test accuracy'})."
-        + (method_grids(spec, m) if spec else "") + "\n")
+        + method_grids(spec, m) + "\n")
 
 
 def target_section(spec, m, mrows, target, plots_dir):
