@@ -1,13 +1,14 @@
 """The frontier's report: FRONTIER.md (and the section of RESULTS.md), its tables and its
 plots."""
 
+import math
 import os
 
 from experiments import plots
 from experiments.frontier.checks import checks_markdown
 from experiments.frontier.model import PROFILE_TOLERANCE, pareto
 from experiments.frontier.summary import (claim_text, fmt_flops, fmt_target, overlap_text,
-                                          summary_markdown)
+                                          reliability, summary_markdown)
 
 
 def plot_frontier(plots_dir, name, target, series, text):
@@ -179,9 +180,10 @@ def header(command, hw, cost, disagreements, profiles=(1, 0, [])):
         "and, with a schedule, a linear warm-up over `warmup_examples` then a cosine decay "
         "over the run's length (a sweep dimension: the budget is the longest). Each point is "
         "a method at one B at its best setting over the seeds (the most seeds reaching the "
-        "target, then the fewest mean steps); a learning rate at either end of the grid is "
-        "marked *(edge)*. A seed that missed counts at its budget and makes the point's time a "
-        "lower bound (>). Pipelined backprop computes the same update as backprop, so it "
+        "target, then the fewest mean steps); a chosen learning rate or length with an untried "
+        "neighbour on the grid is marked *(edge)*. Each point says in how many of its seeds it "
+        "reached the target and ranks by its median time over them, a miss counting as "
+        "infinitely long; its mean counts a miss at the budget and is then a lower bound (>). Pipelined backprop computes the same update as backprop, so it "
         "shares data parallelism's runs and differs only in cost. Runs are cached by their "
         "configuration, so the sweep resumes where it stopped.\n")
     return md
@@ -240,8 +242,9 @@ def target_section(spec, m, mrows, target, plots_dir):
     text = m.text
     trows = [r for r in mrows if r["target"] == target]
     md = [f"\n### To {fmt_target(target, text)}\n",
-          "| method | B | devices | lr | length (examples) | seeds | steps (mean ± sd) "
-          "| compute (FLOPs) | step (ms) | time to target (s) | on the frontier |",
+          "| method | B | devices | lr | length (examples) | reached in (seeds) "
+          "| steps (mean ± sd) | compute (FLOPs) | step (ms) "
+          "| time to target (s): median (mean) | on the frontier |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     reached = [r for r in trows if r["reached"]]
     front = {id(reached[i]) for i in pareto(
@@ -249,8 +252,12 @@ def target_section(spec, m, mrows, target, plots_dir):
     for r in trows:
         edge = " (edge)" if r["lr_edge"] else ""
         length_edge = " (edge)" if r.get("length_edge") else ""
-        seeds = f"{r['seeds']}" + (f", {r['missed']} missed" if r["missed"] else "")
-        time_s = (">" if r["bound"] else "") + f"{r['time_seconds']:.3g}"
+        seeds = reliability(r)
+        # Ranked by the median, a missed seed counting as infinitely long; the mean counts
+        # a miss at its budget, so it is a bound (>) then.
+        med = r.get("median_seconds", math.inf)
+        time_s = (f"{med:.3g}" if med < math.inf else "missed") + (
+            f" ({'>' if r['bound'] else ''}{r['time_seconds']:.3g})")
         md.append(f"| {r['method']} | {r['batch']} | {r['devices']} | {r['lr']:.2g}{edge} "
                   f"| {r['length']}{length_edge} | {seeds} "
                   f"| {r['steps']:.0f} ± {r['steps_sd']:.0f} "
