@@ -57,7 +57,8 @@ def write_outputs(args, sweep, rows, head_rows, check_rows, depth_rows, command)
                                 cost=report.sweep_cost(sweep.results.values()),
                                 disagreements=sweep.disagreements,
                                 profile_counts=[len(p.get("occasions", [p]))
-                                                for p in sweep.profiles.values()])
+                                                for p in sweep.profiles.values()],
+                                builds=sweep.builds)
     with open(os.path.join(out, "FRONTIER.md"), "w") as f:
         f.write(md)
     if not args.results:

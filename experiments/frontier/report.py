@@ -114,17 +114,20 @@ def sweep_cost(runs):
     return len(runs), seconds / 3600, measured
 
 
-def occasions_text(wanted, gap_hours, counts):
-    """How often the profiles were measured: `counts` has each one's number of occasions."""
+def occasions_text(wanted, gap_hours, counts, builds=()):
+    """How often the profiles were measured: `counts` has each one's number of occasions;
+    `builds` the `localpar --version` of what measured them."""
+    by = (f" by {'; '.join(sorted(builds))}" + (" (**several builds: unlike with unlike**)"
+                                                 if len(builds) > 1 else "")) if builds else ""
     if wanted == 1:
-        return "one occasion"
+        return "one occasion" + by
     have = (f"{min(counts)}" if min(counts) == max(counts) else
             f"{min(counts)} to {max(counts)}") if counts else "none"
     return (f"up to {wanted} separate occasions (runs of the sweep at least {gap_hours:g} h "
-            f"apart; so far {have} each)")
+            f"apart; so far {have} each){by}")
 
 
-def header(command, hw, cost, disagreements, profiles=(1, 0, [])):
+def header(command, hw, cost, disagreements, profiles=(1, 0, [], ())):
     md = ["# The compute/time frontier\n",
           "Regenerate with\n", f"```\n{command}\n```\n",
           "Every point is in [frontier.csv](plots/frontier.csv), the heads against depth in "
@@ -303,9 +306,9 @@ def heads_section(spec, m, hrows, plots_dir):
 
 def report_markdown(command, spec, models, rows, head_rows, check_rows, plots_dir,
                     depth_rows=(), all_models=(), cost=None, disagreements=(),
-                    profile_counts=()):
+                    profile_counts=(), builds=()):
     md = header(command, spec.hardware, cost, disagreements,
-                (spec.profile_occasions, spec.profile_gap_hours, list(profile_counts)))
+                (spec.profile_occasions, spec.profile_gap_hours, list(profile_counts), builds))
     if depth_rows:
         md.append(depth_markdown(depth_rows, all_models or models))
     for m in models:

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from typing import Optional
 
@@ -24,25 +25,35 @@ class Context:
     threads: int
     cache: Optional[RunCache] = None
     reuse: bool = False
+    # Set when the sweep stops (Ctrl-C, a failed run): runs under way are killed.
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def localpar_version(ctx):
+    """`localpar --version`: the build that measures (kept with each profile)."""
+    out = subprocess.run([ctx.localpar, "--version"], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else "?"
 
 
 def profile(ctx, job, name, stages, batch, job_key, measure=True, occasions=1, gap_s=0.0,
-            invocation=""):
+            invocation="", tag=None, version=None):
     """`localpar project --json` of `job` regrouped into `stages` at `batch` rows: its
     measurements, oldest first, as (list, whether one was measured now), each also saved
     under --out as profiles/NAME.json. With a cache, a profile is measured on `occasions`
     separate occasions and read back after, so a rerun picks the same summary points (which
     compare measured step times) and trains nothing new: one run of the sweep (its
     `invocation`) measures it at most once, at least `gap_s` seconds after the last time.
-    With `measure` false, only what was measured before (None when nothing was)."""
+    With `measure` false, only what was measured before (None when nothing was). With a
+    `tag` the measurements are kept under keys of their own, apart from another sweep's;
+    each records the `version` of the build that measured it."""
     path = os.path.join(ctx.out, "profiles", name + ".json")
     if ctx.reuse and os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
         return saved.get("occasions", [saved]), False
     key = {"job_hash": job_key, "stages": stages, "batch": batch, "threads": ctx.threads}
-    keys = [f"{name}-t{ctx.threads}" + (f"-o{n}" if n > 1 else "") for n in
-            range(1, occasions + 1)]
+    keys = [f"{name}-t{ctx.threads}" + (f"-{tag}" if tag else "") + (f"-o{n}" if n > 1 else "")
+            for n in range(1, occasions + 1)]
     found = []
     for cache_key in keys:
         cached = ctx.cache.get("profile", cache_key) if ctx.cache else None
@@ -60,7 +71,7 @@ def profile(ctx, job, name, stages, batch, job_key, measure=True, occasions=1, g
             fail(f"profile failed (exit {out.returncode}): {' '.join(cmd)}: "
                  f"{out.stderr.strip()}")
         entry = {"key": key, "profile": json.loads(out.stdout), "measured_at": time.time(),
-                 "invocation": invocation}
+                 "invocation": invocation, "version": version}
         if ctx.cache:
             ctx.cache.put("profile", keys[len(found)], entry)
         found.append(entry)
@@ -70,7 +81,7 @@ def profile(ctx, job, name, stages, batch, job_key, measure=True, occasions=1, g
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"occasions": [c["profile"] for c in found]}, f, indent=1)
-    return [c["profile"] for c in found], measured
+    return [dict(c["profile"], version=c.get("version")) for c in found], measured
 
 
 class EvalPoints:
@@ -157,6 +168,8 @@ def train_run(ctx, cfg, run_dir):
                     proc.returncode = os.waitstatus_to_exitcode(status)
                     break
                 time.sleep(0.5)
+                if ctx.stop.is_set():
+                    raise KeyboardInterrupt  # the sweep stops: so does this run (below)
                 points = evals.update()
                 if not stopped and strictest is not None and first_reaching(
                         [(s, v[-1]) for s, v in points], strictest, not text, cfg["hold"]):

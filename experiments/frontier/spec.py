@@ -37,7 +37,8 @@
        "lengths_at": {"1024": [786432, 1572864], "2048": [1572864]}}
     ],
     "profile_occasions": 5,       # each profile measured by this many runs of the sweep,
-    "profile_gap_hours": 1,       # each at least this long after the last
+    "profile_gap_hours": 1,       # each at least this long after the last,
+    "profile_tag": "depth",       # under keys of its own (not a borrowed sweep's profiles)
     "cluster_checks": [{"model": "fashion_mlp8", "method": "GREEDY K=4", "batch": 128,
                         "steps": 300, "stages": 2, "replicas": 1, "pin": false}]
   }
@@ -179,6 +180,9 @@ class Spec:
     profile_occasions: int = sf.setting(POSITIVE, sf.positive_int, 1)
     profile_gap_hours: float = sf.setting("a number of hours >= 0", lambda v: isinstance(
         v, (int, float)) and not isinstance(v, bool) and v >= 0, 1)
+    profile_tag: Optional[str] = sf.setting(
+        "a name of letters, digits and _ (this sweep's own profiles, apart from a borrowed "
+        "cache's)", lambda v: isinstance(v, str) and v.replace("_", "").isalnum(), None)
 
     def method(self, label):
         return next(a for a in self.methods if a.label == label)

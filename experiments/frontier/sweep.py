@@ -29,6 +29,8 @@ class Sweep:
         self.profiles = {}  # (model, K, first, rows) -> `localpar project --json`
         self.extra = {}  # (model, method, B) -> [(lr factor, length)] the edge stage added
         self.invocation = f"{os.getpid()}-{time.time():.0f}"  # this run of the sweep
+        self.version = None  # `localpar --version`, once something is measured
+        self.builds = set()  # the builds that measured the profiles used
         self.unmeasured = []
         self.disagreements = []
         self.job_cache = {}
@@ -136,6 +138,8 @@ class Sweep:
             return
 
         def work(item):
+            if self.ctx.stop.is_set():
+                raise KeyboardInterrupt  # picked up as the sweep stopped: not started
             rid, cfg = item
             r = runs.train_run(self.ctx, cfg, run_dir(rid))
             done[0] += 1
@@ -147,9 +151,19 @@ class Sweep:
                              + "\n")
             return rid, r
 
-        with ThreadPoolExecutor(max_workers=max(1, self.spec.parallel)) as pool:
-            for rid, r in pool.map(work, todo.items()):
+        pool = ThreadPoolExecutor(max_workers=max(1, self.spec.parallel))
+        futures = [pool.submit(work, item) for item in todo.items()]
+        try:
+            for f in futures:
+                rid, r = f.result()
                 self.results[rid] = r
+        except BaseException:
+            # Ctrl-C or a failed run: start nothing more, stop the runs under way (their
+            # threads see the flag within half a second), then go.
+            self.ctx.stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
 
     def result(self, m, a, b, lr, length, seed, whole=False):
         return self.results[run_id(self.config(m, a, b, lr, length, seed, whole))]
@@ -164,9 +178,12 @@ class Sweep:
         it was never measured and `measure` is false."""
         tag = f"-first{first}" if first else ""
         job = m.jobs[first] if first else m.job
+        if self.version is None and measure:
+            self.version = runs.localpar_version(self.ctx)
         found, measured = runs.profile(
             self.ctx, job, f"{m.name}{tag}-K{k}-b{rows}", k, rows, jobs.job_hash(job), measure,
-            self.spec.profile_occasions, 3600 * self.spec.profile_gap_hours, self.invocation)
+            self.spec.profile_occasions, 3600 * self.spec.profile_gap_hours, self.invocation,
+            self.spec.profile_tag, self.version)
         return None if found is None else dict(median_profile(found), measured=measured)
 
     # --- the stages ----------------------------------------------------------------------
@@ -223,6 +240,14 @@ class Sweep:
                     print(f"profiled {what}{'' if measured else ', cached'} ("
                           f"{len(prof['occasions'])} of {self.spec.profile_occasions} "
                           "occasions)", file=sys.stderr)
+        builds = {o.get("version") for p in self.profiles.values() for o in p["occasions"]}
+        # Profiles from before builds were recorded say nothing, unless beside recorded ones.
+        self.builds = ({b or "not recorded" for b in builds} if len(builds) > 1
+                       else builds - {None})
+        if len(self.builds) > 1:
+            print(f"warning: the profiles were measured by {len(self.builds)} builds "
+                  f"({'; '.join(sorted(self.builds))}): their step times compare unlike with "
+                  "unlike", file=sys.stderr)
         self.disagreements = profile_disagreements(self.profiles)
         for line in self.disagreements:
             print(f"warning: profiles disagree by more than {PROFILE_TOLERANCE:.0%} (measured "

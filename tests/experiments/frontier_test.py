@@ -11,9 +11,11 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import types
 
 
@@ -413,7 +415,7 @@ def main():
         tuned = os.path.join(tmp, "tuned.json")
         with open(tuned, "w") as f:
             json.dump({"name": "t", "parallel": 2, "profile_occasions": 2,
-                       "profile_gap_hours": 0,
+                       "profile_gap_hours": 0, "profile_tag": "tb",
                        "models": [{"job": job, "targets": [0.9, 0.85], "batch_sizes": [16],
                                    "device_batch": 16, "tune_seeds": [1], "seeds": [2, 3],
                                    "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
@@ -485,8 +487,15 @@ def main():
         check(again4["profile_occasions"] == "2"
               and float(again4["step_seconds_low"]) <= float(again4["step_seconds"])
               <= float(again4["step_seconds_high"]), f"a step over two occasions: {again4}")
-        check("so far 2 each" in open(os.path.join(out4, "FRONTIER.md")).read(),
-              "FRONTIER.md counts the occasions")
+        version = subprocess.run([localpar, "--version"], capture_output=True,
+                                 text=True).stdout.splitlines()[0]
+        check(f"so far 2 each) by {version}" in open(os.path.join(out4, "FRONTIER.md")).read(),
+              "FRONTIER.md counts the occasions and names the build")
+        # Under keys of the sweep's own (its tag), each with the build that measured it.
+        profs = [json.loads(line) for line in open(os.path.join(tmp, "cache3.jsonl"))]
+        profs = [p for p in profs if p["kind"] == "profile"]
+        check(len(profs) >= 4 and all("-t1-tb" in p["key"] and p["value"]["version"] == version
+                                      for p in profs), f"the tagged profiles: {profs}")
         r = subprocess.run(tuned_cmd + ["--out", os.path.join(tmp, "out5")], capture_output=True,
                            text=True)
         profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
@@ -519,6 +528,40 @@ def main():
         checked = list(csv.DictReader(open(os.path.join(out3, "checks.csv"))))
         check([(r["model"], r["method"]) for r in checked] == [("tinydepth", "data parallel")],
               f"the depth_only model's cluster check ran: {checked}")
+
+        # Ctrl-C (SIGINT to the sweep alone, as from `kill -INT`) stops it at once: the
+        # runs under way are killed, the ones queued never start, exit 130.
+        slow = os.path.join(tmp, "slow.json")
+        with open(slow, "w") as f:
+            json.dump({"name": "slow", "parallel": 2,
+                       "models": [{"job": job, "targets": [0.999], "batch_sizes": [16, 32],
+                                   "device_batch": 16, "depth_check": False,
+                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
+                                   "max_examples": 40000000, "eval_every_examples": 4096}],
+                       "methods": methods[:1]}, f)
+        slow_out = os.path.join(tmp, "slow_out")
+        proc = subprocess.Popen([sys.executable, os.path.join(source, "deploy", "frontier.py"),
+                                 slow, "--out", slow_out, "--localpar", localpar],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                os.path.isdir(os.path.join(slow_out, "runs"))
+                and len(os.listdir(os.path.join(slow_out, "runs"))) >= 2):
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            check(False, "Ctrl-C did not stop the sweep within 20 s")
+        left = subprocess.run(["pgrep", "-f", "--", f"--out={slow_out}"], capture_output=True,
+                              text=True).stdout.split()
+        started = os.listdir(os.path.join(slow_out, "runs"))
+        check(proc.returncode == 130 and not left and len(started) == 2
+              and not any(os.path.exists(os.path.join(slow_out, "runs", d, "run.json"))
+                          for d in started),
+              f"Ctrl-C: exit {proc.returncode}, runs left {left}, started {started}:\n{err}")
 
         # A bad sweep file names the field.
         with open(spec, "w") as f:
