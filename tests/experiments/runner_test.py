@@ -31,8 +31,8 @@ def main():
     from experiments.matrix.spec import load_spec
     shipped = os.path.join(source, "deploy", "experiments")
     for name in sorted(os.listdir(shipped)):
-        # frontier.json and testbed*.json are frontier.py's and testbed.py's own formats.
-        if name.endswith(".json") and name != "frontier.json" and not name.startswith("testbed"):
+        # frontier*.json and testbed*.json are frontier.py's and testbed.py's own formats.
+        if name.endswith(".json") and not name.startswith(("frontier", "testbed")):
             check(load_spec(os.path.join(shipped, name)).arms, name)
     with tempfile.TemporaryDirectory(prefix="localpar_experiment_") as tmp:
         # The shipped best local configuration of the language-model gap is the arm it names,
