@@ -33,8 +33,8 @@ data parallelism at B = 1024 and 2048 with schedules long enough to reach the ta
 grid extended past any edge a reaching point chose, and profiles measured on five occasions.
 It keeps its own cache and borrows the first sweep's runs:
 
-  deploy/frontier.py deploy/experiments/frontier_depth.json --out build/experiments/depth \
-      --localpar build/ci/localpar --cache experiments/cache/frontier_depth.jsonl \
+  deploy/frontier.py deploy/experiments/frontier_depth.json --out build/experiments/depth \\
+      --localpar build/ci/localpar --cache experiments/cache/frontier_depth.jsonl \\
       --borrow experiments/cache/frontier.jsonl
 
 The code is the package experiments/ (experiments/frontier/); run this with /usr/bin/python3.
