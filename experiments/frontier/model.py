@@ -8,10 +8,15 @@ import math
 from experiments.stats import median
 
 
+def lr_at(lr, batch, factor):
+    """The learning rate of grid factor `factor` at `batch`: base x sqrt(batch / base_batch)
+    x factor."""
+    return lr.base * math.sqrt(batch / lr.base_batch) * factor
+
+
 def lr_grid(lr, batch):
-    """The learning rates tried at `batch`: base x sqrt(batch / base_batch) x each factor."""
-    scale = math.sqrt(batch / lr.base_batch)
-    return [lr.base * scale * f for f in lr.factors]
+    """The learning rates tried at `batch`, one for each factor of the grid."""
+    return [lr_at(lr, batch, f) for f in lr.factors]
 
 
 def steps_per_epoch(train_examples, batch):

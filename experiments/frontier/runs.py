@@ -63,7 +63,7 @@ def profile(ctx, job, name, stages, batch, job_key, measure=True, occasions=1, g
     due = (len(found) < occasions and all(c.get("invocation") != invocation for c in found)
            and time.time() - max((c.get("measured_at", 0) for c in found), default=0) >= gap_s)
     measured = False
-    if measure and (due or not found):
+    if measure and due:
         cmd = [ctx.localpar, "project", job, "--json", f"--stages={stages}",
                f"--batch_size={batch}", "--project_stages=1", f"--threads={ctx.threads}"]
         out = subprocess.run(cmd, capture_output=True, text=True)

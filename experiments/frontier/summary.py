@@ -66,9 +66,9 @@ def profile_spread(bp, lo, low, high):
 
 
 def interval(bp, lo):
-    """The 95% interval of `lo`'s speed-up over `bp`, with the profiles' spread."""
-    _, low, high = log_ratio_interval(bp["times"], lo["times"])
-    return profile_spread(bp, lo, low, high)
+    """`lo`'s speed-up over `bp` and its 95% interval, with the profiles' spread."""
+    ratio, low, high = log_ratio_interval(bp["times"], lo["times"])
+    return (ratio,) + profile_spread(bp, lo, low, high)
 
 
 def ratio_text(bp, lo, db=None):
@@ -82,8 +82,9 @@ def ratio_text(bp, lo, db=None):
         a, b = bp["by_device_batch"][db]["times"], lo["by_device_batch"][db]["times"]
     else:
         a, b = bp["times"], lo["times"]
-    ratio = log_ratio_interval(a, b)[0]
-    low, high = interval(bp, lo) if db is None else (None, None)
+    # One bootstrap a ratio: the interval is only given at the main device batch.
+    ratio, low, high = interval(bp, lo) if db is None else (
+        log_ratio_interval(a, b)[0], None, None)
     sign = ">" if bp["bound"] and not lo["bound"] else "<" if lo["bound"] and not bp[
         "bound"] else "~" if bp["bound"] else ""
     if db is not None:
@@ -150,8 +151,8 @@ def summary_markdown(mrows, targets, text, device_batch=None, device_batches=(),
                    f"{cell(lo)[0]} | {cell(lo)[1]} | {ideal} | {cell(bpe)[0]} | "
                    f"{cell(loe)[0]} | {equal} | {shallow_text} |{sens}")
         if bp and lo:
-            low_ideal = interval(bp, lo)[0]
-            low_equal = interval(bpe, loe)[0] if bpe and loe else None
+            low_ideal = interval(bp, lo)[1]
+            low_equal = interval(bpe, loe)[1] if bpe and loe else None
             verdicts.append((target, low_ideal, low_equal))
     out.append("")
     # Where data parallelism stops paying off, from its points' medians; a larger batch that

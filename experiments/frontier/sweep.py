@@ -3,7 +3,6 @@ point's seeds and the summary's seeds. Later stages depend on earlier results; e
 cached by its configuration, so a sweep stopped anywhere resumes where it stopped."""
 
 import itertools
-import math
 import os
 import sys
 import time
@@ -13,7 +12,7 @@ from experiments import jobs
 from experiments.common import data_figures, model_name
 from experiments.frontier import runs
 from experiments.frontier.model import (PROFILE_TOLERANCE, at_edge, best_held, choose_setting,
-                                        continued_axis, first_reaching, lr_grid, median_profile,
+                                        continued_axis, first_reaching, lr_at, lr_grid, median_profile,
                                         profile_disagreements, run_id, untried_neighbours)
 
 
@@ -81,11 +80,6 @@ class Sweep:
                 "strictest": None if whole else min(m.targets) if m.text else max(m.targets),
                 "text": m.text, "train_examples": m.data["train_examples"]}
 
-    @staticmethod
-    def lr_at(m, b, factor):
-        """The learning rate of grid factor `factor` at `b`, as lr_grid computes it."""
-        return m.lr.base * math.sqrt(b / m.lr.base_batch) * factor
-
     def grid(self, m, a, b):
         """The settings ((lr factor, length)) method `a` tries at `b`: the spec's grid, then
         those the edge stage added."""
@@ -93,7 +87,7 @@ class Sweep:
         return base + self.extra.get((m.name, a.label, b), [])
 
     def settings(self, m, a, b):
-        return [(self.lr_at(m, b, f), length) for f, length in self.grid(m, a, b)]
+        return [(lr_at(m.lr, b, f), length) for f, length in self.grid(m, a, b)]
 
     def axes(self, m, a, b):
         """The grid's axes (lr factors, lengths) continued `extend_edges` steps past each
@@ -307,7 +301,7 @@ class Sweep:
                         if cand is None or cand in mine:
                             continue
                         mine.append(cand)
-                        configs += [self.config(m, a, b, self.lr_at(m, b, cand[0]), cand[1],
+                        configs += [self.config(m, a, b, lr_at(m.lr, b, cand[0]), cand[1],
                                                 seed) for seed in m.tune_seeds]
             if not configs:
                 return
