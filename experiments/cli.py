@@ -3,6 +3,7 @@
 import argparse
 import os
 import shlex
+import signal
 import sys
 
 from experiments.common import Failure
@@ -46,15 +47,26 @@ def this_command():
     return " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that a sweep stops as on Ctrl-C."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"signal {signum}")
+
+
 def main_of(program, body):
-    """Runs `body()`; a Failure becomes `program: message` on stderr and exit status 2, and
-    Ctrl-C exit status 130 (runs already finished are in the cache)."""
+    """Runs `body()`; a Failure becomes `program: message` on stderr and exit status 2,
+    Ctrl-C exit status 130 and SIGTERM 143 (128 + the signal), either of them once the runs
+    under way are stopped (runs already finished are in the cache)."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return body()
     except Failure as e:
         print(f"{program}: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print(f"{program}: interrupted; finished runs are kept (run it again to resume)",
+    except KeyboardInterrupt as e:
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        print(f"{program}: {how}; finished runs are kept (run it again to resume)",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + signal.SIGTERM if isinstance(e, Terminated) else 130)

@@ -16,6 +16,7 @@ import subprocess
 import time
 from typing import List, Optional
 
+from experiments.cli import Terminated
 from experiments.common import fail, say
 
 PREFIX = "lptb"
@@ -216,7 +217,7 @@ class Testbed:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise (Terminated if signum == signal.SIGTERM else KeyboardInterrupt)(f"signal {signum}")
 
 
 def _kill_netns_processes(netns):

@@ -102,6 +102,10 @@ def test_logic(fr):
     got = fr.heads_at_common_step(runs, False)
     check(got == {"A": (20, 2, [0.6, 0.55]), "B": (20, 1, [0.7])}, f"heads at step 20: {got}")
     check(fr.heads_at_common_step(runs, True)["A"] == (20, 1, [0.6, 0.5]), "lower is better")
+
+
+def test_choices(fr):
+    """How points, settings, edges and intervals are chosen, against values by hand."""
     # The Pareto front of (compute, time) points.
     check(fr.pareto([(1, 5), (2, 2), (3, 3), (5, 1), (2, 2)]) == [0, 1, 3, 4], "pareto front")
     # Two evaluations in a row: a lucky one alone does not count; the first of the two does.
@@ -212,6 +216,393 @@ stages {{ layers {{ linear {{ out_features: 8 }} }} layers {{ relu {{}} }}
 ''')
 
 
+# The methods of the first sweep, the others take some of them.
+METHODS = [
+    {"label": "data parallel", "rule": "BACKPROP", "stages": 1, "cost": "data_parallel"},
+    {"label": "first block alone", "rule": "BACKPROP", "stages": 1, "first_stages": 1,
+     "cost": "data_parallel"},
+    {"label": "pipelined K=2", "rule": "BACKPROP", "stages": 2, "train_stages": 1,
+     "cost": "pipelined_backprop"},
+    {"label": "GREEDY K=2", "rule": "GREEDY", "stages": 2, "cost": "local"},
+    {"label": "OVERLAP K=2", "rule": "OVERLAP", "stages": 2, "cost": "overlap"},
+]
+
+
+def check_project(localpar, job):
+    """`localpar project --json`: FLOPs, bytes and times per stage of the tiny job."""
+    # FLOPs from the job's shapes, by hand: 16 -> 32 (1024), head 32 -> 4 (256);
+    # 32 -> 8 (512), MLP head 8 -> 16 -> 4 (256 + 128).
+    out = subprocess.run([localpar, "project", job, "--json", "--project_stages=1,2"],
+                         capture_output=True, text=True)
+    check(out.returncode == 0, f"project --json: {out.stderr}")
+    prof = json.loads(out.stdout)
+    got = [(s["forward_flops"], s["head_forward_flops"]) for s in prof["stages"]]
+    check(got == [(1024, 256), (512, 384)], f"forward FLOPs {got}")
+    check(prof["stages"][0]["parameter_bytes"] == 4 * ((16 + 1) * 32 + (32 + 1) * 4),
+          "parameter bytes")
+    check(prof["stages"][0]["hop_bytes"] == 4 * 16 * 32, "hop bytes of a batch of 16")
+    check(all(s["seconds"] > 0 and s["head_seconds"] > 0 for s in prof["stages"]), "times")
+    check(prof["stages"][0]["input_grad_seconds"] == 0 and
+          prof["stages"][1]["input_grad_seconds"] > 0,
+          "the input gradient is timed for every stage but the first")
+    merged = json.loads(subprocess.run([localpar, "project", job, "--json", "--stages=1",
+                                        "--project_stages=1"],
+                                       capture_output=True, text=True).stdout)
+    check(len(merged["stages"]) == 1 and merged["stages"][0]["forward_flops"] == 1536
+          and merged["stages"][0]["head_forward_flops"] == 384, "--stages=1 merges")
+
+
+def run_first_sweep(source, localpar, tmp, job):
+    """The first sweep: every method, two batch sizes, two learning rates, two seeds."""
+    spec = os.path.join(tmp, "spec.json")
+    with open(spec, "w") as f:
+        json.dump({"name": "t", "parallel": 2,
+                   "models": [{"job": job, "targets": [0.5, 0.9], "batch_sizes": [16, 64],
+                               "device_batch": 16, "device_batches": [16, 32],
+                               "seeds": [1, 2], "summary_seeds": [1, 2, 3],
+                               "depth_check": False,
+                               "schedule": {"kind": "COSINE", "warmup_examples": 64,
+                                            "min_lr_fraction": 0.1,
+                                            "lengths": [4000000]},
+                               "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
+                               "max_examples": 4000000, "eval_every_examples": 256}],
+                   "methods": METHODS,
+                   "cluster_checks": [{"model": "tiny", "method": "GREEDY K=2", "batch": 64,
+                                       "steps": 20},
+                                      {"model": "tiny", "method": "data parallel",
+                                       "batch": 64, "steps": 20, "replicas": 2,
+                                       "pin": True}]}, f)
+    out = os.path.join(tmp, "out")
+    results = os.path.join(tmp, "doc", "RESULTS.md")
+    os.makedirs(os.path.dirname(results))
+    with open(results, "w") as f:
+        f.write("# Results\n\nkept above\n")
+    cache = os.path.join(tmp, "cache.jsonl")
+    cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--out", out,
+           "--localpar", localpar, "--results", results, "--cache", cache]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    check(r.returncode == 0, f"frontier failed:\n{r.stderr}")
+    return spec, out, cmd, results, cache
+
+
+def check_first_runs(tmp, cmd, out):
+    rows = list(csv.DictReader(open(os.path.join(out, "frontier.csv"))))
+    check(len(rows) == 5 * 2 * 2, f"{len(rows)} points, want 20")
+    runs = {}
+    for d in os.listdir(os.path.join(out, "runs")):
+        runs[d] = json.load(open(os.path.join(out, "runs", d, "run.json")))
+    # 4 trainings (pipelined backprop shares backprop's) x 2 B x 2 lr x 2 seeds, and the
+    # summary's points a third seed each.
+    base = [r for r in runs.values() if r["seed"] in (1, 2)]
+    check(len(base) == 4 * 2 * 2 * 2, f"{len(base)} runs with seeds 1 and 2")
+    check(any(r["seed"] == 3 for r in runs.values()), "the summary's points get seed 3")
+    for run in runs.values():
+        # A target that is met stops the run long before its 4000000 examples.
+        check(run["stopped_at_target"], f"run not stopped at its target: {run}")
+        check(run["points"][-1]["step"] < 4000000 // run["batch"], "ran to the end")
+        # Warm-up and cosine decay, in the job the run trained.
+        job_text = open(os.path.join(out, run["config"]["job"])).read()
+        check(f"warmup_steps: {round(64 / run['batch'])}" in job_text and "COSINE" in job_text,
+              f"the run's schedule: {run['config']['job']}")
+    shallow = [r for r in runs.values() if r["config"]["first_stages"] == 1]
+    check(shallow and all(len(r["points"][0]["metrics"]) == 1 for r in shallow),
+          "the shallow baseline trains the first stage alone")
+    # A second invocation, elsewhere, finds every run in the cache by its configuration.
+    again = [a if a != out else os.path.join(tmp, "out2") for a in cmd]
+    r2 = subprocess.run(again, capture_output=True, text=True)
+    check(r2.returncode == 0 and "cached" in r2.stderr
+          and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r2.stderr)
+          and not re.search(r"rows \(", r2.stderr)
+          and not os.path.exists(os.path.join(tmp, "out2", "checks")),
+          f"a rerun trained, profiled or ran a cluster again:\n{r2.stderr}")
+    return rows, runs
+
+
+def check_plan(source, localpar, tmp, spec, cache):
+    # --plan trains and measures nothing. With every run cached it says so; with an empty
+    # cache it counts the first stage's runs and names every one.
+    plan = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--localpar",
+            localpar, "--plan"]
+    p1 = subprocess.run(plan + ["--out", os.path.join(tmp, "plan1"), "--cache", cache],
+                        capture_output=True, text=True)
+    check(p1.returncode == 0 and "seeds (each point's chosen setting): " in p1.stdout
+          and "every run is done" in p1.stdout, f"a plan of a finished sweep:\n{p1.stdout}")
+    p2 = subprocess.run(plan + ["--out", os.path.join(tmp, "plan2"), "--cache",
+                                os.path.join(tmp, "empty")], capture_output=True, text=True)
+    listed = re.findall(r"^  (tiny-\S+-s[12])$", p2.stdout, re.M)
+    check(p2.returncode == 0
+          and "tuning (every setting, on the tune seeds): 0 of 32 runs done" in p2.stdout
+          and len(listed) == 32 and "every run is done" not in p2.stdout
+          and not os.path.exists(os.path.join(tmp, "plan2", "runs"))
+          and not os.path.exists(os.path.join(tmp, "empty")),
+          f"a plan with nothing done:\n{p2.stdout}\n{p2.stderr}")
+
+
+def check_points(fr, rows, runs):
+    """Each point of frontier.csv against its runs, worked out again here."""
+    for row in rows:
+        if row["reached"] != "True":
+            continue
+        b, target = int(row["batch"]), float(row["target"])
+        rule = row["rule"]
+        k = 1 if rule == "BACKPROP" else 2
+        first = "-first1" if row["method"] == "first block alone" else ""
+        # The best learning rate over both seeds: the fewest mean steps to two evaluations
+        # in a row at the target.
+        best = None
+        for lr in fr.lr_grid(fr.LrGrid(base=0.05, base_batch=32, factors=[1, 2]), b):
+            steps = []
+            for seed in (1, 2):
+                run = runs[f"tiny-{rule}-K{k}{first}-b{b}-lr{lr:.6g}-n4000000-s{seed}"]
+                hit = fr.first_reaching([(p["step"], p["metrics"][-1]) for p in run["points"]],
+                                        target, True, 2)
+                steps.append(hit[0])
+            if best is None or sum(steps) / 2 < best[0]:
+                best = (sum(steps) / 2, lr)
+        if int(row["seeds"]) == 2:
+            check(close(float(row["steps"]), best[0]),
+                  f"{row['method']} B={b}: steps {row['steps']}, want {best[0]}")
+        check(close(float(row["lr"]), best[1]), f"{row['method']} B={b}: lr")
+        per = {"BACKPROP": 3 * (1536 + 384), "GREEDY": 3 * (1536 + 256 + 384),
+               "OVERLAP": 3 * (1536 + 256 + 384)}[rule]
+        if first:
+            per = 3 * (1024 + 256)
+        check(float(row["flops_per_example"]) == per, f"{row['method']}: FLOPs per example")
+        check(close(float(row["compute_flops"]), int(row["examples"]) * per),
+              "compute = examples x FLOPs per example")
+        fill = 1 if rule in ("GREEDY", "OVERLAP") else 0
+        check(close(float(row["time_seconds"]),
+                    (float(row["steps"]) + fill) * float(row["step_seconds"])),
+              "time = (mean steps + fill) x step")
+        devices = {"data parallel": b // 16, "first block alone": b // 16,
+                   "pipelined K=2": 2}.get(row["method"], 2 * b // 16)
+        check(int(row["devices"]) == devices, f"{row['method']} B={b}: devices")
+
+
+def check_report(tmp, out, results, runs, cmd):
+    """The cluster checks, RESULTS.md's section and its plots, and --reuse."""
+    checks = list(csv.DictReader(open(os.path.join(out, "checks.csv"))))
+    check(len(checks) == 2 and all(float(c["measured_step_ms"]) > 0 for c in checks),
+          "cluster checks")
+    # The pinned check with replicas: two workers, a core each, and an exchange term.
+    check(checks[1]["pinned"] == "True" and checks[1]["replicas"] == "2"
+          and float(checks[1]["predicted_exchange_ms"]) > 0, f"pinned check: {checks[1]}")
+    check(checks[0]["pinned"] == "False"
+          and float(checks[0]["predicted_exchange_ms"]) == 0, f"shared check: {checks[0]}")
+    md = open(results).read()
+    check(md.startswith("# Results\n\nkept above\n"), "the rest of RESULTS.md was lost")
+    # The section's cost: every training run's own CPU time, added up.
+    cpu = sum(r["cpu_seconds"] for r in runs.values())
+    check(all(0 < r["cpu_seconds"] < 4 * r["seconds"] + 1 for r in runs.values()),
+          "each run's CPU time")
+    check(f"Cost: {len(runs)} training runs, {cpu / 3600:.1f} CPU core-hours (their CPU "
+          f"time;" in md, "the cost line")
+    for t in ("50%", "90%"):
+        check(f"### To {t}" in md, f"no table for the {t} target")
+    for said in ("speed-up, ideal hardware", "speed-up, equal devices", "x** [",
+                 "data parallelism", "Verdict for this model", "first block alone"):
+        check(said in md, f"the summary lacks {said!r}")
+    for plot in ("tiny_frontier_0_5.svg", "tiny_frontier_0_9.svg", "tiny_heads_by_depth.svg"):
+        path = os.path.join(tmp, "doc", "results", plot)
+        check(os.path.exists(path) and "<svg" in open(path).read(), f"no plot {plot}")
+        check(f"](results/{plot})" in md, f"RESULTS.md does not show {plot}")
+
+    # Again with --reuse: nothing reruns, and the section is replaced, not appended.
+    before = {d: os.path.getmtime(os.path.join(out, "runs", d, "run.json")) for d in runs}
+    r = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True)
+    check(r.returncode == 0, f"--reuse failed: {r.stderr}")
+    check(all(os.path.getmtime(os.path.join(out, "runs", d, "run.json")) == t
+              for d, t in before.items()), "--reuse reran runs")
+    check(open(results).read().count("frontier: begin") == 1, "section appended twice")
+
+
+def run_tuned_sweep(source, localpar, tmp, job):
+    # Tune seeds: each point's learning rate is chosen on seed 1 alone, and the point is
+    # reported over fresh seeds 2 and 3, which train only the chosen setting.
+    # The edge stage: the point reaches 0.9 at both rates on seed 1, so whichever end of
+    # the grid wins, the rate past it (factor 0.5 or 4) is tried too. Data parallelism
+    # also runs B = 32, with a budget of its own there. Profiles are wanted on 2
+    # occasions, with no gap between them.
+    dp_more = dict(METHODS[0], extra_batch_sizes=[32], lengths_at={"32": [3200000]})
+    tuned = os.path.join(tmp, "tuned.json")
+    with open(tuned, "w") as f:
+        json.dump({"name": "t", "parallel": 2, "profile_occasions": 2,
+                   "profile_gap_hours": 0, "profile_tag": "tb",
+                   "models": [{"job": job, "targets": [0.9, 0.85], "batch_sizes": [16],
+                               "device_batch": 16, "tune_seeds": [1], "seeds": [2, 3],
+                               "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
+                               "max_examples": 4000000, "eval_every_examples": 256,
+                               "depth_check": False, "extend_edges": 1},
+                              # The depth check alone: both data-parallel methods over
+                              # 12800 examples each, to the end.
+                              {"job": job, "label": "tinydepth", "targets": [0.9],
+                               "batch_sizes": [16], "device_batch": 16, "tune_seeds": [1],
+                               "lr": {"base": 0.05, "base_batch": 32, "factors": [1]},
+                               "max_examples": 12800, "eval_every_examples": 256,
+                               "depth_only": True}],
+                   "methods": [dp_more, METHODS[1]],
+                   # A model that is not swept still gets its cluster checks.
+                   "cluster_checks": [{"model": "tinydepth", "method": "data parallel",
+                                       "batch": 16, "steps": 20}]}, f)
+    out3 = os.path.join(tmp, "out3")
+    tuned_cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), tuned,
+                 "--localpar", localpar, "--cache", os.path.join(tmp, "cache3.jsonl")]
+    r = subprocess.run(tuned_cmd + ["--out", out3], capture_output=True, text=True)
+    check(r.returncode == 0, f"tuned sweep failed:\n{r.stderr}")
+    every = {d: json.load(open(os.path.join(out3, "runs", d, "run.json")))
+             for d in os.listdir(os.path.join(out3, "runs"))}
+    return tuned_cmd, out3, every
+
+
+def check_tuning(fr, every, out3):
+    """The tuned sweep's learning rates, its fresh seeds and its edges."""
+    trained = {d: r for d, r in every.items() if d.startswith("tiny-BACKPROP-K1-b16-")}
+    tune = {r["lr"]: r for r in trained.values() if r["seed"] == 1}
+    base = [0.05 * math.sqrt(16 / 32) * f for f in (1, 2)]
+    hits = {lr: fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                                  0.9, True, 2) for lr, r in tune.items()}
+    steps = {lr: hit[0] if hit else math.inf for lr, hit in hits.items()}
+    won = min(base, key=lambda lr: (steps[lr], base.index(lr)))
+    past = won / 2 if won == base[0] else won * 2
+    # (0.85 may choose the other end, and add the rate past that one.)
+    check(len(tune) in (3, 4) and any(close(lr, past) for lr in tune)
+          and all(lr in base or close(lr, base[0] / 2) or close(lr, base[1] * 2)
+                  for lr in tune),
+          f"seed 1 tunes both rates and the one past the winner's end: {sorted(trained)}")
+    # The grid in its order (ties go to the first): the spec's rates, the one past 0.9's
+    # winner, then any that 0.85 added.
+    order = base + [lr for lr in tune if close(lr, past)] + [
+        lr for lr in tune if lr not in base and not close(lr, past)]
+    best = min(order, key=lambda lr: (steps[lr], order.index(lr)))
+    fresh = [r for r in trained.values() if r["seed"] != 1 and r["lr"] == best]
+    check(sorted(r["seed"] for r in fresh) == [2, 3]
+          and all(r["lr"] in tune for r in trained.values()),
+          f"seeds 2 and 3 train the chosen lr {best}: {sorted(trained)}")
+    row = list(csv.DictReader(open(os.path.join(out3, "frontier.csv"))))[0]
+    want = sum(fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
+                                 0.9, True, 2)[0] for r in fresh) / 2
+    check(int(row["seeds"]) == 2 and close(float(row["steps"]), want),
+          f"the point reports the fresh seeds: {row}")
+    # The rate past the grid is at the end of the axis continued one step: an edge for
+    # good if it won, and the winner inside the grid has both neighbours tried.
+    check(row["lr_edge"] == str(best not in base) and row["length_edge"] == "False",
+          f"edges after the edge stage: {row}")
+    rows3 = list(csv.DictReader(open(os.path.join(out3, "frontier.csv"))))
+    check([(r["method"], r["batch"], r["length"]) for r in rows3 if r["batch"] == "32"]
+          == [("data parallel", "32", "3200000")] * 2 and rows3[0]["blocks"] == "2"
+          and rows3[-1]["blocks"] == "1", f"a method's own batch size and budget: {rows3}")
+
+
+def check_occasions(localpar, tmp, tuned_cmd, out3):
+    # The profiles' second occasion: a second run of the sweep measures each once more
+    # and trains nothing; a third measures nothing. The step is the median of the two.
+    out4 = os.path.join(tmp, "out4")
+    r = subprocess.run(tuned_cmd + ["--out", out4], capture_output=True, text=True)
+    profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
+    check(r.returncode == 0 and profiled and all("cached" not in p and "(2 of 2" in p
+                                                  for p in profiled)
+          and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r.stderr),
+          f"the second occasion:\n{r.stderr}")
+    again4 = list(csv.DictReader(open(os.path.join(out4, "frontier.csv"))))[0]
+    check(again4["profile_occasions"] == "2"
+          and float(again4["step_seconds_low"]) <= float(again4["step_seconds"])
+          <= float(again4["step_seconds_high"]), f"a step over two occasions: {again4}")
+    version = subprocess.run([localpar, "--version"], capture_output=True,
+                             text=True).stdout.splitlines()[0]
+    check(f"so far 2 each) by {version}" in open(os.path.join(out4, "FRONTIER.md")).read(),
+          "FRONTIER.md counts the occasions and names the build")
+    # Under keys of the sweep's own (its tag), each with the build that measured it.
+    profs = [json.loads(line) for line in open(os.path.join(tmp, "cache3.jsonl"))]
+    profs = [p for p in profs if p["kind"] == "profile"]
+    check(len(profs) >= 4 and all("-t1-tb" in p["key"] and p["value"]["version"] == version
+                                  for p in profs), f"the tagged profiles: {profs}")
+    r = subprocess.run(tuned_cmd + ["--out", os.path.join(tmp, "out5")], capture_output=True,
+                       text=True)
+    profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
+    check(r.returncode == 0 and profiled and all(", cached (2 of 2" in p for p in profiled),
+          f"a third run measures nothing:\n{r.stderr}")
+    md3 = open(os.path.join(out3, "FRONTIER.md")).read()
+    check("chosen on seed 1, reported over fresh seeds 2, 3" in md3,
+          "FRONTIER.md states the tuning")
+
+
+def check_depth(every, out3):
+    md3 = open(os.path.join(out3, "FRONTIER.md")).read()
+    # The depth check: both methods trained to the end of their 12800 examples (800
+    # steps), never stopped at the target, and the best value each held 2 evaluations
+    # in a row; a depth_only model gets no frontier points.
+    depth = {r["method"]: r for r in csv.DictReader(open(os.path.join(out3, "depth.csv")))
+             if r["model"] == "tinydepth"}
+    check(sorted(depth) == ["data parallel", "first block alone"], f"depth rows: {depth}")
+    for method, first in (("data parallel", ""), ("first block alone", "-first1")):
+        run = every[f"tinydepth-BACKPROP-K1{first}-b16-lr0.0353553-n12800-s1"]
+        acc = [p["metrics"][-1] for p in run["points"]]
+        check(not run["stopped_at_target"] and run["points"][-1]["step"] == 800,
+              f"{method}: the depth run trains to its end")
+        check(close(float(depth[method]["best"]),
+                    max(min(a, b) for a, b in zip(acc, acc[1:]))),
+              f"{method}: the best value held twice in a row")
+    check("## Targets that need depth" in md3
+          and "tinydepth (test accuracy; B = 16, 12800 examples;" in md3
+          and "| 2 | data parallel |" in md3 and "| 1 | first block alone |" in md3,
+          "FRONTIER.md has the depth table")
+    check(not any(r["model"] == "tinydepth"
+                  for r in csv.DictReader(open(os.path.join(out3, "frontier.csv")))),
+          "a depth_only model is not swept")
+    checked = list(csv.DictReader(open(os.path.join(out3, "checks.csv"))))
+    check([(r["model"], r["method"]) for r in checked] == [("tinydepth", "data parallel")],
+          f"the depth_only model's cluster check ran: {checked}")
+
+
+def check_stops(source, localpar, tmp, job, sig, code):
+    """Ctrl-C (SIGINT to the sweep alone, as from `kill -INT`) and SIGTERM stop it at once:
+    the runs under way are killed, the ones queued never start, exit 130 or 143."""
+    slow = os.path.join(tmp, f"slow{sig}.json")
+    with open(slow, "w") as f:
+        json.dump({"name": "slow", "parallel": 2,
+                   "models": [{"job": job, "targets": [0.999], "batch_sizes": [16, 32],
+                               "device_batch": 16, "depth_check": False,
+                               "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
+                               "max_examples": 40000000, "eval_every_examples": 4096}],
+                   "methods": METHODS[:1]}, f)
+    slow_out = os.path.join(tmp, f"slow_out{sig}")
+    proc = subprocess.Popen([sys.executable, os.path.join(source, "deploy", "frontier.py"),
+                             slow, "--out", slow_out, "--localpar", localpar],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+            os.path.isdir(os.path.join(slow_out, "runs"))
+            and len(os.listdir(os.path.join(slow_out, "runs"))) >= 2):
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        check(False, f"signal {sig} did not stop the sweep within 20 s")
+    left = subprocess.run(["pgrep", "-f", "--", f"--out={slow_out}"], capture_output=True,
+                          text=True).stdout.split()
+    started = os.listdir(os.path.join(slow_out, "runs"))
+    check(proc.returncode == code and not left and len(started) == 2
+          and not any(os.path.exists(os.path.join(slow_out, "runs", d, "run.json"))
+                      for d in started),
+          f"signal {sig}: exit {proc.returncode}, runs left {left}, started {started}:\n{err}")
+
+
+def check_bad_spec(cmd, spec, job):
+    """A bad sweep file names the field."""
+    with open(spec, "w") as f:
+        json.dump({"models": [{"job": job, "targets": [0.5], "batch_sizes": [24],
+                               "device_batch": 16, "max_examples": 10,
+                               "eval_every_examples": 10,
+                               "lr": {"base": 1, "base_batch": 1, "factors": [1]}}],
+                   "methods": METHODS}, f)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    check(r.returncode == 2 and "models[0].batch_sizes" in r.stderr, f"bad spec: {r.stderr}")
+print("frontier_test: ok")
+
+
 def main():
     localpar, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     sys.path.insert(0, source)
@@ -221,6 +612,7 @@ def main():
     fr = types.SimpleNamespace(**{k: v for mod in (stats, jobs, model, fspec, summary)
                                   for k, v in vars(mod).items() if not k.startswith("_")})
     test_logic(fr)
+    test_choices(fr)
     # The shipped sweep file is valid (a mistake there would surface hours into a sweep).
     for name in ("frontier.json", "frontier_depth.json"):
         spec = fr.load_spec(os.path.join(source, "deploy", "experiments", name))
@@ -229,349 +621,19 @@ def main():
     with tempfile.TemporaryDirectory(prefix="localpar_frontier_") as tmp:
         job = os.path.join(tmp, "tiny.textproto")
         write_job(job, 2048)
-        # FLOPs from the job's shapes, by hand: 16 -> 32 (1024), head 32 -> 4 (256);
-        # 32 -> 8 (512), MLP head 8 -> 16 -> 4 (256 + 128).
-        out = subprocess.run([localpar, "project", job, "--json", "--project_stages=1,2"],
-                             capture_output=True, text=True)
-        check(out.returncode == 0, f"project --json: {out.stderr}")
-        prof = json.loads(out.stdout)
-        got = [(s["forward_flops"], s["head_forward_flops"]) for s in prof["stages"]]
-        check(got == [(1024, 256), (512, 384)], f"forward FLOPs {got}")
-        check(prof["stages"][0]["parameter_bytes"] == 4 * ((16 + 1) * 32 + (32 + 1) * 4),
-              "parameter bytes")
-        check(prof["stages"][0]["hop_bytes"] == 4 * 16 * 32, "hop bytes of a batch of 16")
-        check(all(s["seconds"] > 0 and s["head_seconds"] > 0 for s in prof["stages"]), "times")
-        check(prof["stages"][0]["input_grad_seconds"] == 0 and
-              prof["stages"][1]["input_grad_seconds"] > 0,
-              "the input gradient is timed for every stage but the first")
-        merged = json.loads(subprocess.run([localpar, "project", job, "--json", "--stages=1",
-                                            "--project_stages=1"],
-                                           capture_output=True, text=True).stdout)
-        check(len(merged["stages"]) == 1 and merged["stages"][0]["forward_flops"] == 1536
-              and merged["stages"][0]["head_forward_flops"] == 384, "--stages=1 merges")
-
-        spec = os.path.join(tmp, "spec.json")
-        methods = [
-            {"label": "data parallel", "rule": "BACKPROP", "stages": 1, "cost": "data_parallel"},
-            {"label": "first block alone", "rule": "BACKPROP", "stages": 1, "first_stages": 1,
-             "cost": "data_parallel"},
-            {"label": "pipelined K=2", "rule": "BACKPROP", "stages": 2, "train_stages": 1,
-             "cost": "pipelined_backprop"},
-            {"label": "GREEDY K=2", "rule": "GREEDY", "stages": 2, "cost": "local"},
-            {"label": "OVERLAP K=2", "rule": "OVERLAP", "stages": 2, "cost": "overlap"},
-        ]
-        with open(spec, "w") as f:
-            json.dump({"name": "t", "parallel": 2,
-                       "models": [{"job": job, "targets": [0.5, 0.9], "batch_sizes": [16, 64],
-                                   "device_batch": 16, "device_batches": [16, 32],
-                                   "seeds": [1, 2], "summary_seeds": [1, 2, 3],
-                                   "depth_check": False,
-                                   "schedule": {"kind": "COSINE", "warmup_examples": 64,
-                                                "min_lr_fraction": 0.1,
-                                                "lengths": [4000000]},
-                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
-                                   "max_examples": 4000000, "eval_every_examples": 256}],
-                       "methods": methods,
-                       "cluster_checks": [{"model": "tiny", "method": "GREEDY K=2", "batch": 64,
-                                           "steps": 20},
-                                          {"model": "tiny", "method": "data parallel",
-                                           "batch": 64, "steps": 20, "replicas": 2,
-                                           "pin": True}]}, f)
-        out = os.path.join(tmp, "out")
-        results = os.path.join(tmp, "doc", "RESULTS.md")
-        os.makedirs(os.path.dirname(results))
-        with open(results, "w") as f:
-            f.write("# Results\n\nkept above\n")
-        cache = os.path.join(tmp, "cache.jsonl")
-        cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--out", out,
-               "--localpar", localpar, "--results", results, "--cache", cache]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        check(r.returncode == 0, f"frontier failed:\n{r.stderr}")
-
-        rows = list(csv.DictReader(open(os.path.join(out, "frontier.csv"))))
-        check(len(rows) == 5 * 2 * 2, f"{len(rows)} points, want 20")
-        runs = {}
-        for d in os.listdir(os.path.join(out, "runs")):
-            runs[d] = json.load(open(os.path.join(out, "runs", d, "run.json")))
-        # 4 trainings (pipelined backprop shares backprop's) x 2 B x 2 lr x 2 seeds, and the
-        # summary's points a third seed each.
-        base = [r for r in runs.values() if r["seed"] in (1, 2)]
-        check(len(base) == 4 * 2 * 2 * 2, f"{len(base)} runs with seeds 1 and 2")
-        check(any(r["seed"] == 3 for r in runs.values()), "the summary's points get seed 3")
-        for run in runs.values():
-            # A target that is met stops the run long before its 4000000 examples.
-            check(run["stopped_at_target"], f"run not stopped at its target: {run}")
-            check(run["points"][-1]["step"] < 4000000 // run["batch"], "ran to the end")
-            # Warm-up and cosine decay, in the job the run trained.
-            job_text = open(os.path.join(out, run["config"]["job"])).read()
-            check(f"warmup_steps: {round(64 / run['batch'])}" in job_text and "COSINE" in job_text,
-                  f"the run's schedule: {run['config']['job']}")
-        shallow = [r for r in runs.values() if r["config"]["first_stages"] == 1]
-        check(shallow and all(len(r["points"][0]["metrics"]) == 1 for r in shallow),
-              "the shallow baseline trains the first stage alone")
-        # A second invocation, elsewhere, finds every run in the cache by its configuration.
-        again = [a if a != out else os.path.join(tmp, "out2") for a in cmd]
-        r2 = subprocess.run(again, capture_output=True, text=True)
-        check(r2.returncode == 0 and "cached" in r2.stderr
-              and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r2.stderr)
-              and not re.search(r"rows \(", r2.stderr)
-              and not os.path.exists(os.path.join(tmp, "out2", "checks")),
-              f"a rerun trained, profiled or ran a cluster again:\n{r2.stderr}")
-        # --plan trains and measures nothing. With every run cached it says so; with an empty
-        # cache it counts the first stage's runs and names every one.
-        plan = [sys.executable, os.path.join(source, "deploy", "frontier.py"), spec, "--localpar",
-                localpar, "--plan"]
-        p1 = subprocess.run(plan + ["--out", os.path.join(tmp, "plan1"), "--cache", cache],
-                            capture_output=True, text=True)
-        check(p1.returncode == 0 and "seeds (each point's chosen setting): " in p1.stdout
-              and "every run is done" in p1.stdout, f"a plan of a finished sweep:\n{p1.stdout}")
-        p2 = subprocess.run(plan + ["--out", os.path.join(tmp, "plan2"), "--cache",
-                                    os.path.join(tmp, "empty")], capture_output=True, text=True)
-        listed = re.findall(r"^  (tiny-\S+-s[12])$", p2.stdout, re.M)
-        check(p2.returncode == 0
-              and "tuning (every setting, on the tune seeds): 0 of 32 runs done" in p2.stdout
-              and len(listed) == 32 and "every run is done" not in p2.stdout
-              and not os.path.exists(os.path.join(tmp, "plan2", "runs"))
-              and not os.path.exists(os.path.join(tmp, "empty")),
-              f"a plan with nothing done:\n{p2.stdout}\n{p2.stderr}")
-        for row in rows:
-            if row["reached"] != "True":
-                continue
-            b, target = int(row["batch"]), float(row["target"])
-            rule = row["rule"]
-            k = 1 if rule == "BACKPROP" else 2
-            first = "-first1" if row["method"] == "first block alone" else ""
-            # The best learning rate over both seeds: the fewest mean steps to two evaluations
-            # in a row at the target.
-            best = None
-            for lr in fr.lr_grid(fr.LrGrid(base=0.05, base_batch=32, factors=[1, 2]), b):
-                steps = []
-                for seed in (1, 2):
-                    run = runs[f"tiny-{rule}-K{k}{first}-b{b}-lr{lr:.6g}-n4000000-s{seed}"]
-                    hit = fr.first_reaching([(p["step"], p["metrics"][-1]) for p in run["points"]],
-                                            target, True, 2)
-                    steps.append(hit[0])
-                if best is None or sum(steps) / 2 < best[0]:
-                    best = (sum(steps) / 2, lr)
-            if int(row["seeds"]) == 2:
-                check(close(float(row["steps"]), best[0]),
-                      f"{row['method']} B={b}: steps {row['steps']}, want {best[0]}")
-            check(close(float(row["lr"]), best[1]), f"{row['method']} B={b}: lr")
-            per = {"BACKPROP": 3 * (1536 + 384), "GREEDY": 3 * (1536 + 256 + 384),
-                   "OVERLAP": 3 * (1536 + 256 + 384)}[rule]
-            if first:
-                per = 3 * (1024 + 256)
-            check(float(row["flops_per_example"]) == per, f"{row['method']}: FLOPs per example")
-            check(close(float(row["compute_flops"]), int(row["examples"]) * per),
-                  "compute = examples x FLOPs per example")
-            fill = 1 if rule in ("GREEDY", "OVERLAP") else 0
-            check(close(float(row["time_seconds"]),
-                        (float(row["steps"]) + fill) * float(row["step_seconds"])),
-                  "time = (mean steps + fill) x step")
-            devices = {"data parallel": b // 16, "first block alone": b // 16,
-                       "pipelined K=2": 2}.get(row["method"], 2 * b // 16)
-            check(int(row["devices"]) == devices, f"{row['method']} B={b}: devices")
-        checks = list(csv.DictReader(open(os.path.join(out, "checks.csv"))))
-        check(len(checks) == 2 and all(float(c["measured_step_ms"]) > 0 for c in checks),
-              "cluster checks")
-        # The pinned check with replicas: two workers, a core each, and an exchange term.
-        check(checks[1]["pinned"] == "True" and checks[1]["replicas"] == "2"
-              and float(checks[1]["predicted_exchange_ms"]) > 0, f"pinned check: {checks[1]}")
-        check(checks[0]["pinned"] == "False"
-              and float(checks[0]["predicted_exchange_ms"]) == 0, f"shared check: {checks[0]}")
-        md = open(results).read()
-        check(md.startswith("# Results\n\nkept above\n"), "the rest of RESULTS.md was lost")
-        # The section's cost: every training run's own CPU time, added up.
-        cpu = sum(r["cpu_seconds"] for r in runs.values())
-        check(all(0 < r["cpu_seconds"] < 4 * r["seconds"] + 1 for r in runs.values()),
-              "each run's CPU time")
-        check(f"Cost: {len(runs)} training runs, {cpu / 3600:.1f} CPU core-hours (their CPU "
-              f"time;" in md, "the cost line")
-        for t in ("50%", "90%"):
-            check(f"### To {t}" in md, f"no table for the {t} target")
-        for said in ("speed-up, ideal hardware", "speed-up, equal devices", "x** [",
-                     "data parallelism", "Verdict for this model", "first block alone"):
-            check(said in md, f"the summary lacks {said!r}")
-        for plot in ("tiny_frontier_0_5.svg", "tiny_frontier_0_9.svg", "tiny_heads_by_depth.svg"):
-            path = os.path.join(tmp, "doc", "results", plot)
-            check(os.path.exists(path) and "<svg" in open(path).read(), f"no plot {plot}")
-            check(f"](results/{plot})" in md, f"RESULTS.md does not show {plot}")
-
-        # Again with --reuse: nothing reruns, and the section is replaced, not appended.
-        before = {d: os.path.getmtime(os.path.join(out, "runs", d, "run.json")) for d in runs}
-        r = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True)
-        check(r.returncode == 0, f"--reuse failed: {r.stderr}")
-        check(all(os.path.getmtime(os.path.join(out, "runs", d, "run.json")) == t
-                  for d, t in before.items()), "--reuse reran runs")
-        check(open(results).read().count("frontier: begin") == 1, "section appended twice")
-
-        # Tune seeds: each point's learning rate is chosen on seed 1 alone, and the point is
-        # reported over fresh seeds 2 and 3, which train only the chosen setting.
-        # The edge stage: the point reaches 0.9 at both rates on seed 1, so whichever end of
-        # the grid wins, the rate past it (factor 0.5 or 4) is tried too. Data parallelism
-        # also runs B = 32, with a budget of its own there. Profiles are wanted on 2
-        # occasions, with no gap between them.
-        dp_more = dict(methods[0], extra_batch_sizes=[32], lengths_at={"32": [3200000]})
-        tuned = os.path.join(tmp, "tuned.json")
-        with open(tuned, "w") as f:
-            json.dump({"name": "t", "parallel": 2, "profile_occasions": 2,
-                       "profile_gap_hours": 0, "profile_tag": "tb",
-                       "models": [{"job": job, "targets": [0.9, 0.85], "batch_sizes": [16],
-                                   "device_batch": 16, "tune_seeds": [1], "seeds": [2, 3],
-                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
-                                   "max_examples": 4000000, "eval_every_examples": 256,
-                                   "depth_check": False, "extend_edges": 1},
-                                  # The depth check alone: both data-parallel methods over
-                                  # 12800 examples each, to the end.
-                                  {"job": job, "label": "tinydepth", "targets": [0.9],
-                                   "batch_sizes": [16], "device_batch": 16, "tune_seeds": [1],
-                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1]},
-                                   "max_examples": 12800, "eval_every_examples": 256,
-                                   "depth_only": True}],
-                       "methods": [dp_more, methods[1]],
-                       # A model that is not swept still gets its cluster checks.
-                       "cluster_checks": [{"model": "tinydepth", "method": "data parallel",
-                                           "batch": 16, "steps": 20}]}, f)
-        out3 = os.path.join(tmp, "out3")
-        tuned_cmd = [sys.executable, os.path.join(source, "deploy", "frontier.py"), tuned,
-                     "--localpar", localpar, "--cache", os.path.join(tmp, "cache3.jsonl")]
-        r = subprocess.run(tuned_cmd + ["--out", out3], capture_output=True, text=True)
-        check(r.returncode == 0, f"tuned sweep failed:\n{r.stderr}")
-        every = {d: json.load(open(os.path.join(out3, "runs", d, "run.json")))
-                 for d in os.listdir(os.path.join(out3, "runs"))}
-        trained = {d: r for d, r in every.items() if d.startswith("tiny-BACKPROP-K1-b16-")}
-        tune = {r["lr"]: r for r in trained.values() if r["seed"] == 1}
-        base = [0.05 * math.sqrt(16 / 32) * f for f in (1, 2)]
-        hits = {lr: fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
-                                      0.9, True, 2) for lr, r in tune.items()}
-        steps = {lr: hit[0] if hit else math.inf for lr, hit in hits.items()}
-        won = min(base, key=lambda lr: (steps[lr], base.index(lr)))
-        past = won / 2 if won == base[0] else won * 2
-        # (0.85 may choose the other end, and add the rate past that one.)
-        check(len(tune) in (3, 4) and any(close(lr, past) for lr in tune)
-              and all(lr in base or close(lr, base[0] / 2) or close(lr, base[1] * 2)
-                      for lr in tune),
-              f"seed 1 tunes both rates and the one past the winner's end: {sorted(trained)}")
-        # The grid in its order (ties go to the first): the spec's rates, the one past 0.9's
-        # winner, then any that 0.85 added.
-        order = base + [lr for lr in tune if close(lr, past)] + [
-            lr for lr in tune if lr not in base and not close(lr, past)]
-        best = min(order, key=lambda lr: (steps[lr], order.index(lr)))
-        fresh = [r for r in trained.values() if r["seed"] != 1 and r["lr"] == best]
-        check(sorted(r["seed"] for r in fresh) == [2, 3]
-              and all(r["lr"] in tune for r in trained.values()),
-              f"seeds 2 and 3 train the chosen lr {best}: {sorted(trained)}")
-        row = list(csv.DictReader(open(os.path.join(out3, "frontier.csv"))))[0]
-        want = sum(fr.first_reaching([(p["step"], p["metrics"][-1]) for p in r["points"]],
-                                     0.9, True, 2)[0] for r in fresh) / 2
-        check(int(row["seeds"]) == 2 and close(float(row["steps"]), want),
-              f"the point reports the fresh seeds: {row}")
-        # The rate past the grid is at the end of the axis continued one step: an edge for
-        # good if it won, and the winner inside the grid has both neighbours tried.
-        check(row["lr_edge"] == str(best not in base) and row["length_edge"] == "False",
-              f"edges after the edge stage: {row}")
-        rows3 = list(csv.DictReader(open(os.path.join(out3, "frontier.csv"))))
-        check([(r["method"], r["batch"], r["length"]) for r in rows3 if r["batch"] == "32"]
-              == [("data parallel", "32", "3200000")] * 2 and rows3[0]["blocks"] == "2"
-              and rows3[-1]["blocks"] == "1", f"a method's own batch size and budget: {rows3}")
-        # The profiles' second occasion: a second run of the sweep measures each once more
-        # and trains nothing; a third measures nothing. The step is the median of the two.
-        out4 = os.path.join(tmp, "out4")
-        r = subprocess.run(tuned_cmd + ["--out", out4], capture_output=True, text=True)
-        profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
-        check(r.returncode == 0 and profiled and all("cached" not in p and "(2 of 2" in p
-                                                      for p in profiled)
-              and not re.search(r"evaluations, (reached|budget), [0-9]+ s", r.stderr),
-              f"the second occasion:\n{r.stderr}")
-        again4 = list(csv.DictReader(open(os.path.join(out4, "frontier.csv"))))[0]
-        check(again4["profile_occasions"] == "2"
-              and float(again4["step_seconds_low"]) <= float(again4["step_seconds"])
-              <= float(again4["step_seconds_high"]), f"a step over two occasions: {again4}")
-        version = subprocess.run([localpar, "--version"], capture_output=True,
-                                 text=True).stdout.splitlines()[0]
-        check(f"so far 2 each) by {version}" in open(os.path.join(out4, "FRONTIER.md")).read(),
-              "FRONTIER.md counts the occasions and names the build")
-        # Under keys of the sweep's own (its tag), each with the build that measured it.
-        profs = [json.loads(line) for line in open(os.path.join(tmp, "cache3.jsonl"))]
-        profs = [p for p in profs if p["kind"] == "profile"]
-        check(len(profs) >= 4 and all("-t1-tb" in p["key"] and p["value"]["version"] == version
-                                      for p in profs), f"the tagged profiles: {profs}")
-        r = subprocess.run(tuned_cmd + ["--out", os.path.join(tmp, "out5")], capture_output=True,
-                           text=True)
-        profiled = re.findall(r"^profiled .*$", r.stderr, re.M)
-        check(r.returncode == 0 and profiled and all(", cached (2 of 2" in p for p in profiled),
-              f"a third run measures nothing:\n{r.stderr}")
-        md3 = open(os.path.join(out3, "FRONTIER.md")).read()
-        check("chosen on seed 1, reported over fresh seeds 2, 3" in md3,
-              "FRONTIER.md states the tuning")
-        # The depth check: both methods trained to the end of their 12800 examples (800
-        # steps), never stopped at the target, and the best value each held 2 evaluations
-        # in a row; a depth_only model gets no frontier points.
-        depth = {r["method"]: r for r in csv.DictReader(open(os.path.join(out3, "depth.csv")))
-                 if r["model"] == "tinydepth"}
-        check(sorted(depth) == ["data parallel", "first block alone"], f"depth rows: {depth}")
-        for method, first in (("data parallel", ""), ("first block alone", "-first1")):
-            run = every[f"tinydepth-BACKPROP-K1{first}-b16-lr0.0353553-n12800-s1"]
-            acc = [p["metrics"][-1] for p in run["points"]]
-            check(not run["stopped_at_target"] and run["points"][-1]["step"] == 800,
-                  f"{method}: the depth run trains to its end")
-            check(close(float(depth[method]["best"]),
-                        max(min(a, b) for a, b in zip(acc, acc[1:]))),
-                  f"{method}: the best value held twice in a row")
-        check("## Targets that need depth" in md3
-              and "tinydepth (test accuracy; B = 16, 12800 examples;" in md3
-              and "| 2 | data parallel |" in md3 and "| 1 | first block alone |" in md3,
-              "FRONTIER.md has the depth table")
-        check(not any(r["model"] == "tinydepth"
-                      for r in csv.DictReader(open(os.path.join(out3, "frontier.csv")))),
-              "a depth_only model is not swept")
-        checked = list(csv.DictReader(open(os.path.join(out3, "checks.csv"))))
-        check([(r["model"], r["method"]) for r in checked] == [("tinydepth", "data parallel")],
-              f"the depth_only model's cluster check ran: {checked}")
-
-        # Ctrl-C (SIGINT to the sweep alone, as from `kill -INT`) stops it at once: the
-        # runs under way are killed, the ones queued never start, exit 130.
-        slow = os.path.join(tmp, "slow.json")
-        with open(slow, "w") as f:
-            json.dump({"name": "slow", "parallel": 2,
-                       "models": [{"job": job, "targets": [0.999], "batch_sizes": [16, 32],
-                                   "device_batch": 16, "depth_check": False,
-                                   "lr": {"base": 0.05, "base_batch": 32, "factors": [1, 2]},
-                                   "max_examples": 40000000, "eval_every_examples": 4096}],
-                       "methods": methods[:1]}, f)
-        slow_out = os.path.join(tmp, "slow_out")
-        proc = subprocess.Popen([sys.executable, os.path.join(source, "deploy", "frontier.py"),
-                                 slow, "--out", slow_out, "--localpar", localpar],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (
-                os.path.isdir(os.path.join(slow_out, "runs"))
-                and len(os.listdir(os.path.join(slow_out, "runs"))) >= 2):
-            time.sleep(0.2)
-        time.sleep(1)
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            check(False, "Ctrl-C did not stop the sweep within 20 s")
-        left = subprocess.run(["pgrep", "-f", "--", f"--out={slow_out}"], capture_output=True,
-                              text=True).stdout.split()
-        started = os.listdir(os.path.join(slow_out, "runs"))
-        check(proc.returncode == 130 and not left and len(started) == 2
-              and not any(os.path.exists(os.path.join(slow_out, "runs", d, "run.json"))
-                          for d in started),
-              f"Ctrl-C: exit {proc.returncode}, runs left {left}, started {started}:\n{err}")
-
-        # A bad sweep file names the field.
-        with open(spec, "w") as f:
-            json.dump({"models": [{"job": job, "targets": [0.5], "batch_sizes": [24],
-                                   "device_batch": 16, "max_examples": 10,
-                                   "eval_every_examples": 10,
-                                   "lr": {"base": 1, "base_batch": 1, "factors": [1]}}],
-                       "methods": methods}, f)
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        check(r.returncode == 2 and "models[0].batch_sizes" in r.stderr, f"bad spec: {r.stderr}")
+        check_project(localpar, job)
+        spec, out, cmd, results, cache = run_first_sweep(source, localpar, tmp, job)
+        rows, runs = check_first_runs(tmp, cmd, out)
+        check_plan(source, localpar, tmp, spec, cache)
+        check_points(fr, rows, runs)
+        check_report(tmp, out, results, runs, cmd)
+        tuned_cmd, out3, every = run_tuned_sweep(source, localpar, tmp, job)
+        check_tuning(fr, every, out3)
+        check_occasions(localpar, tmp, tuned_cmd, out3)
+        check_depth(every, out3)
+        for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+            check_stops(source, localpar, tmp, job, sig, code)
+        check_bad_spec(cmd, spec, job)
     print("frontier_test: ok")
 
 

@@ -126,7 +126,7 @@ def main():
         check(leftovers(), "no testbed was up to be interrupted")
         p.send_signal(signal.SIGTERM)
         out = p.communicate(timeout=60)[0]
-        check(p.returncode != 0, f"SIGTERM: exit {p.returncode}")
+        check(p.returncode == 143, f"SIGTERM: exit {p.returncode}, want 143")
         check(not leftovers(), f"left after SIGTERM: {leftovers()}\n{out[-2000:]}")
         # SIGKILL leaves it all; `clean` removes it.
         p = subprocess.Popen([TESTBED, "run", *long, f"--out={tmp}/kill"],
