@@ -227,6 +227,95 @@ TEST(Activations, EveryVectorWidthGivesTheElementwiseBits) {
   EXPECT_EQ(differ, 0);
 }
 
+// Batch norm's row loops are built for every vector width too: each must give the bits of
+// the scalar code, written out here (this file has no FMA), in training, evaluation and the
+// backward pass. 37 columns run a vector body and a scalar tail.
+TEST(BatchNorm, EveryVectorWidthGivesTheScalarBits) {
+  auto cpu = MakeCpuBackend();
+  const int rows = 50, cols = 37;
+  const std::vector<float> x = RandomVector(rows * cols, 21, -3, 5),
+                           dy = RandomVector(rows * cols, 22), g = RandomVector(cols, 23),
+                           bt = RandomVector(cols, 24);
+  std::vector<float> y(rows * cols), mean(cols), rstd(cols), rm(cols, 0.5f), rv(cols, 2.0f);
+  std::vector<float> dx(rows * cols), dg(cols, 0.0f), db(cols, 0.0f), ye(rows * cols);
+  cpu->BatchNormForward(x.data(), g.data(), bt.data(), y.data(), mean.data(), rstd.data(),
+                        rm.data(), rv.data(), rows, cols, 1e-5f, 0.1f, true);
+  cpu->BatchNormBackward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(),
+                         dg.data(), db.data(), rows, cols);
+  cpu->BatchNormForward(x.data(), g.data(), bt.data(), ye.data(), nullptr, nullptr, rm.data(),
+                        rv.data(), rows, cols, 1e-5f, 0.1f, false);
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  int differ = 0;
+  for (int c = 0; c < cols; ++c) {
+    double sum = 0, sq = 0, sg = 0, sgx = 0;
+    for (int r = 0; r < rows; ++r) sum += x[r * cols + c];
+    const float m = static_cast<float>(sum / rows);
+    for (int r = 0; r < rows; ++r) {
+      double d = x[r * cols + c] - m;
+      sq += d * d;
+    }
+    const float rs = static_cast<float>(1.0 / std::sqrt(sq / rows + 1e-5f));
+    differ += !same(mean[c], m) + !same(rstd[c], rs);
+    const float scale = g[c] * (1.0f / std::sqrt(rv[c] + 1e-5f)), shift = bt[c] - rm[c] * scale;
+    for (int r = 0; r < rows; ++r) {
+      const int i = r * cols + c;
+      differ += !same(y[i], (x[i] - m) * rs * g[c] + bt[c]);
+      differ += !same(ye[i], x[i] * scale + shift);
+      const float xhat = (x[i] - m) * rs;
+      sg += dy[i];
+      sgx += static_cast<double>(dy[i]) * xhat;
+    }
+    differ += !same(dg[c], static_cast<float>(sgx)) + !same(db[c], static_cast<float>(sg));
+    const float k = g[c] * rs, a = static_cast<float>(sg / rows),
+                b = static_cast<float>(sgx / rows);
+    for (int r = 0; r < rows; ++r) {
+      const int i = r * cols + c;
+      differ += !same(dx[i], k * (dy[i] - a - (x[i] - m) * rs * b));
+    }
+  }
+  EXPECT_EQ(differ, 0);
+}
+
+// Max pooling against a scalar reference: every window pixel in order, the first of equal
+// maxima winning (small integers make ties), windows cut by the padding, a NaN first in its
+// window kept, and the argmax of each.
+TEST(MaxPool, MatchesTheScalarReferenceWithTiesPaddingAndNaN) {
+  auto cpu = MakeCpuBackend();
+  const int64_t n = 2, h = 7, w = 6, c = 19, k = 3, stride = 2, pad = 1;
+  const int64_t oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+  std::vector<float> x = RandomVector(n * h * w * c, 31, -3, 3);
+  for (float& v : x) v = std::round(v);
+  x[5] = std::numeric_limits<float>::quiet_NaN();  // pixel (0, 0): first in its windows
+  std::vector<float> y(n * oh * ow * c);
+  std::vector<int32_t> arg(y.size());
+  cpu->MaxPoolForward(x.data(), y.data(), arg.data(), n, h, w, c, k, stride, pad, oh, ow);
+  int differ = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+          float best = 0.0f;
+          int32_t at = -1;
+          for (int64_t iy = oy * stride - pad; iy < oy * stride - pad + k; ++iy) {
+            for (int64_t ix = ox * stride - pad; ix < ox * stride - pad + k; ++ix) {
+              if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+              const float v = x[((b * h + iy) * w + ix) * c + ch];
+              if (at < 0 || v > best) {
+                best = v;
+                at = static_cast<int32_t>(iy * w + ix);
+              }
+            }
+          }
+          const int64_t o = ((b * oh + oy) * ow + ox) * c + ch;
+          differ += std::memcmp(&y[o], &best, sizeof best) != 0 || arg[o] != at;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_TRUE(std::isnan(y[5]));
+}
+
 TEST(Attention, HeadPermutationsAreInversesAndCausalRowsSumToOne) {
   auto cpu = MakeCpuBackend();
   const int b = 2, t = 5, parts = 3, heads = 2, d = 4, n = b * t * parts * heads * d;
