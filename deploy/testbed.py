@@ -140,6 +140,10 @@ def sweep_command(args):
         report.write(rows, args.csv)
     md = report.section(rows, cal, fit_seed, run.model.text, len(results), run.total(),
                         args.spec, transfer, fewest, spec.max_seconds)
+    from experiments.testbed import crossover
+    cross = crossover.markdown(rows, results, cal, profiles, run.model.text)
+    if cross:
+        md += "\n" + cross
     if spec.recompute_frontier:
         from experiments.testbed import recompute
 

@@ -344,6 +344,55 @@ class CalibrationTest(unittest.TestCase):
         self.assertIn("| 200 (1/1) | > 300 s (0/1) |", md)
 
 
+class CrossoverTest(unittest.TestCase):
+    """Where local parallelism overtakes backprop: the measured table names the fastest method
+    of each side at each link, and the calibrated model's bands are where the two swap."""
+
+    def test_the_bands_are_where_the_fastest_of_each_side_swap(self):
+        from experiments.stats import median
+        from experiments.testbed import calibrate, crossover
+        truth = [1.2, 2e-3, 5e-4, 3e-9, 1.1]
+        runs, prof = CalibrationTest().runs(truth)
+        cal = calibrate.Calibration(runs, prof, lambda cfg: cfg.seed == 2)
+        # Data parallelism and GPipe need 60 steps, the local rules 150 (and a fill of 1).
+        steps = {"data_parallel": 60, "gpipe": 60, "CHUNKED": 150, "OVERLAP": 150}
+        rows = []
+        for cfg, _ in runs:
+            fill = 1 if cfg.method in crossover.LOCAL else 0
+            t = (steps[cfg.method] + fill) * calibrate.predict(
+                truth, calibrate.features(cfg, prof[cfg.stages], 0.9))
+            rows.append({"devices": 2, "link_mbit": cfg.link_mbit, "method": cfg.method,
+                         "target": 2.0, "seed": cfg.seed, "measured_s": f"{t:.2f}",
+                         "steps": steps[cfg.method]})
+        md = crossover.markdown(rows, runs, cal, prof, True)
+        times = crossover.ModelTimes(rows, runs, cal, prof, 2, 2.0)
+        for link in (0, 1000, 100, 10):
+            med = {m: median([float(r["measured_s"]) for r in rows
+                              if r["link_mbit"] == link and r["method"] == m]) for m in steps}
+            bp = min(("data_parallel", "gpipe"), key=med.get)
+            lo = min(("CHUNKED", "OVERLAP"), key=med.get)
+            ratio = med[bp] / med[lo]
+            names = {"data_parallel": "data parallelism", "gpipe": "GPipe"}
+            self.assertIn(f"| 2 | 2.00 bits/byte | {crossover.link_text(link)} | {names[bp]} "
+                          f"{med[bp]:.0f} s | {lo} {med[lo]:.0f} s | {ratio:.2f}x: "
+                          + ("local" if ratio > 1 else "backprop") + " |", md)
+            # The model fitted on seed 2 gives back the measured times.
+            for m in steps:
+                self.assertAlmostEqual(times.seconds(m, link) / med[m], 1.0, places=2)
+        ratios = [times.ratio(m) for m in crossover.GRID_MBIT]
+        wins = crossover.runs_of(crossover.GRID_MBIT, [r > 1 for r in ratios])
+        self.assertTrue(wins and wins != [(crossover.GRID_MBIT[0], crossover.GRID_MBIT[-1])],
+                        f"no crossover to check: {ratios}")
+        grid = crossover.GRID_MBIT
+        for lo, hi in wins:  # each band's ends: local ahead inside, behind just outside
+            i, j = grid.index(lo), grid.index(hi)
+            self.assertTrue(ratios[i] > 1 and ratios[j] > 1)
+            self.assertTrue(i == 0 or ratios[i - 1] <= 1)
+            self.assertTrue(j == len(grid) - 1 or ratios[j + 1] <= 1)
+        self.assertIn("- 2 devices, to 2.00 bits/byte: local parallelism is faster "
+                      + crossover.band_text(wins), md)
+
+
 class ShippedCacheTest(unittest.TestCase):
     """The committed caches answer for every run the shipped sweeps ask for."""
 
