@@ -7,10 +7,10 @@ over seeds (a miss counts as longer than any), and the ratio of the two.
 Model: between and beyond the links that were measured, the calibrated model (calibrate.py)
 times each method at any rate: its steps to the target (the median over the seeds that reached
 it, on any link: a deterministic rule trains the same steps whatever the link) plus the
-pipeline's fill, times the calibrated step at that rate, evaluations included. The rates
-where the fastest of each side swap are found on a logarithmic grid, and so is the band of
-rates where the two are closer than the model's largest held-out error, too close for the
-model to call.
+pipeline's fill, times the calibrated step at that rate, evaluations included. On a
+logarithmic grid of rates it finds where the fastest local rule is faster than the fastest
+backprop method, where it is faster by more than the model's largest held-out error, and
+where backprop is faster by as much: between those bands the model cannot call it.
 """
 
 import dataclasses
