@@ -29,15 +29,14 @@ import struct
 import subprocess
 import sys
 import tempfile
+import types
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JOB_PB2 = []
 
 
-def build(torch, job, classes, input_shape, job_pb2, normalization=None, tokens=False):
-    """The network of `job` (a job_pb2.Job) as an nn.Module, and whether it reads sequences.
-    normalization: (mean, inv_std) applied to the input in forward, or None; tokens: the
-    input is token ids (cast to int64 in forward)."""
+def _modules(torch):
+    """The modules localpar's layers become that PyTorch lacks, built on `torch`."""
     nn = torch.nn
 
     class FlatLinear(nn.Linear):  # localpar's linear: the whole example flattened
@@ -99,97 +98,110 @@ def build(torch, job, classes, input_shape, job_pb2, normalization=None, tokens=
         def forward(self, x):
             return x @ self.tied[0].weight.t() + self.bias
 
-    def numel(shape):
-        n = 1
-        for d in shape:
-            n *= d
-        return n
+    return types.SimpleNamespace(
+        FlatLinear=FlatLinear, PositionEmbedding=PositionEmbedding,
+        PositionalEncoding=PositionalEncoding, CausalSelfAttention=CausalSelfAttention,
+        Residual=Residual, GlobalAvgPool=GlobalAvgPool, TiedOutput=TiedOutput)
 
-    def layer(spec, shape):  # shape: (C, H, W), (F,), (T,) token ids or (T, D); -> [modules]
-        kind = spec.WhichOneof("kind")
-        if kind == "linear":
-            return [FlatLinear(numel(shape), spec.linear.out_features)], (spec.linear.out_features,)
-        if kind == "relu":
-            return [nn.ReLU()], shape
-        if kind == "gelu":
-            return [nn.GELU(approximate="tanh")], shape
-        if kind == "dropout":
-            return [nn.Dropout(spec.dropout.rate)], shape
-        if kind == "flatten":
-            return [nn.Flatten()], (numel(shape),)
-        if kind == "conv2d":
-            c = spec.conv2d
-            k, s, p = c.kernel or 3, c.stride or 1, c.padding
-            h = (shape[1] + 2 * p - k) // s + 1
-            w = (shape[2] + 2 * p - k) // s + 1
-            return [nn.Conv2d(shape[0], c.out_channels, k, s, p)], (c.out_channels, h, w)
-        if kind == "batch_norm":
-            bn = nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d
-            return [bn(shape[0], eps=spec.batch_norm.eps or 1e-5,
-                       momentum=spec.batch_norm.momentum or 0.1)], shape
-        if kind == "layer_norm":
-            return [nn.LayerNorm(shape[-1], eps=spec.layer_norm.eps or 1e-5)], shape
-        if kind in ("max_pool", "avg_pool"):
-            c = getattr(spec, kind)
-            k = c.kernel or 2
-            s = c.stride or k
-            pool = (nn.MaxPool2d(k, s, c.padding) if kind == "max_pool"
-                    else nn.AvgPool2d(k, s, c.padding, count_include_pad=True))
-            return [pool], (shape[0], (shape[1] + 2 * c.padding - k) // s + 1,
-                            (shape[2] + 2 * c.padding - k) // s + 1)
-        if kind == "global_avg_pool":
-            return [GlobalAvgPool()], (shape[0],)
-        if kind == "embedding":
-            return [nn.Embedding(spec.embedding.vocab, spec.embedding.dim)], \
-                (shape[0], spec.embedding.dim)
-        if kind == "position_embedding":
-            return [PositionEmbedding(*shape)], shape
-        if kind == "positional_encoding":
-            return [PositionalEncoding(*shape)], shape
-        if kind == "dense":
-            return [nn.Linear(shape[-1], spec.dense.out_features)], \
-                (*shape[:-1], spec.dense.out_features)
-        if kind == "causal_self_attention":
-            return [CausalSelfAttention(shape[-1], spec.causal_self_attention.heads or 1)], shape
-        if kind == "transformer_block":  # the two pre-norm residual blocks localpar builds
-            t, d = spec.transformer_block, shape[-1]
-            hidden = t.mlp_hidden or 4 * d
-            return [Residual([nn.LayerNorm(d), CausalSelfAttention(d, t.heads or 1)]),
-                    Residual([nn.LayerNorm(d), nn.Linear(d, hidden), nn.GELU(approximate="tanh"),
-                              nn.Linear(hidden, d)])], shape
-        if kind == "residual":
-            body, cur = [], shape
-            for b in spec.residual.body:
-                m, cur = layer(b, cur)
-                body.extend(m)
-            return [Residual(body)], shape
-        raise ValueError(f"localpar_torch: no PyTorch module for layer kind {kind}")
 
-    def head(spec, shape, embedding):  # common/nn/head.cc's layers, one module each
-        kind = job_pb2.Head.Kind.Name(spec.kind)
-        image = len(shape) == 3
-        if kind == "LANGUAGE_MODEL":
-            out = (TiedOutput(embedding, classes) if spec.tie_embedding
-                   else nn.Linear(shape[-1], classes))
-            return nn.Sequential(nn.LayerNorm(shape[-1]), out)
-        mods = []
-        if kind == "POOL_LINEAR" and image:
-            mods, shape = [GlobalAvgPool()], (shape[0],)
-        elif kind == "MLP":
-            mods, shape = [FlatLinear(numel(shape), spec.hidden), nn.ReLU()], (spec.hidden,)
-        elif kind == "CONV_POOL_LINEAR":
-            ch = spec.channels
-            mods = [nn.Conv2d(shape[0], ch, 3, 1, 1), nn.ReLU(), GlobalAvgPool()]
-            shape = (ch,)
-        return nn.Sequential(*mods, FlatLinear(numel(shape), classes))
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
-    sequence = len(input_shape) == 1
-    shape = tuple(input_shape) if sequence else (
-        (input_shape[2], input_shape[0], input_shape[1]) if len(input_shape) == 3
-        else tuple(input_shape))
 
+def _layer(torch, mods, spec, shape):
+    """A layer spec as [modules] and the shape after it; a shape is (C, H, W), (F,), (T,)
+    token ids or (T, D)."""
+    nn = torch.nn
+    kind = spec.WhichOneof("kind")
+    if kind == "linear":
+        out = spec.linear.out_features
+        return [mods.FlatLinear(_numel(shape), out)], (out,)
+    if kind == "relu":
+        return [nn.ReLU()], shape
+    if kind == "gelu":
+        return [nn.GELU(approximate="tanh")], shape
+    if kind == "dropout":
+        return [nn.Dropout(spec.dropout.rate)], shape
+    if kind == "flatten":
+        return [nn.Flatten()], (_numel(shape),)
+    if kind == "conv2d":
+        c = spec.conv2d
+        k, s, p = c.kernel or 3, c.stride or 1, c.padding
+        h = (shape[1] + 2 * p - k) // s + 1
+        w = (shape[2] + 2 * p - k) // s + 1
+        return [nn.Conv2d(shape[0], c.out_channels, k, s, p)], (c.out_channels, h, w)
+    if kind == "batch_norm":
+        bn = nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d
+        return [bn(shape[0], eps=spec.batch_norm.eps or 1e-5,
+                   momentum=spec.batch_norm.momentum or 0.1)], shape
+    if kind == "layer_norm":
+        return [nn.LayerNorm(shape[-1], eps=spec.layer_norm.eps or 1e-5)], shape
+    if kind in ("max_pool", "avg_pool"):
+        c = getattr(spec, kind)
+        k = c.kernel or 2
+        s = c.stride or k
+        pool = (nn.MaxPool2d(k, s, c.padding) if kind == "max_pool"
+                else nn.AvgPool2d(k, s, c.padding, count_include_pad=True))
+        return [pool], (shape[0], (shape[1] + 2 * c.padding - k) // s + 1,
+                        (shape[2] + 2 * c.padding - k) // s + 1)
+    if kind == "global_avg_pool":
+        return [mods.GlobalAvgPool()], (shape[0],)
+    if kind == "embedding":
+        return [nn.Embedding(spec.embedding.vocab, spec.embedding.dim)], \
+            (shape[0], spec.embedding.dim)
+    if kind == "position_embedding":
+        return [mods.PositionEmbedding(*shape)], shape
+    if kind == "positional_encoding":
+        return [mods.PositionalEncoding(*shape)], shape
+    if kind == "dense":
+        return [nn.Linear(shape[-1], spec.dense.out_features)], \
+            (*shape[:-1], spec.dense.out_features)
+    if kind == "causal_self_attention":
+        return [mods.CausalSelfAttention(shape[-1], spec.causal_self_attention.heads or 1)], shape
+    if kind == "transformer_block":  # the two pre-norm residual blocks localpar builds
+        t, d = spec.transformer_block, shape[-1]
+        hidden = t.mlp_hidden or 4 * d
+        return [mods.Residual([nn.LayerNorm(d), mods.CausalSelfAttention(d, t.heads or 1)]),
+                mods.Residual([nn.LayerNorm(d), nn.Linear(d, hidden),
+                               nn.GELU(approximate="tanh"), nn.Linear(hidden, d)])], shape
+    if kind == "residual":
+        body, cur = [], shape
+        for b in spec.residual.body:
+            m, cur = _layer(torch, mods, b, cur)
+            body.extend(m)
+        return [mods.Residual(body)], shape
+    raise ValueError(f"localpar_torch: no PyTorch module for layer kind {kind}")
+
+
+def _head(torch, mods, spec, shape, embedding, classes, job_pb2):
+    """A stage's head, common/nn/head.cc's layers, one module each."""
+    nn = torch.nn
+    kind = job_pb2.Head.Kind.Name(spec.kind)
+    image = len(shape) == 3
+    if kind == "LANGUAGE_MODEL":
+        out = (mods.TiedOutput(embedding, classes) if spec.tie_embedding
+               else nn.Linear(shape[-1], classes))
+        return nn.Sequential(nn.LayerNorm(shape[-1]), out)
+    layers = []
+    if kind == "POOL_LINEAR" and image:
+        layers, shape = [mods.GlobalAvgPool()], (shape[0],)
+    elif kind == "MLP":
+        layers, shape = [mods.FlatLinear(_numel(shape), spec.hidden), nn.ReLU()], (spec.hidden,)
+    elif kind == "CONV_POOL_LINEAR":
+        ch = spec.channels
+        layers = [nn.Conv2d(shape[0], ch, 3, 1, 1), nn.ReLU(), mods.GlobalAvgPool()]
+        shape = (ch,)
+    return nn.Sequential(*layers, mods.FlatLinear(_numel(shape), classes))
+
+
+def _twin_class(nn):
+    """The whole network: its layers in order, each stage's head named by the layer it
+    follows, and the bounds of each stage."""
     class Twin(nn.Module):
-        def __init__(self):
+        def __init__(self, job, shape, layer, head, normalization, tokens):
             super().__init__()
             self.normalization, self.tokens = normalization, tokens
             self.layers = nn.ModuleList()
@@ -233,7 +245,23 @@ def build(torch, job, classes, input_shape, job_pb2, normalization=None, tokens=
                 x = m(x)
             return self.head_modules()[last](x)
 
-    return Twin(), sequence
+    return Twin
+
+
+def build(torch, job, classes, input_shape, job_pb2, normalization=None, tokens=False):
+    """The network of `job` (a job_pb2.Job) as an nn.Module, and whether it reads sequences.
+    normalization: (mean, inv_std) applied to the input in forward, or None; tokens: the
+    input is token ids (cast to int64 in forward)."""
+    mods = _modules(torch)
+    sequence = len(input_shape) == 1
+    shape = tuple(input_shape) if sequence else (
+        (input_shape[2], input_shape[0], input_shape[1]) if len(input_shape) == 3
+        else tuple(input_shape))
+    twin = _twin_class(torch.nn)(
+        job, shape, lambda spec, cur: _layer(torch, mods, spec, cur),
+        lambda spec, cur, emb: _head(torch, mods, spec, cur, emb, classes, job_pb2),
+        normalization, tokens)
+    return twin, sequence
 
 
 def job_pb2():

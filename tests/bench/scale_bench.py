@@ -162,6 +162,141 @@ def figures(text, prefix):
     return f"{m.group(1)} MB in {m.group(2)} s, {m.group(3)} MB/s" if m else "(not printed)"
 
 
+def make_job(lp, work, a):
+    """The job file, validated; prints its size."""
+    job = os.path.join(work, "scale.textproto")
+    with open(job, "w") as f:
+        f.write(job_text(a.dim, a.blocks, a.steps))
+    said = subprocess.run([lp, "validate", job, "--memory_limit_mib=1000000"],
+                          capture_output=True, text=True, env=ENV)
+    if said.returncode != 0:
+        raise SystemExit(f"scale_bench: validate: {said.stdout}{said.stderr}")
+    params = sum(float(n) for n in re.findall(r"\(([0-9.e+]+) parameters:",
+                                               said.stdout + said.stderr))
+    print(f"scale_bench: {params / 1e6:.0f} M parameters ({params * 4 / 2**30:.2f} GiB), "
+          f"dim {a.dim}, {a.blocks} blocks over 4 stages, {a.steps} steps", flush=True)
+    return job
+
+
+def reference(lp, job, work, rows):
+    # 1. The reference.
+    ref = os.path.join(work, "train")
+    w = Watch([lp, "train", job, f"--out={ref}", "--quiet", "--memory_limit_mib=1000000",
+               "--weights_pb_limit_mib=1"],
+              os.path.join(work, "train.log"))
+    text = w.wait("train")
+    rows.append(("train (reference), whole model in one process", f"{w.seconds:.0f} s",
+                 f"peak {max(w.peaks.values()) / 2**30:.2f} GiB"))
+    rows.append(("  save (train's final weights, shards)", figures(text, "weights:"), ""))
+    print(f"scale_bench: train: {w.seconds:.0f} s", flush=True)
+    return ref
+
+
+def cluster(lp, job, work, rows, ref):
+    # 2. The cluster, with a worker killed after the first checkpoint.
+    run = os.path.join(work, "run")
+    ckpt = os.path.join(work, "ckpt")
+    w = Watch([lp, "run", job, f"--out={run}", f"--checkpoint_dir={ckpt}",
+               "--checkpoint_every_steps=2", "--quiet", "--weights_pb_limit_mib=1"],
+              os.path.join(work, "run.log"))
+    killed = None
+    while w.proc.poll() is None and killed is None:
+        if os.path.isdir(ckpt) and any(os.path.exists(os.path.join(ckpt, n, "MANIFEST"))
+                                       for n in os.listdir(ckpt) if n.startswith("ckpt-")):
+            stage1 = [p for p in w.pids("localpar_worker") if w.stage_of(p) == 1]
+            if stage1:
+                killed = stage1[0]
+                os.kill(killed, signal.SIGKILL)
+                print(f"scale_bench: killed worker pid {killed} after the first checkpoint",
+                      flush=True)
+        time.sleep(0.2)
+    text = w.wait("run")
+    if killed is None:
+        raise SystemExit("scale_bench: no checkpoint committed before the run ended")
+    with open(os.path.join(run, "report.json")) as f:
+        report = json.load(f)
+    same = same_tensors(os.path.join(run, "weights"), os.path.join(ref, "weights"))
+    rows.append(("run, 4 workers, one SIGKILLed and recovered", f"{w.seconds:.0f} s",
+                 "bitwise equal to train" if same else "DIFFERS from train"))
+    stage_state = [s.get("state_bytes", 0) for s in report.get("stage_reports", [])]
+    act = [s.get("activation_bytes_per_example", 0) * 2 for s in report.get("stage_reports", [])]
+    for k in range(4):
+        peak = max((w.peaks[p] for p in w.pids("localpar_worker") if w.stage_of(p) == k),
+                   default=0)
+        state = stage_state[k] if k < len(stage_state) else 0
+        rows.append((f"  stage {k}'s worker, peak resident", f"{peak / 2**30:.2f} GiB",
+                     f"state {state / 2**30:.2f} GiB: {peak / max(state, 1):.2f}x "
+                     f"(+ {act[k] / 2**20 if k < len(act) else 0:.0f} MiB activations)"))
+    coords = w.pids("localpar_coordi")
+    if coords:
+        rows.append(("  coordinator peak resident",
+                     f"{max(w.peaks[p] for p in coords) / 2**30:.2f} GiB", ""))
+    rows.append(("  collect from the workers (StreamWeights)", figures(text, "after"), ""))
+    rows.append(("  save (the run's final weights, shards)", figures(text, "weights:"), ""))
+    if not same:
+        raise SystemExit("scale_bench: the recovered run's weights differ from train's")
+    return run, ckpt
+
+
+def other_split(lp, job, work, rows, run):
+    # 3. The shards into another split.
+    two = os.path.join(work, "two")
+    w = Watch([lp, "train", job, "--stages=2", f"--init_from={run}/weights", "--max_steps=1",
+               f"--out={two}", "--quiet", "--memory_limit_mib=1000000"],
+              os.path.join(work, "two.log"))
+    text = w.wait("train --stages=2")
+    if "left out: heads." not in text:
+        raise SystemExit(f"scale_bench: --stages=2 did not say which heads it left out:\n{text}")
+    rows.append(("load (--init_from the shards, --stages=2)", figures(text, "--init_from: /"),
+                 "every layer carried over"))
+
+
+def regrouped(lp, job, work, rows, run, ckpt):
+    # 3b. The run's last checkpoint resumed as 2 stages by the reference: regrouped.
+    regroup = os.path.join(work, "regroup")
+    w = Watch([lp, "train", job, "--stages=2", f"--resume={ckpt}", f"--out={regroup}",
+               "--quiet", "--memory_limit_mib=1000000", "--weights_pb_limit_mib=1"],
+              os.path.join(work, "regroup.log"))
+    text = w.wait("train --stages=2 --resume")
+    if "regrouping the checkpoint" not in text:
+        raise SystemExit(f"scale_bench: the resume as 2 stages did not regroup:\n{text}")
+    same = same_tensors(os.path.join(regroup, "weights"), os.path.join(run, "weights"), True)
+    rows.append(("resume the last checkpoint as 2 stages (reference)", f"{w.seconds:.0f} s",
+                 f"peak {max(w.peaks.values()) / 2**30:.2f} GiB; "
+                 + ("every tensor equal to the run's" if same else "DIFFERS from the run")))
+    if not same:
+        raise SystemExit("scale_bench: the regrouped weights differ from the run's")
+
+
+def onnx_export(lp, job, work, rows, run):
+    # 4. ONNX with external data, against predict.
+    onnx = os.path.join(work, "scale.onnx")
+    w = Watch([lp, "export", job, f"{run}/weights", f"--out={onnx}", "--external_data"],
+              os.path.join(work, "export.log"))
+    text = w.wait("export")
+    if "weights in" not in text:
+        raise SystemExit(f"scale_bench: the export did not use external data:\n{text}")
+    rows.append(("export ONNX (graph + external data)", figures(text, "written:"),
+                 f"graph {os.path.getsize(onnx) / 2**20:.1f} MiB, data "
+                 f"{os.path.getsize(onnx + '.data') / 2**30:.2f} GiB"))
+    import numpy as np
+    text_bytes = np.frombuffer(open(SHAKESPEARE, "rb").read(), np.uint8)
+    x = np.stack([text_bytes[-1000 + 16 * i:-1000 + 16 * i + 16] for i in range(2)])
+    xin, logits = os.path.join(work, "x.npy"), os.path.join(work, "logits.npy")
+    np.save(xin, x.astype(np.int64))
+    subprocess.run([lp, "predict", job, f"{run}/weights", f"--input={xin}", "--logits",
+                    f"--out={logits}"], check=True, capture_output=True, env=ENV)
+    p = subprocess.run(["node", os.path.join(SOURCE, "tests", "onnx", "run_onnx.js"), onnx,
+                        xin, logits], capture_output=True, text=True,
+                       env=dict(ENV, NODE_PATH=os.path.dirname(ORT)))
+    if p.returncode != 0:
+        raise SystemExit(f"scale_bench: ONNX Runtime: {p.stdout}{p.stderr}")
+    ort = json.loads(p.stdout.strip().splitlines()[-1])
+    rows.append(("ONNX Runtime on one batch vs predict",
+                 f"max |diff| {ort['max_abs_diff']:.1e}",
+                 f"same argmax {ort['argmax_agreement'] * 100:.1f}%"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", nargs="?", default="build/ci")
@@ -174,124 +309,12 @@ def main():
     work = tempfile.mkdtemp(prefix="localpar-scale-", dir=os.environ.get("TMPDIR", "/tmp"))
     rows = []
     try:
-        job = os.path.join(work, "scale.textproto")
-        with open(job, "w") as f:
-            f.write(job_text(a.dim, a.blocks, a.steps))
-        said = subprocess.run([lp, "validate", job, "--memory_limit_mib=1000000"],
-                              capture_output=True, text=True, env=ENV)
-        if said.returncode != 0:
-            raise SystemExit(f"scale_bench: validate: {said.stdout}{said.stderr}")
-        params = sum(float(n) for n in re.findall(r"\(([0-9.e+]+) parameters:",
-                                                   said.stdout + said.stderr))
-        print(f"scale_bench: {params / 1e6:.0f} M parameters ({params * 4 / 2**30:.2f} GiB), "
-              f"dim {a.dim}, {a.blocks} blocks over 4 stages, {a.steps} steps", flush=True)
-
-        # 1. The reference.
-        ref = os.path.join(work, "train")
-        w = Watch([lp, "train", job, f"--out={ref}", "--quiet", "--memory_limit_mib=1000000",
-                   "--weights_pb_limit_mib=1"],
-                  os.path.join(work, "train.log"))
-        text = w.wait("train")
-        rows.append(("train (reference), whole model in one process", f"{w.seconds:.0f} s",
-                     f"peak {max(w.peaks.values()) / 2**30:.2f} GiB"))
-        rows.append(("  save (train's final weights, shards)", figures(text, "weights:"), ""))
-        print(f"scale_bench: train: {w.seconds:.0f} s", flush=True)
-
-        # 2. The cluster, with a worker killed after the first checkpoint.
-        run = os.path.join(work, "run")
-        ckpt = os.path.join(work, "ckpt")
-        w = Watch([lp, "run", job, f"--out={run}", f"--checkpoint_dir={ckpt}",
-                   "--checkpoint_every_steps=2", "--quiet", "--weights_pb_limit_mib=1"],
-                  os.path.join(work, "run.log"))
-        killed = None
-        while w.proc.poll() is None and killed is None:
-            if os.path.isdir(ckpt) and any(os.path.exists(os.path.join(ckpt, n, "MANIFEST"))
-                                           for n in os.listdir(ckpt) if n.startswith("ckpt-")):
-                stage1 = [p for p in w.pids("localpar_worker") if w.stage_of(p) == 1]
-                if stage1:
-                    killed = stage1[0]
-                    os.kill(killed, signal.SIGKILL)
-                    print(f"scale_bench: killed worker pid {killed} after the first checkpoint",
-                          flush=True)
-            time.sleep(0.2)
-        text = w.wait("run")
-        if killed is None:
-            raise SystemExit("scale_bench: no checkpoint committed before the run ended")
-        with open(os.path.join(run, "report.json")) as f:
-            report = json.load(f)
-        same = same_tensors(os.path.join(run, "weights"), os.path.join(ref, "weights"))
-        rows.append(("run, 4 workers, one SIGKILLed and recovered", f"{w.seconds:.0f} s",
-                     "bitwise equal to train" if same else "DIFFERS from train"))
-        stage_state = [s.get("state_bytes", 0) for s in report.get("stage_reports", [])]
-        act = [s.get("activation_bytes_per_example", 0) * 2 for s in report.get("stage_reports", [])]
-        for k in range(4):
-            peak = max((w.peaks[p] for p in w.pids("localpar_worker") if w.stage_of(p) == k),
-                       default=0)
-            state = stage_state[k] if k < len(stage_state) else 0
-            rows.append((f"  stage {k}'s worker, peak resident", f"{peak / 2**30:.2f} GiB",
-                         f"state {state / 2**30:.2f} GiB: {peak / max(state, 1):.2f}x "
-                         f"(+ {act[k] / 2**20 if k < len(act) else 0:.0f} MiB activations)"))
-        coords = w.pids("localpar_coordi")
-        if coords:
-            rows.append(("  coordinator peak resident",
-                         f"{max(w.peaks[p] for p in coords) / 2**30:.2f} GiB", ""))
-        rows.append(("  collect from the workers (StreamWeights)", figures(text, "after"), ""))
-        rows.append(("  save (the run's final weights, shards)", figures(text, "weights:"), ""))
-        if not same:
-            raise SystemExit("scale_bench: the recovered run's weights differ from train's")
-
-        # 3. The shards into another split.
-        two = os.path.join(work, "two")
-        w = Watch([lp, "train", job, "--stages=2", f"--init_from={run}/weights", "--max_steps=1",
-                   f"--out={two}", "--quiet", "--memory_limit_mib=1000000"],
-                  os.path.join(work, "two.log"))
-        text = w.wait("train --stages=2")
-        if "left out: heads." not in text:
-            raise SystemExit(f"scale_bench: --stages=2 did not say which heads it left out:\n{text}")
-        rows.append(("load (--init_from the shards, --stages=2)", figures(text, "--init_from: /"),
-                     "every layer carried over"))
-
-        # 3b. The run's last checkpoint resumed as 2 stages by the reference: regrouped.
-        regroup = os.path.join(work, "regroup")
-        w = Watch([lp, "train", job, "--stages=2", f"--resume={ckpt}", f"--out={regroup}",
-                   "--quiet", "--memory_limit_mib=1000000", "--weights_pb_limit_mib=1"],
-                  os.path.join(work, "regroup.log"))
-        text = w.wait("train --stages=2 --resume")
-        if "regrouping the checkpoint" not in text:
-            raise SystemExit(f"scale_bench: the resume as 2 stages did not regroup:\n{text}")
-        same = same_tensors(os.path.join(regroup, "weights"), os.path.join(run, "weights"), True)
-        rows.append(("resume the last checkpoint as 2 stages (reference)", f"{w.seconds:.0f} s",
-                     f"peak {max(w.peaks.values()) / 2**30:.2f} GiB; "
-                     + ("every tensor equal to the run's" if same else "DIFFERS from the run")))
-        if not same:
-            raise SystemExit("scale_bench: the regrouped weights differ from the run's")
-
-        # 4. ONNX with external data, against predict.
-        onnx = os.path.join(work, "scale.onnx")
-        w = Watch([lp, "export", job, f"{run}/weights", f"--out={onnx}", "--external_data"],
-                  os.path.join(work, "export.log"))
-        text = w.wait("export")
-        if "weights in" not in text:
-            raise SystemExit(f"scale_bench: the export did not use external data:\n{text}")
-        rows.append(("export ONNX (graph + external data)", figures(text, "written:"),
-                     f"graph {os.path.getsize(onnx) / 2**20:.1f} MiB, data "
-                     f"{os.path.getsize(onnx + '.data') / 2**30:.2f} GiB"))
-        import numpy as np
-        text_bytes = np.frombuffer(open(SHAKESPEARE, "rb").read(), np.uint8)
-        x = np.stack([text_bytes[-1000 + 16 * i:-1000 + 16 * i + 16] for i in range(2)])
-        xin, logits = os.path.join(work, "x.npy"), os.path.join(work, "logits.npy")
-        np.save(xin, x.astype(np.int64))
-        subprocess.run([lp, "predict", job, f"{run}/weights", f"--input={xin}", "--logits",
-                        f"--out={logits}"], check=True, capture_output=True, env=ENV)
-        p = subprocess.run(["node", os.path.join(SOURCE, "tests", "onnx", "run_onnx.js"), onnx,
-                            xin, logits], capture_output=True, text=True,
-                           env=dict(ENV, NODE_PATH=os.path.dirname(ORT)))
-        if p.returncode != 0:
-            raise SystemExit(f"scale_bench: ONNX Runtime: {p.stdout}{p.stderr}")
-        ort = json.loads(p.stdout.strip().splitlines()[-1])
-        rows.append(("ONNX Runtime on one batch vs predict",
-                     f"max |diff| {ort['max_abs_diff']:.1e}",
-                     f"same argmax {ort['argmax_agreement'] * 100:.1f}%"))
+        job = make_job(lp, work, a)
+        ref = reference(lp, job, work, rows)
+        run, ckpt = cluster(lp, job, work, rows, ref)
+        other_split(lp, job, work, rows, run)
+        regrouped(lp, job, work, rows, run, ckpt)
+        onnx_export(lp, job, work, rows, run)
     finally:
         width = max((len(r[0]) for r in rows), default=10)
         print()
