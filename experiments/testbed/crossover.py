@@ -1,8 +1,9 @@
 """Where local parallelism overtakes backprop, by link rate, at each device count and target.
 
-Measured: at each link of the sweep, the fastest local rule (CHUNKED, GREEDY, OVERLAP) against
-the fastest backprop method (data parallelism, pipelined backprop), each by its median time
-over seeds (a miss counts as longer than any), and the ratio of the two.
+Measured: at each link of the sweep, the fastest local rule (CHUNKED, GREEDY, OVERLAP, and
+local x DiLoCo) against the fastest backprop method (data parallelism, pipelined backprop,
+and DiLoCo's data parallelism), each by its median time over seeds (a miss counts as longer
+than any), and the ratio of the two.
 
 Model: between and beyond the links that were measured, the calibrated model (calibrate.py)
 times each method at any rate: its steps to the target (the median over the seeds that reached
@@ -20,9 +21,10 @@ from experiments.frontier.model import pipeline_fill
 from experiments.stats import median
 from experiments.testbed.report import COST
 
-LOCAL = ("CHUNKED", "GREEDY", "OVERLAP")
-BACKPROP = ("data_parallel", "gpipe", "1f1b", "zb")
-NAMES = {"data_parallel": "data parallelism", "gpipe": "GPipe", "1f1b": "1F1B", "zb": "ZB"}
+LOCAL = ("CHUNKED", "GREEDY", "OVERLAP", "local_diloco")
+BACKPROP = ("data_parallel", "gpipe", "1f1b", "zb", "diloco_dp")
+NAMES = {"data_parallel": "data parallelism", "gpipe": "GPipe", "1f1b": "1F1B", "zb": "ZB",
+         "diloco_dp": "DiLoCo data parallelism", "local_diloco": "local x DiLoCo"}
 GRID_MBIT = [10 ** (i / 40) for i in range(0, 161)]  # 1 Mbit/s to 10 Gbit/s
 
 
@@ -160,7 +162,8 @@ def markdown(rows_, results, calibration, profiles, text):
     fmt = (lambda t: f"{t:.2f} bits/byte") if text else (lambda t: f"{100 * t:.0f}%")
     md = ["## Where local parallelism overtakes backprop", "",
           "At each device count, target and link: the fastest backprop method (data "
-          "parallelism, pipelined backprop) against the fastest local rule, each by its "
+          "parallelism, pipelined backprop, and DiLoCo's data parallelism where it was "
+          "swept) against the fastest local rule, each by its "
           "**measured** median over seeds; the ratio is backprop's time over the local "
           "rule's (above 1: local parallelism is faster).", "",
           "| devices | target | link | fastest backprop | fastest local rule | "
@@ -173,9 +176,13 @@ def markdown(rows_, results, calibration, profiles, text):
                 line = _one_row(n, fmt(target), link, by_link[link])
                 if line:
                     md.append(line)
+            if not any(line.startswith(f"| {n} | {fmt(target)} |") for line in md):
+                continue  # no local rule or no backprop method at this device count
             times = ModelTimes(rows_, results, calibration, profiles, n, target)
             sentences.append(f"- {n} devices, to {fmt(target)}: "
                              + model_sentence(times, spread) + ".")
+    if not sentences:
+        return ""
     md += ["", "Between and beyond those links, the calibrated model (*model*: each method's "
            "measured steps to the target times its calibrated step at each rate, on a "
            "logarithmic grid from 1 Mbit/s to 10 Gbit/s; unshaped links are faster than "
