@@ -51,15 +51,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, so that a sweep stops as on Ctrl-C."""
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated(f"signal {signum}")
+def raise_for_signal(signum, frame):
+    """A signal handler: SIGTERM raises Terminated, any other signal KeyboardInterrupt."""
+    raise (Terminated if signum == signal.SIGTERM else KeyboardInterrupt)(f"signal {signum}")
 
 
 def main_of(program, body):
     """Runs `body()`; a Failure becomes `program: message` on stderr and exit status 2,
     Ctrl-C exit status 130 and SIGTERM 143 (128 + the signal), either of them once the runs
     under way are stopped (runs already finished are in the cache)."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_for_signal)
     try:
         return body()
     except Failure as e:

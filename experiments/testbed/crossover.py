@@ -19,21 +19,13 @@ import math
 
 from experiments.frontier.model import pipeline_fill
 from experiments.stats import median
-from experiments.testbed.report import COST
+from experiments.testbed.report import COST, link_text
 
 LOCAL = ("CHUNKED", "GREEDY", "OVERLAP", "local_diloco")
 BACKPROP = ("data_parallel", "gpipe", "1f1b", "zb", "diloco_dp")
 NAMES = {"data_parallel": "data parallelism", "gpipe": "GPipe", "1f1b": "1F1B", "zb": "ZB",
          "diloco_dp": "DiLoCo data parallelism", "local_diloco": "local x DiLoCo"}
 GRID_MBIT = [10 ** (i / 40) for i in range(0, 161)]  # 1 Mbit/s to 10 Gbit/s
-
-
-def link_text(mbit):
-    """A rate to two significant figures: "unshaped", "1 Gbit/s", "32 Mbit/s"."""
-    if not mbit:
-        return "unshaped"
-    two = float(f"{mbit:.2g}")
-    return f"{two / 1000:g} Gbit/s" if two >= 1000 else f"{two:g} Mbit/s"
 
 
 def measured_medians(rows_, n, target):

@@ -16,8 +16,9 @@ import subprocess
 import time
 from typing import List, Optional
 
-from experiments.cli import Terminated
+from experiments.cli import raise_for_signal
 from experiments.common import fail, say
+from experiments.testbed.report import link_text
 
 PREFIX = "lptb"
 SUBNET = "10.213"  # 10.213.<testbed>.<device>/16 inside the testbed's own namespaces only
@@ -103,7 +104,7 @@ class Testbed:
     def __enter__(self):
         clean_stale()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old_handlers[sig] = signal.signal(sig, _raise_interrupt)
+            self._old_handlers[sig] = signal.signal(sig, raise_for_signal)
         self.index = _claim_number()
         self.tag = f"{PREFIX}{self.index}"
         self.switch = f"{self.tag}-sw"
@@ -131,7 +132,7 @@ class Testbed:
             cpu = (i % self.cores) if pinned else None
             self.devices.append(self._device(i, name, share, cpu))
         say(f"testbed {self.tag}: {self.count} devices + the coordinator, links "
-            + (f"{self.link_mbit:g} Mbit/s" if self.link_mbit else "unshaped")
+            + link_text(self.link_mbit)
             + ", " + (f"a core each (of {self.cores})" if pinned else
                       f"{fraction:.2f} of a core each, the coordinator {self.coordinator_cpu:.2f}"))
 
@@ -214,10 +215,6 @@ class Testbed:
         log = open(log_path, "w")
         return subprocess.Popen(self.command(device, argv), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-
-
-def _raise_interrupt(signum, frame):
-    raise (Terminated if signum == signal.SIGTERM else KeyboardInterrupt)(f"signal {signum}")
 
 
 def _kill_netns_processes(netns):

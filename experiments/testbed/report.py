@@ -19,6 +19,14 @@ COST = {"data_parallel": "data_parallel", "gpipe": "pipelined_backprop",
 UNSHAPED_BYTES_PER_S = 100e9 / 8  # the frontier's ideal link, for unshaped veths
 
 
+def link_text(mbit):
+    """A rate to two significant figures: "unshaped", "1 Gbit/s", "32 Mbit/s"."""
+    if not mbit:
+        return "unshaped"
+    two = float(f"{mbit:.2g}")
+    return f"{two / 1000:g} Gbit/s" if two >= 1000 else f"{two:g} Mbit/s"
+
+
 def scaled(stages, share):
     """A profile's stage times on a device with `share` of a core."""
     keys = ("seconds", "head_seconds", "input_grad_seconds")
@@ -113,7 +121,7 @@ def markdown(rows_, text, max_seconds=None):
             med = median(times) if times else math.inf
             cells.append((over if med == math.inf else f"{med:.0f}")
                          + f" ({reached}/{len(rs)})")
-        md.append(f"| {n} | {f'{link:g} Mbit/s' if link else 'unshaped'} | {meth} | "
+        md.append(f"| {n} | {link_text(link)} | {meth} | "
                   + " | ".join(cells) + " |")
     return "\n".join(md) + "\n"
 
@@ -132,7 +140,7 @@ def calibration_markdown(calibration, fit_seed):
            "|---|---|---|---|---|---|---|"]
     for cfg, m, c, e in sorted(held, key=lambda h: (h[0].devices, h[0].link_mbit,
                                                      h[0].method, h[0].seed)):
-        link = f"{cfg.link_mbit:g} Mbit/s" if cfg.link_mbit else "unshaped"
+        link = link_text(cfg.link_mbit)
         md.append(f"| {cfg.devices} | {link} | {cfg.method} | {cfg.seed} | {1e3 * m:.2f} | "
                   f"{1e3 * c:.2f} | {100 * e:+.1f}% |")
     return "\n".join(md) + "\n"
@@ -155,7 +163,7 @@ def transfer_markdown(calibration, fit_devices):
         groups.setdefault((cfg.devices, cfg.link_mbit, cfg.method), []).append(e)
     for (n, link, meth), errors in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1],
                                                                          g[0][2])):
-        where = f"{link:g} Mbit/s" if link else "unshaped"
+        where = link_text(link)
         md.append(f"| {n} | {where} | {meth} | {len(errors)} | "
                   + ", ".join(f"{100 * e:+.1f}%" for e in sorted(errors)) + " |")
     return "\n".join(md) + "\n"
@@ -189,7 +197,7 @@ def evaluation_markdown(rows_, calibration):
     for (n, link, meth), shares in sorted(model.items(), key=lambda g: (g[0][0], g[0][1],
                                                                         g[0][2])):
         got = [v for k, v in measured.items() if k[:3] == (n, link, meth)]
-        where = f"{link:g} Mbit/s" if link else "unshaped"
+        where = link_text(link)
         md.append(f"| {n} | {where} | {meth} | {100 * median(shares):.0f}% | "
                   + (f"{100 * median(got):.0f}% ({len(got)})" if got else "not timed")
                   + " |")

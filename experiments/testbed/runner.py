@@ -9,6 +9,7 @@ import subprocess
 from experiments import jobs
 from experiments.common import data_figures, fail, say
 from experiments.testbed import cluster, devices, methods
+from experiments.testbed.report import link_text
 
 
 def derived_job(localpar, job_path, lay, out_dir, micro_batches=None):
@@ -60,7 +61,7 @@ def run_one(args):
         result = cluster.run(os.path.dirname(localpar), cfg, bed, os.path.join(args.out, "run"),
                              max_seconds=args.max_seconds, drain_seconds=args.drain_seconds)
     line = (f"testbed: {args.method} on {args.devices} devices, "
-            + (f"{args.link_mbit:g} Mbit/s" if args.link_mbit else "unshaped links")
+            + (link_text(args.link_mbit) if args.link_mbit else "unshaped links")
             + f": {cluster.steps_done(result)} steps in {result['seconds']:.1f} s (measured)"
             + (f", {result['examples_per_second']:.0f} examples/s"
                if result["examples_per_second"] else "")
